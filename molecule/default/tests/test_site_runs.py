@@ -1,0 +1,126 @@
+"""site.yml runs against the converged lab hosts: check mode, and bad input refused.
+
+Each bad input must fail with an error naming the variable, before anything on the host
+changes. These tests run ansible-playbook from the controller, once per session.
+"""
+
+import hashlib
+import os
+import pathlib
+import subprocess
+
+import pytest
+import testinfra
+
+ROOT = pathlib.Path(__file__).resolve().parents[3]
+INVENTORY = pathlib.Path(os.environ["MOLECULE_INVENTORY_FILE"]).parent
+SPARK = "sparkfleet-molecule-spark"
+GX10 = "sparkfleet-molecule-gx10"
+# What the host-preparation roles own; a refused run must leave all of it as it was.
+WATCHED_FILES = [
+    "/etc/default/earlyoom",
+    "/etc/fstab",
+    "/etc/sysctl.d/99-sparkfleet-swap.conf",
+    "/etc/sysctl.d/90-sparkfleet-memory.conf",
+    "/etc/systemd/system/docker.service.d/10-wait-online.conf",
+    "/etc/systemd/system/prometheus-node-exporter.service.d/10-resilience.conf",
+    "/etc/sparkfleet/driver_guard.json",
+]
+
+
+def docker_host(name):
+    return testinfra.get_host(f"docker://{name}")
+
+
+def host_state(name):
+    host = docker_host(name)
+    digest = hashlib.sha256()
+    for path in WATCHED_FILES:
+        digest.update(path.encode() + b"\0" + host.file(path).content)
+    digest.update(host.run("apt-mark showhold; dpkg-query -W; systemctl list-unit-files --no-legend").stdout.encode())
+    return digest.hexdigest()
+
+
+def site(*args, limit=None):
+    command = ["ansible-playbook", "-i", str(INVENTORY), str(ROOT / "site.yml"), *args]
+    if limit:
+        command += ["--limit", limit]
+    return subprocess.run(command, capture_output=True, text=True, cwd=ROOT, check=False)
+
+
+def assert_refused(result, *fragments):
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, output
+    for fragment in fragments:
+        assert fragment in output, f"{fragment!r} not in the error:\n{output[-3000:]}"
+
+
+def test_check_mode_on_converged_hosts_reports_no_change():
+    result = site("--check", "--diff")
+    assert result.returncode == 0, result.stdout[-3000:]
+    recap = result.stdout.split("PLAY RECAP")[1]
+    assert recap.count("changed=0") == 2, recap
+
+
+@pytest.mark.parametrize(
+    ("extra_vars", "fragments"),
+    [
+        pytest.param(
+            '{"earlyoom_avoid_extra_names": ["vllm*"]}',
+            ["earlyoom_avoid_extra_names", "'vllm*' matches VLLM::EngineCor, vllm"],
+            id="avoid-list-catches-vllm",
+        ),
+        pytest.param(
+            '{"earlyoom_avoid_regex": "^(sshd|systemd.*"}',
+            ["earlyoom_avoid_regex", "does not compile"],
+            id="invalid-regex",
+        ),
+        pytest.param(
+            '{"earlyoom_memory_percent": 90}',
+            ["earlyoom_memory_percent", "out of range"],
+            id="threshold-out-of-range",
+        ),
+        pytest.param(
+            '{"exporter_dropins_strict": true}',
+            ["exporter_dropins_units", "node_exporter.service, dcgm-exporter.service not found", "exporter_dropins_strict"],
+            id="unknown-exporter-unit-strict",
+        ),
+    ],
+)
+def test_bad_settings_refused_without_change(extra_vars, fragments):
+    before = host_state(GX10)
+    result = site("-e", extra_vars, limit=GX10)
+    assert_refused(result, *fragments)
+    assert host_state(GX10) == before
+
+
+@pytest.fixture
+def spark_apt():
+    host = docker_host(SPARK)
+    yield host
+    host.run("apt-get purge -y -q nvidia-driver-590-open libnvidia-compute-590 nvidia-utils-590")
+    host.run("rm -f /srv/fake-nvidia/dgx-gpu-stack_2.0_all.deb")
+    host.run("cd /srv/fake-nvidia && apt-ftparchive packages . > Packages && apt-get update -q")
+
+
+def test_driver_branch_590_installed_is_refused(spark_apt):
+    spark_apt.check_output("apt-get install -y -q nvidia-driver-590-open")
+    before = host_state(SPARK)
+    result = site(limit=SPARK)
+    assert_refused(result, "driver_guard_allowed_branch is 580", "nvidia-driver-590-open 590.44.01-0ubuntu1", "Nothing was changed")
+    assert host_state(SPARK) == before
+
+
+def test_upgrade_that_would_bring_590_is_refused(spark_apt):
+    # The meta package's next version pulls in the 590 driver, as a DGX OS update might.
+    spark_apt.check_output(
+        "cd /srv/fake-nvidia && cp dgx-gpu-stack_1.0_all.deb /tmp/next.deb"
+        " && mkdir -p /tmp/next && dpkg-deb -R /tmp/next.deb /tmp/next"
+        " && sed -i 's/^Version: .*/Version: 2.0/; s/^Depends: .*/Depends: nvidia-driver-590-open/' /tmp/next/DEBIAN/control"
+        " && dpkg-deb --root-owner-group --build /tmp/next dgx-gpu-stack_2.0_all.deb >/dev/null"
+        " && rm -rf /tmp/next /tmp/next.deb && apt-ftparchive packages . > Packages"
+    )
+    before = host_state(SPARK)
+    result = site(limit=SPARK)
+    assert_refused(result, "driver_guard_allowed_branch is 580", "the upgrade would bring", "nvidia-driver-590-open 590.44.01-0ubuntu1")
+    assert host_state(SPARK) == before

@@ -1,0 +1,182 @@
+# Copyright: sparkfleet.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Build and check earlyoom's --prefer/--avoid arguments from plain process names.
+
+Private to the collection. Lessons encoded here come from seed 000: earlyoom must prefer
+the model server and avoid the host's plumbing (the inverse config killed ~250 host
+processes while the one process that held the memory was spared), literal parentheses
+are written as [(] and [)] because systemd strips backslashes from /etc/default/earlyoom,
+and earlyoom matches /proc/PID/comm, which the kernel truncates to 15 characters.
+"""
+
+from __future__ import annotations
+
+import re
+import typing as t
+
+COMM_MAX_LENGTH = 15
+MEMORY_PERCENT_RANGE = (1, 50)
+# Characters that mean something to a regex and are written as a one-character class.
+BRACKETED_CHARACTERS = frozenset("().+?{}|")
+# Characters with no safe spelling inside EARLYOOM_ARGS (systemd splits on whitespace,
+# strips backslashes and may expand $).
+FORBIDDEN_CHARACTERS = frozenset(" \t\\[]^$\"'`")
+
+
+def name_to_regex(name: str) -> str:
+    """Translate a plain process name (``*`` is the only wildcard) into a regex fragment."""
+    parts = []
+    for char in name:
+        if char == "*":
+            parts.append(".*")
+        elif char in BRACKETED_CHARACTERS:
+            parts.append("[" + char + "]")
+        else:
+            parts.append(char)
+    return "".join(parts)
+
+
+def names_to_regex(names: t.Sequence[str]) -> str:
+    """Anchored alternation of the names, as earlyoom's --prefer/--avoid expect."""
+    return "^(" + "|".join(name_to_regex(name) for name in names) + ")$"
+
+
+def name_problems(variable: str, names: t.Sequence[str]) -> list[str]:
+    problems = []
+    for name in names:
+        if not isinstance(name, str) or not name:
+            problems.append(f"{variable}: entry {name!r} is not a non-empty process name")
+            continue
+        bad = sorted(set(name) & FORBIDDEN_CHARACTERS)
+        if bad:
+            problems.append(
+                f"{variable}: {name!r} contains {' '.join(repr(c) for c in bad)}, which cannot be written safely "
+                "into /etc/default/earlyoom; give a plain process name (use * as the only wildcard)"
+            )
+        if "*" not in name and len(name) > COMM_MAX_LENGTH:
+            problems.append(
+                f"{variable}: {name!r} is longer than the {COMM_MAX_LENGTH} characters the kernel keeps of a "
+                f"process name, so it can never match; use {name[:COMM_MAX_LENGTH]!r}"
+            )
+    return problems
+
+
+def compile_problem(variable: str, pattern: str) -> str | None:
+    try:
+        re.compile(pattern)
+    except re.error as exc:
+        return f"{variable}: regex {pattern!r} does not compile ({exc}); fix the expression or leave it empty to build it from the name lists"
+    return None
+
+
+def example_process_name(name: str) -> str:
+    """A concrete process name that a plain name with wildcards stands for."""
+    return name.replace("*", "")
+
+
+def earlyoom_config(
+    memory_percent: t.Any,
+    memory_kill_percent: t.Any,
+    report_interval: t.Any,
+    prefer_lists: t.Mapping[str, t.Sequence[str]],
+    avoid_lists: t.Mapping[str, t.Sequence[str]],
+    model_server_names: t.Sequence[str],
+    prefer_regex: str = "",
+    avoid_regex: str = "",
+    extra_args: t.Sequence[str] = (),
+) -> dict[str, t.Any]:
+    """Validate the earlyoom settings and render its argument list.
+
+    ``prefer_lists`` and ``avoid_lists`` map each role variable to its names, so that an
+    error names the variable holding the offending entry. Returns ``{"args": [...],
+    "prefer_regex": str, "avoid_regex": str, "errors": [...]}``; every problem is reported
+    at once.
+    """
+    prefer_names = [name for names in prefer_lists.values() for name in names]
+    avoid_names = [name for names in avoid_lists.values() for name in names]
+    errors: list[str] = []
+    low, high = MEMORY_PERCENT_RANGE
+    if not isinstance(memory_percent, int) or isinstance(memory_percent, bool) or not low <= memory_percent <= high:
+        errors.append(
+            f"earlyoom_memory_percent: {memory_percent!r} is out of range; give a whole percent of available memory "
+            f"from {low} to {high} (seed 000 uses 4 on a 128 GB Spark)"
+        )
+    if memory_kill_percent is not None:
+        if (
+            not isinstance(memory_kill_percent, int)
+            or isinstance(memory_kill_percent, bool)
+            or not isinstance(memory_percent, int)
+            or not 1 <= memory_kill_percent <= memory_percent
+        ):
+            errors.append(
+                f"earlyoom_memory_kill_percent: {memory_kill_percent!r} must be a whole percent from 1 up to "
+                f"earlyoom_memory_percent ({memory_percent!r}), or null for earlyoom's default (half of it)"
+            )
+    if not isinstance(report_interval, int) or isinstance(report_interval, bool) or report_interval < 0:
+        errors.append(f"earlyoom_report_interval: {report_interval!r} must be a whole number of seconds >= 0 (0 disables reports)")
+
+    for variable, names in (*prefer_lists.items(), *avoid_lists.items()):
+        errors += name_problems(variable, names)
+    if not prefer_names and not prefer_regex:
+        errors.append("earlyoom_prefer_names: empty; earlyoom must prefer the model server (seed 000), list its process names")
+
+    prefer = prefer_regex or names_to_regex(prefer_names)
+    avoid = avoid_regex or (names_to_regex(avoid_names) if avoid_names else "")
+    for variable, pattern in (("earlyoom_prefer_regex", prefer_regex), ("earlyoom_avoid_regex", avoid_regex)):
+        if pattern:
+            problem = compile_problem(variable, pattern)
+            if problem:
+                errors.append(problem)
+            bad = sorted(set(pattern) & (FORBIDDEN_CHARACTERS - {"[", "]", "^", "$", "\\"}))
+            if bad:
+                errors.append(f"{variable}: {pattern!r} contains whitespace or quotes, which break EARLYOOM_ARGS")
+
+    if not errors and model_server_names and not any(re.search(prefer, name) for name in model_server_names):
+        errors.append(
+            f"earlyoom_prefer_names: the prefer pattern {prefer!r} matches none of earlyoom_model_server_names "
+            f"({', '.join(model_server_names)}); earlyoom would not kill the model server first (seed 000)"
+        )
+    errors += inverse_config_problems(prefer_names, avoid_lists, model_server_names, avoid_regex)
+    if errors:
+        return {"args": [], "prefer_regex": prefer, "avoid_regex": avoid, "errors": errors}
+
+    memory = str(memory_percent) if memory_kill_percent is None else f"{memory_percent},{memory_kill_percent}"
+    args = ["-m", memory, "-r", str(report_interval), "--prefer", prefer]
+    if avoid:
+        args += ["--avoid", avoid]
+    args += list(extra_args)
+    return {"args": args, "prefer_regex": prefer, "avoid_regex": avoid, "errors": []}
+
+
+def inverse_config_problems(
+    prefer_names: t.Sequence[str],
+    avoid_lists: t.Mapping[str, t.Sequence[str]],
+    model_server_names: t.Sequence[str],
+    avoid_regex: str,
+) -> list[str]:
+    """Refuse an avoid pattern that would shield the model server (seed 000's rampage)."""
+    protected = [example_process_name(name) for name in prefer_names if isinstance(name, str)]
+    protected += [name for name in model_server_names if isinstance(name, str)]
+    problems = []
+    if avoid_regex:
+        if compile_problem("earlyoom_avoid_regex", avoid_regex):
+            return problems
+        caught = [name for name in protected if re.search(avoid_regex, name)]
+        if caught:
+            problems.append(
+                f"earlyoom_avoid_regex: {avoid_regex!r} matches {', '.join(caught)}: earlyoom would spare the model "
+                "server and kill the host's plumbing instead (seed 000); remove those names from the avoid pattern"
+            )
+        return problems
+    for variable, entries in avoid_lists.items():
+        for entry in entries:
+            if not isinstance(entry, str) or not entry or set(entry) & FORBIDDEN_CHARACTERS:
+                continue
+            entry_regex = "^" + name_to_regex(entry) + "$"
+            caught = [name for name in protected if re.search(entry_regex, name)]
+            if caught:
+                problems.append(
+                    f"{variable}: entry {entry!r} matches {', '.join(caught)}: earlyoom would spare the model "
+                    "server and kill the host's plumbing instead (seed 000); remove it from the avoid list"
+                )
+    return problems

@@ -1,0 +1,150 @@
+#!/usr/bin/python
+# Copyright: sparkfleet.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: nvidia_driver_info
+short_description: Report the installed NVIDIA driver branch and the branch an upgrade would bring
+version_added: 0.1.0
+description:
+  - Reads the installed NVIDIA driver packages with C(dpkg-query), the running driver with
+    C(nvidia-smi --query-gpu=driver_version) where that command exists, and optionally what an
+    C(apt-get --simulate) upgrade would install.
+  - Judges the result against an allowed driver branch and returns C(ok) with the reasons.
+    It never fails because of the judgement; the caller decides (see the C(driver_guard) role).
+  - Seed 000 keeps DGX Spark hosts on the 580 branch because 590 had a CUDA-graph deadlock on GB10.
+author: sparkfleet.vllm contributors
+options:
+  allowed_branch:
+    description: The driver branch the host must stay on, as its three-digit major version.
+    type: str
+    default: "580"
+  simulate_upgrade:
+    description:
+      - Also simulate an upgrade with C(apt-get --simulate) and report the driver packages it would bring.
+      - The simulation changes nothing; refresh the package lists beforehand for a meaningful answer.
+    type: bool
+    default: false
+  upgrade_command:
+    description: The apt-get command to simulate.
+    type: str
+    choices: [dist-upgrade, upgrade]
+    default: dist-upgrade
+attributes:
+  check_mode:
+    support: full
+    description: Read-only; runs the same in check mode.
+  diff_mode:
+    support: none
+    description: Changes nothing, so there is nothing to diff.
+notes:
+  - Driver packages are recognised by name, for example C(nvidia-driver-580-open), C(libnvidia-compute-580)
+    and C(linux-modules-nvidia-580-open-6.17.0-1021-nvidia).
+"""
+
+EXAMPLES = r"""
+- name: Read the driver branch and what a dist-upgrade would bring
+  sparkfleet.vllm.nvidia_driver_info:
+    allowed_branch: "580"
+    simulate_upgrade: true
+  register: driver
+
+- name: Refuse to go on when the branch rule is broken
+  ansible.builtin.assert:
+    that: driver.ok
+    fail_msg: "{{ driver.reasons | join('; ') }}"
+"""
+
+RETURN = r"""
+ok:
+  description: Whether the host keeps the allowed branch, now and after the simulated upgrade.
+  returned: always
+  type: bool
+reasons:
+  description: Why the host breaks the rule; empty when O(ok) is true.
+  returned: always
+  type: list
+  elements: str
+packages:
+  description: Installed driver packages.
+  returned: always
+  type: list
+  elements: dict
+  sample: [{"name": "nvidia-driver-580-open", "version": "580.95.05-0ubuntu1", "branch": "580"}]
+branches:
+  description: The distinct branches of the installed driver packages.
+  returned: always
+  type: list
+  elements: str
+  sample: ["580"]
+nvidia_smi_versions:
+  description: Driver versions reported by nvidia-smi, one per GPU; empty when nvidia-smi is absent.
+  returned: always
+  type: list
+  elements: str
+upgrade_changes:
+  description: Driver packages the simulated upgrade would install or upgrade.
+  returned: when O(simulate_upgrade) is true
+  type: list
+  elements: dict
+  sample: [{"name": "nvidia-driver-590", "version": "590.44.01-0ubuntu1", "old_version": null, "branch": "590"}]
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._nvidia_driver import (
+    DPKG_QUERY_FORMAT,
+    NVIDIA_SMI_ARGS,
+    judge,
+    parse_apt_simulation,
+    parse_dpkg_query,
+    parse_nvidia_smi,
+)
+
+
+def run_checked(module, args, what):
+    rc, out, err = module.run_command(args, environ_update={"LC_ALL": "C"})
+    if rc != 0:
+        module.fail_json(msg=f"{what} failed (rc={rc}): {err.strip() or out.strip()}", rc=rc, stdout=out, stderr=err)
+    return out
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            allowed_branch=dict(type="str", default="580"),
+            simulate_upgrade=dict(type="bool", default=False),
+            upgrade_command=dict(type="str", default="dist-upgrade", choices=["dist-upgrade", "upgrade"]),
+        ),
+        supports_check_mode=True,
+    )
+    dpkg_query = module.get_bin_path("dpkg-query", required=True)
+    packages = parse_dpkg_query(run_checked(module, [dpkg_query, "-W", "-f", DPKG_QUERY_FORMAT], "dpkg-query"))
+
+    smi_versions = []
+    nvidia_smi = module.get_bin_path("nvidia-smi")
+    if nvidia_smi:
+        smi_versions = parse_nvidia_smi(run_checked(module, [nvidia_smi, *NVIDIA_SMI_ARGS], "nvidia-smi"))
+
+    result = dict(changed=False, packages=packages, nvidia_smi_versions=smi_versions)
+    result["branches"] = sorted({p["branch"] for p in packages})
+    upgrade_changes = None
+    if module.params["simulate_upgrade"]:
+        apt_get = module.get_bin_path("apt-get", required=True)
+        simulation = run_checked(
+            module,
+            [apt_get, "--simulate", "-o", "Debug::NoLocking=1", module.params["upgrade_command"]],
+            "apt-get --simulate " + module.params["upgrade_command"],
+        )
+        upgrade_changes = parse_apt_simulation(simulation)
+        result["upgrade_changes"] = upgrade_changes
+
+    result["reasons"] = judge(module.params["allowed_branch"], packages, smi_versions, upgrade_changes)
+    result["ok"] = not result["reasons"]
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,25 @@
+"""Runs a tool over the whole collection for a test layer, keeping its output."""
+
+import os
+import pathlib
+import subprocess
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+LOG_DIR = ROOT / ".cache" / "logs"
+
+
+def run_logged(name, command, cwd=ROOT, env=None):
+    """Run a tool, keep its whole output in .cache/logs/NAME.log, fail with its tail."""
+    LOG_DIR.mkdir(parents=True, exist_ok=True)
+    log = LOG_DIR / f"{name}.log"
+    with log.open("w") as handle:
+        result = subprocess.run(
+            command, cwd=cwd, stdout=handle, stderr=subprocess.STDOUT, text=True, check=False,
+            env={**os.environ, **(env or {})},
+        )
+    if result.returncode != 0:
+        tail = "\n".join(log.read_text().splitlines()[-80:])
+        pytest.fail(f"{' '.join(map(str, command))} exited {result.returncode}; last lines of {log}:\n{tail}", pytrace=False)
+    return log.read_text()
