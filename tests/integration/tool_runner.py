@@ -17,7 +17,7 @@ def run_logged(name, command, cwd=ROOT, env=None):
     with log.open("w") as handle:
         result = subprocess.run(
             command, cwd=cwd, stdout=handle, stderr=subprocess.STDOUT, text=True, check=False,
-            env={**os.environ, **(env or {})},
+            env={**os.environ, "NO_COLOR": "1", "PY_COLORS": "0", **(env or {})},
         )
     if result.returncode != 0:
         tail = "\n".join(log.read_text().splitlines()[-80:])
