@@ -12,10 +12,10 @@ description:
   - Turns plain process names into the anchored C(--prefer)/C(--avoid) regexes earlyoom expects, writing
     regex characters as one-character classes (C([(]), C([)])) because systemd strips backslashes from
     C(/etc/default/earlyoom).
-  - Reports every problem at once, each naming the role variable to fix: a threshold out of range, a name
-    that cannot match (longer than the 15 characters of a process name), a regex that does not compile, and
-    an avoid pattern that would shield the model server (the inverse configuration of seed 000).
-author: sparkfleet.vllm contributors
+  - Reports every problem at once, each naming the role variable to fix. Problems are a threshold out of
+    range, a name that cannot match (longer than the 15 characters of a process name), a regex that does not
+    compile, and an avoid pattern that would shield the model server (the inverse configuration of seed 000).
+author: sparkfleet.vllm contributors (@sparkfleet)
 positional: _input
 options:
   _input:

@@ -156,7 +156,7 @@ def inverse_config_problems(
 ) -> list[str]:
     """Refuse an avoid pattern that would shield the model server (seed 000's rampage)."""
     protected = [example_process_name(name) for name in prefer_names if isinstance(name, str)]
-    protected += [name for name in model_server_names if isinstance(name, str)]
+    protected += [name for name in model_server_names if isinstance(name, str) and name not in protected]
     problems = []
     if avoid_regex:
         if compile_problem("earlyoom_avoid_regex", avoid_regex):

@@ -16,7 +16,7 @@ description:
   - Judges the result against an allowed driver branch and returns C(ok) with the reasons.
     It never fails because of the judgement; the caller decides (see the C(driver_guard) role).
   - Seed 000 keeps DGX Spark hosts on the 580 branch because 590 had a CUDA-graph deadlock on GB10.
-author: sparkfleet.vllm contributors
+author: sparkfleet.vllm contributors (@sparkfleet)
 options:
   allowed_branch:
     description: The driver branch the host must stay on, as its three-digit major version.
@@ -64,7 +64,7 @@ ok:
   returned: always
   type: bool
 reasons:
-  description: Why the host breaks the rule; empty when O(ok) is true.
+  description: Why the host breaks the rule; empty when RV(ok) is true.
   returned: always
   type: list
   elements: str
@@ -94,6 +94,7 @@ upgrade_changes:
 """
 
 from ansible.module_utils.basic import AnsibleModule
+
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._nvidia_driver import (
     DPKG_QUERY_FORMAT,
     NVIDIA_SMI_ARGS,

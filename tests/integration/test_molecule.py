@@ -1,7 +1,6 @@
 """Molecule scenarios on the lab hosts: converge, idempotence and testinfra verify."""
 
 import pytest
-
 from tool_runner import run_logged
 
 SCENARIOS = ["default"]

@@ -8,7 +8,7 @@ repo=/srv/fake-nvidia
 mkdir -p "$repo"
 
 mkdeb() {
-  name=$1 version=$2 depends=$3
+  name=$1 version=$2 depends=$3 replaces=${4:-}
   root=$(mktemp -d)
   mkdir -p "$root/DEBIAN"
   {
@@ -17,6 +17,7 @@ mkdeb() {
     echo "Architecture: all"
     echo "Maintainer: sparkfleet lab <lab@sparkfleet.invalid>"
     [ -n "$depends" ] && echo "Depends: $depends"
+    [ -n "$replaces" ] && echo "Conflicts: $replaces" && echo "Replaces: $replaces"
     echo "Description: lab stand-in for $name (sparkfleet.vllm tests)"
   } > "$root/DEBIAN/control"
   case "$name" in
@@ -32,12 +33,13 @@ mkdeb() {
   rm -rf "$root"
 }
 
-for branch_version in 580.95.05 590.44.01; do
-  branch=${branch_version%%.*}
-  mkdeb "libnvidia-compute-$branch" "$branch_version-0ubuntu1" ""
-  mkdeb "nvidia-utils-$branch" "$branch_version-0ubuntu1" ""
-  mkdeb "nvidia-driver-$branch-open" "$branch_version-0ubuntu1" "libnvidia-compute-$branch, nvidia-utils-$branch"
-done
+# One branch replaces the other, as Ubuntu's driver packages do.
+mkdeb libnvidia-compute-580 580.95.05-0ubuntu1 ""
+mkdeb nvidia-utils-580 580.95.05-0ubuntu1 ""
+mkdeb nvidia-driver-580-open 580.95.05-0ubuntu1 "libnvidia-compute-580, nvidia-utils-580"
+mkdeb libnvidia-compute-590 590.44.01-0ubuntu1 ""
+mkdeb nvidia-utils-590 590.44.01-0ubuntu1 "" nvidia-utils-580
+mkdeb nvidia-driver-590-open 590.44.01-0ubuntu1 "libnvidia-compute-590, nvidia-utils-590" nvidia-driver-580-open
 # The meta package a DGX OS image installs; its next version is what would pull 590 in.
 mkdeb dgx-gpu-stack 1.0 "nvidia-driver-580-open"
 

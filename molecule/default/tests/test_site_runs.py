@@ -67,7 +67,7 @@ def test_check_mode_on_converged_hosts_reports_no_change():
     [
         pytest.param(
             '{"earlyoom_avoid_extra_names": ["vllm*"]}',
-            ["earlyoom_avoid_extra_names", "'vllm*' matches VLLM::EngineCor, vllm"],
+            ["earlyoom_avoid_extra_names", "entry 'vllm*' matches vllm"],
             id="avoid-list-catches-vllm",
         ),
         pytest.param(
@@ -98,16 +98,24 @@ def test_bad_settings_refused_without_change(extra_vars, fragments):
 def spark_apt():
     host = docker_host(SPARK)
     yield host
-    host.run("apt-get purge -y -q nvidia-driver-590-open libnvidia-compute-590 nvidia-utils-590")
-    host.run("rm -f /srv/fake-nvidia/dgx-gpu-stack_2.0_all.deb")
-    host.run("cd /srv/fake-nvidia && apt-ftparchive packages . > Packages && apt-get update -q")
+    host.check_output("apt-get purge -y -q nvidia-driver-590-open libnvidia-compute-590 nvidia-utils-590")
+    host.check_output("rm -f /srv/fake-nvidia/dgx-gpu-stack_2.0_all.deb")
+    host.check_output("cd /srv/fake-nvidia && apt-ftparchive packages . > Packages && apt-get update -q")
+    host.check_output("apt-get install -y -q dgx-gpu-stack=1.0 && apt-mark hold libnvidia-compute-580 nvidia-driver-580-open nvidia-utils-580")
 
 
 def test_driver_branch_590_installed_is_refused(spark_apt):
-    spark_apt.check_output("apt-get install -y -q nvidia-driver-590-open")
+    # The 590 driver replaces the 580 one, as a dist-upgrade past the guard would leave it.
+    spark_apt.check_output("apt-get install -y -q --allow-change-held-packages nvidia-driver-590-open")
     before = host_state(SPARK)
     result = site(limit=SPARK)
-    assert_refused(result, "driver_guard_allowed_branch is 580", "nvidia-driver-590-open 590.44.01-0ubuntu1", "Nothing was changed")
+    assert_refused(
+        result,
+        "driver_guard_allowed_branch is 580",
+        "nvidia-driver-590-open 590.44.01-0ubuntu1",
+        "nvidia-smi reports driver 590.44.01",
+        "Nothing was changed",
+    )
     assert host_state(SPARK) == before
 
 
