@@ -98,15 +98,21 @@ def test_bad_settings_refused_without_change(extra_vars, fragments):
 def spark_apt():
     host = docker_host(SPARK)
     yield host
-    host.check_output("apt-get purge -y -q nvidia-driver-590-open libnvidia-compute-590 nvidia-utils-590")
+    host.check_output(
+        "apt-get purge -y -q nvidia-driver-590-open libnvidia-compute-590 nvidia-utils-590"
+        " linux-modules-nvidia-590-open-6.17.0-1021-nvidia"
+    )
     host.check_output("rm -f /srv/fake-nvidia/dgx-gpu-stack_2.0_all.deb")
     host.check_output("cd /srv/fake-nvidia && apt-ftparchive packages . > Packages && apt-get update -q")
     host.check_output("apt-get install -y -q dgx-gpu-stack=1.0 && apt-mark hold libnvidia-compute-580 nvidia-driver-580-open nvidia-utils-580")
 
 
 def test_driver_branch_590_installed_is_refused(spark_apt):
-    # The 590 driver replaces the 580 one, as a dist-upgrade past the guard would leave it.
-    spark_apt.check_output("apt-get install -y -q --allow-change-held-packages nvidia-driver-590-open")
+    # The 590 driver replaces the 580 one, as an operator working around the holds would leave it.
+    spark_apt.check_output(
+        "apt-mark unhold libnvidia-compute-580 nvidia-driver-580-open nvidia-utils-580"
+        " && apt-get install -y -q nvidia-driver-590-open"
+    )
     before = host_state(SPARK)
     result = site(limit=SPARK)
     assert_refused(
@@ -120,15 +126,21 @@ def test_driver_branch_590_installed_is_refused(spark_apt):
 
 
 def test_upgrade_that_would_bring_590_is_refused(spark_apt):
-    # The meta package's next version pulls in the 590 driver, as a DGX OS update might.
+    # The meta package's next version pulls in the 590 kernel modules, as a DGX OS kernel update
+    # might; they conflict with no held package, so only the simulation catches them.
     spark_apt.check_output(
         "cd /srv/fake-nvidia && cp dgx-gpu-stack_1.0_all.deb /tmp/next.deb"
         " && mkdir -p /tmp/next && dpkg-deb -R /tmp/next.deb /tmp/next"
-        " && sed -i 's/^Version: .*/Version: 2.0/; s/^Depends: .*/Depends: nvidia-driver-590-open/' /tmp/next/DEBIAN/control"
+        " && sed -i 's/^Version: .*/Version: 2.0/; s/^Depends: .*/Depends: nvidia-driver-580-open, linux-modules-nvidia-590-open-6.17.0-1021-nvidia/' /tmp/next/DEBIAN/control"
         " && dpkg-deb --root-owner-group --build /tmp/next dgx-gpu-stack_2.0_all.deb >/dev/null"
         " && rm -rf /tmp/next /tmp/next.deb && apt-ftparchive packages . > Packages"
     )
     before = host_state(SPARK)
     result = site(limit=SPARK)
-    assert_refused(result, "driver_guard_allowed_branch is 580", "the upgrade would bring", "nvidia-driver-590-open 590.44.01-0ubuntu1")
+    assert_refused(
+        result,
+        "driver_guard_allowed_branch is 580",
+        "the upgrade would bring",
+        "linux-modules-nvidia-590-open-6.17.0-1021-nvidia 6.17.0-1021.21",
+    )
     assert host_state(SPARK) == before
