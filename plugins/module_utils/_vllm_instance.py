@@ -214,3 +214,50 @@ def published_ports(instance: t.Mapping[str, t.Any]) -> list[str]:
         host = f"[{address}]" if ":" in address else address
         ports.append(f"{host}:{instance['port']}:{CONTAINER_PORT}")
     return ports
+
+
+def pull_repository(repository: str, mirror: str = "") -> str:
+    """The repository to pull from: the image's own, or the same path on a registry mirror."""
+    if not mirror:
+        return repository
+    first, _separator, rest = repository.partition("/")
+    if rest and ("." in first or ":" in first or first == "localhost"):
+        repository = rest
+    return f"{mirror.rstrip('/')}/{repository}"
+
+
+def run_image(image: str, mirror: str = "") -> str:
+    """The reference containers run: always the digest when the image is pinned."""
+    parts = parse_image_reference(image)
+    if not parts:
+        return image
+    return f"{pull_repository(parts['repository'], mirror)}@{parts['digest']}"
+
+
+CACHE_MOUNTS = (
+    ("huggingface", "/root/.cache/huggingface"),
+    ("vllm", "/root/.cache/vllm"),
+    ("flashinfer", "/root/.cache/flashinfer"),
+    ("triton", "/root/.triton"),
+)
+
+
+def docker_run_args(
+    instance: t.Mapping[str, t.Any],
+    image: str,
+    env_file: str,
+    models_dir: str,
+    cache_dir: str,
+    gpus: bool,
+) -> list[str]:
+    """The foreground ``docker run`` a systemd unit owns for one instance."""
+    args = ["/usr/bin/docker", "run", "--name", f"vllm-{instance['name']}", "--ipc=host", "--env-file", env_file]
+    for publication in published_ports(instance):
+        args += ["--publish", publication]
+    args += ["--volume", f"{models_dir}:/models:ro"]
+    for name, target in CACHE_MOUNTS:
+        args += ["--volume", f"{cache_dir}/{name}:{target}"]
+    args += ["--label", f"sparkfleet.vllm.instance={instance['name']}"]
+    if gpus:
+        args += ["--gpus", "all"]
+    return args + [image, *render_serve_args(instance)]

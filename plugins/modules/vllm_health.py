@@ -52,7 +52,7 @@ options:
         CPU build's crash on a tiny first request.
     type: bool
     default: false
-  warmup_max_tokens:
+  warmup_reply_length:
     description: C(max_tokens) of the warm-up request.
     type: int
     default: 8
@@ -170,7 +170,7 @@ def main():
             interval=dict(type="float", default=2),
             log_lines=dict(type="int", default=40),
             warmup=dict(type="bool", default=False),
-            warmup_max_tokens=dict(type="int", default=8),
+            warmup_reply_length=dict(type="int", default=8),
         ),
         supports_check_mode=True,
     )
@@ -210,7 +210,7 @@ def main():
         payload = {
             "model": params["served_model_names"][0],
             "messages": [{"role": "user", "content": WARMUP_PROMPT}],
-            "max_tokens": params["warmup_max_tokens"],
+            "max_tokens": params["warmup_reply_length"],
             "temperature": 0,
         }
         status, body = http("POST", base + "/v1/chat/completions", params["api_key"], payload, timeout=120)

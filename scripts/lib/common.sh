@@ -8,7 +8,7 @@ SPARKFLEET_CACHE=${SPARKFLEET_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/sparkfleet}
 # Debian's docker client talks to Debian's 20.10 engine; another, newer client may sit
 # earlier on PATH, so tools get this one first through the venv's bin directory.
 SPARKFLEET_DOCKER_CLIENT=/usr/bin/docker
-SPARKFLEET_SYSTEM_PACKAGES=(docker.io debootstrap python3-venv rsync git)
+SPARKFLEET_SYSTEM_PACKAGES=(docker.io debootstrap python3-venv rsync git docker-registry curl)
 
 log() { printf '==> %s\n' "$*" >&2; }
 
@@ -95,10 +95,106 @@ ensure_lab_image() {
   fi
 }
 
+docker_gateway() {
+  ip -4 -o addr show docker0 | awk '{split($4, a, "/"); print a[1]}'
+}
+
+registry_running() { curl -fsS "http://$1:5000/v2/" >/dev/null 2>&1; }
+
+# Debian's docker-registry, serving one storage directory on loopback (where this machine's
+# dockerd pushes) and on the docker0 gateway (where the lab hosts' dockerd pull), and on no
+# other interface. The processes are recorded by PID.
+ensure_registry() {
+  local address config
+  mkdir -p "$SPARKFLEET_CACHE/registry/storage"
+  for address in 127.0.0.1 "$(docker_gateway)"; do
+    registry_running "$address" && continue
+    config="$SPARKFLEET_CACHE/registry/config-$address.yml"
+    cat > "$config" <<CONFIG
+version: 0.1
+log:
+  level: warn
+storage:
+  filesystem:
+    rootdirectory: $SPARKFLEET_CACHE/registry/storage
+  delete:
+    enabled: true
+http:
+  addr: $address:5000
+CONFIG
+    log "starting the lab registry on $address:5000"
+    nohup /usr/bin/docker-registry serve "$config" >"$SPARKFLEET_CACHE/registry/$address.log" 2>&1 &
+    echo $! > "$SPARKFLEET_CACHE/registry/$address.pid"
+    local waited=0
+    until registry_running "$address"; do
+      [ $waited -ge 30 ] && { log "the registry on $address did not come up; see $SPARKFLEET_CACHE/registry/$address.log"; return 1; }
+      sleep 1; waited=$((waited + 1))
+    done
+  done
+}
+
+stop_registry() {
+  local pid_file pid
+  for pid_file in "$SPARKFLEET_CACHE"/registry/*.pid; do
+    [ -f "$pid_file" ] || continue
+    pid=$(cat "$pid_file")
+    if [ -r "/proc/$pid/cmdline" ] && tr '\0' ' ' < "/proc/$pid/cmdline" | grep -q docker-registry; then
+      kill "$pid"
+    fi
+    rm -f "$pid_file"
+  done
+}
+
+# The CPU vLLM image, pushed to the lab registry so it has a real repo@sha256 digest.
+ensure_vllm_image() {
+  local recipe_hash local_tag pushed
+  recipe_hash=$(cat "$SPARKFLEET_ROOT"/lab/images/vllm-cpu/* | sha256sum | cut -c1-12)
+  local_tag="127.0.0.1:5000/sparkfleet/vllm-cpu:$recipe_hash"
+  if ! "$SPARKFLEET_DOCKER_CLIENT" image inspect "$local_tag" >/dev/null 2>&1; then
+    log "building the CPU vLLM image $local_tag (several minutes the first time)"
+    PATH="$(dirname "$SPARKFLEET_DOCKER_CLIENT"):$PATH" sudo_if_needed "$SPARKFLEET_ROOT/lab/images/vllm-cpu/build.sh" "$local_tag"
+  fi
+  "$SPARKFLEET_DOCKER_CLIENT" push --quiet "$local_tag" >/dev/null
+  pushed=$("$SPARKFLEET_DOCKER_CLIENT" image inspect --format '{{range .RepoDigests}}{{println .}}{{end}}' "$local_tag" |
+    grep "^127.0.0.1:5000/sparkfleet/vllm-cpu@" | head -n 1)
+  export SPARKFLEET_VLLM_IMAGE_LOCAL="$local_tag"
+  export SPARKFLEET_VLLM_IMAGE="$(docker_gateway):5000/sparkfleet/vllm-cpu:$recipe_hash@${pushed#*@}"
+  export SPARKFLEET_REGISTRY="$(docker_gateway):5000"
+}
+
+# The tiny generation model, built once with the vLLM image's own torch and transformers.
+ensure_tiny_model() {
+  export SPARKFLEET_TINY_MODEL="$SPARKFLEET_CACHE/models/tiny-llama"
+  [ -f "$SPARKFLEET_TINY_MODEL/model.safetensors" ] && return 0
+  log "building the tiny lab model into $SPARKFLEET_TINY_MODEL"
+  mkdir -p "$SPARKFLEET_TINY_MODEL"
+  "$SPARKFLEET_DOCKER_CLIENT" run --rm --volume "$SPARKFLEET_TINY_MODEL:/out" --entrypoint python \
+    "$SPARKFLEET_VLLM_IMAGE_LOCAL" /opt/sparkfleet/build_tiny_model.py /out >/dev/null 2>&1
+  chmod 0644 "$SPARKFLEET_TINY_MODEL"/*
+}
+
+# The lab endpoints' API key: generated here, never in git, readable by root only.
+ensure_lab_api_key() {
+  local key_file="$SPARKFLEET_ROOT/.cache/lab/api-key"
+  if [ ! -s "$key_file" ]; then
+    mkdir -p "$(dirname "$key_file")"
+    (umask 077 && python3 -c 'import secrets; print(secrets.token_urlsafe(32))' > "$key_file")
+  fi
+  SPARKFLEET_LAB_API_KEY=$(cat "$key_file")
+  export SPARKFLEET_LAB_API_KEY
+}
+
 ensure_all() {
   ensure_system_packages
   ensure_dockerd
   ensure_venv
   ensure_collection_path
   ensure_lab_image
+}
+
+ensure_serving_lab() {
+  ensure_registry
+  ensure_vllm_image
+  ensure_tiny_model
+  ensure_lab_api_key
 }

@@ -86,6 +86,9 @@ def test_docker_ordering_dropin(host):
     lines = dropin.content_string.splitlines()
     assert "After=network-online.target" in lines
     assert "Wants=network-online.target" in lines
+    # Docker is installed on the lab hosts, so systemd shows the ordering in effect.
+    after = host.run("systemctl show --property=After --value docker.service").stdout.split()
+    assert "network-online.target" in after
 
 
 def test_headless_target_and_masked_services(host):

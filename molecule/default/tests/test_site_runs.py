@@ -131,7 +131,9 @@ def test_upgrade_that_would_bring_590_is_refused(spark_apt):
     spark_apt.check_output(
         "cd /srv/fake-nvidia && cp dgx-gpu-stack_1.0_all.deb /tmp/next.deb"
         " && mkdir -p /tmp/next && dpkg-deb -R /tmp/next.deb /tmp/next"
-        " && sed -i 's/^Version: .*/Version: 2.0/; s/^Depends: .*/Depends: nvidia-driver-580-open, linux-modules-nvidia-590-open-6.17.0-1021-nvidia/' /tmp/next/DEBIAN/control"
+        " && sed -i 's/^Version: .*/Version: 2.0/;"
+        " s/^Depends: .*/Depends: nvidia-driver-580-open, linux-modules-nvidia-590-open-6.17.0-1021-nvidia/'"
+        " /tmp/next/DEBIAN/control"
         " && dpkg-deb --root-owner-group --build /tmp/next dgx-gpu-stack_2.0_all.deb >/dev/null"
         " && rm -rf /tmp/next /tmp/next.deb && apt-ftparchive packages . > Packages"
     )

@@ -121,3 +121,25 @@ def test_duplicate_ports_refused():
 
 def test_published_ports():
     assert published_ports(instance(bind_addresses=["127.0.0.1", "::1"])) == ["127.0.0.1:8001:8000", "[::1]:8001:8000"]
+
+
+def test_mirror_moves_the_repository_and_keeps_the_digest():
+    from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_instance import pull_repository, run_image
+
+    assert pull_repository("vllm/vllm-openai") == "vllm/vllm-openai"
+    assert pull_repository("vllm/vllm-openai", "mirror.lan:5000") == "mirror.lan:5000/vllm/vllm-openai"
+    assert pull_repository("127.0.0.1:5000/sparkfleet/vllm-cpu", "172.17.0.1:5000") == "172.17.0.1:5000/sparkfleet/vllm-cpu"
+    assert run_image(f"vllm/vllm-openai:v0.33.0@{DIGEST}", "mirror.lan:5000") == f"mirror.lan:5000/vllm/vllm-openai@{DIGEST}"
+    assert run_image("vllm/vllm-openai:latest") == "vllm/vllm-openai:latest"
+
+
+def test_docker_run_owns_the_container_without_the_key():
+    from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_instance import docker_run_args
+
+    args = docker_run_args(instance(), f"repo@{DIGEST}", "/etc/sparkfleet/vllm/llm.env", "/srv/models", "/var/cache/sv", gpus=True)
+    assert args[:8] == ["/usr/bin/docker", "run", "--name", "vllm-llm", "--ipc=host", "--env-file", "/etc/sparkfleet/vllm/llm.env", "--publish"]
+    assert "/srv/models:/models:ro" in args and "/var/cache/sv/vllm:/root/.cache/vllm" in args
+    assert args[args.index("--gpus") + 1] == "all"
+    assert args[args.index(f"repo@{DIGEST}") + 1] == "/models/tiny-llama"
+    assert "k" * 32 not in " ".join(args)
+    assert "--gpus" not in docker_run_args(instance(), "img", "/e", "/m", "/c", gpus=False)
