@@ -4,16 +4,9 @@ Each bad input must fail with an error naming the variable, before anything on t
 changes. These tests run ansible-playbook from the controller, once per session.
 """
 
-import hashlib
-import os
-import pathlib
-import subprocess
-
 import pytest
-import testinfra
+from site_runner import assert_refused, docker_host, site, state_digest
 
-ROOT = pathlib.Path(__file__).resolve().parents[3]
-INVENTORY = pathlib.Path(os.environ["MOLECULE_INVENTORY_FILE"]).parent
 SPARK = "sparkfleet-molecule-spark"
 GX10 = "sparkfleet-molecule-gx10"
 # What the host-preparation roles own; a refused run must leave all of it as it was.
@@ -28,31 +21,10 @@ WATCHED_FILES = [
 ]
 
 
-def docker_host(name):
-    return testinfra.get_host(f"docker://{name}")
-
-
 def host_state(name):
-    host = docker_host(name)
-    digest = hashlib.sha256()
-    for path in WATCHED_FILES:
-        digest.update(path.encode() + b"\0" + host.file(path).content)
-    digest.update(host.run("apt-mark showhold; dpkg-query -W; systemctl list-unit-files --no-legend").stdout.encode())
-    return digest.hexdigest()
-
-
-def site(*args, limit=None):
-    command = ["ansible-playbook", "-i", str(INVENTORY), str(ROOT / "site.yml"), *args]
-    if limit:
-        command += ["--limit", limit]
-    return subprocess.run(command, capture_output=True, text=True, cwd=ROOT, check=False)
-
-
-def assert_refused(result, *fragments):
-    output = result.stdout + result.stderr
-    assert result.returncode != 0, output
-    for fragment in fragments:
-        assert fragment in output, f"{fragment!r} not in the error:\n{output[-3000:]}"
+    return state_digest(
+        docker_host(name), WATCHED_FILES, ["apt-mark showhold; dpkg-query -W; systemctl list-unit-files --no-legend"]
+    )
 
 
 def test_check_mode_on_converged_hosts_reports_no_change():
