@@ -17,7 +17,11 @@ for unit in getty@tty1.service systemd-timesyncd.service apt-daily.timer apt-dai
   chroot "$rootfs" systemctl mask "$unit" >/dev/null 2>&1 || true
 done
 # Fleet hosts run a network stack whose wait-online unit the wait_online role enables.
+# networkd keeps the address Docker gives eth0, so network-online.target is reached once
+# the address exists, as on a host that got it from DHCP.
 chroot "$rootfs" systemctl enable systemd-networkd.service >/dev/null 2>&1
+printf '[Match]\nName=eth0\n\n[Network]\nDHCP=no\nLinkLocalAddressing=no\nIPv6AcceptRA=no\nKeepConfiguration=yes\n' \
+  > "$rootfs/etc/systemd/network/80-lab.network"
 rm -rf "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/*
 
 tar -C "$rootfs" -c . | docker import - "$tag-rootfs" >/dev/null

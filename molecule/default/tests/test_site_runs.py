@@ -21,6 +21,10 @@ WATCHED_FILES = [
 ]
 
 
+# Serving has its own scenario; these hosts are only prepared.
+NO_SERVING = '{"vllm_instances": []}'
+
+
 def host_state(name):
     return state_digest(
         docker_host(name), WATCHED_FILES, ["apt-mark showhold; dpkg-query -W; systemctl list-unit-files --no-legend"]
@@ -28,7 +32,7 @@ def host_state(name):
 
 
 def test_check_mode_on_converged_hosts_reports_no_change():
-    result = site("--check", "--diff")
+    result = site("--check", "--diff", "-e", NO_SERVING)
     assert result.returncode == 0, result.stdout[-3000:]
     recap = result.stdout.split("PLAY RECAP")[1]
     assert recap.count("changed=0") == 2, recap
@@ -61,7 +65,7 @@ def test_check_mode_on_converged_hosts_reports_no_change():
 )
 def test_bad_settings_refused_without_change(extra_vars, fragments):
     before = host_state(GX10)
-    result = site("-e", extra_vars, limit=GX10)
+    result = site("-e", NO_SERVING, "-e", extra_vars, limit=GX10)
     assert_refused(result, *fragments)
     assert host_state(GX10) == before
 
@@ -86,7 +90,7 @@ def test_driver_branch_590_installed_is_refused(spark_apt):
         " && apt-get install -y -q nvidia-driver-590-open"
     )
     before = host_state(SPARK)
-    result = site(limit=SPARK)
+    result = site("-e", NO_SERVING, limit=SPARK)
     assert_refused(
         result,
         "driver_guard_allowed_branch is 580",
@@ -110,7 +114,7 @@ def test_upgrade_that_would_bring_590_is_refused(spark_apt):
         " && rm -rf /tmp/next /tmp/next.deb && apt-ftparchive packages . > Packages"
     )
     before = host_state(SPARK)
-    result = site(limit=SPARK)
+    result = site("-e", NO_SERVING, limit=SPARK)
     assert_refused(
         result,
         "driver_guard_allowed_branch is 580",
