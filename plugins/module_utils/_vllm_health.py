@@ -74,3 +74,12 @@ def container_failure(baseline: t.Mapping[str, t.Any] | None, current: t.Mapping
     if current["started_at"] != baseline["started_at"]:
         return "the container restarted (its start time changed)"
     return None
+
+
+ERROR_MARKERS = ("Error", "error:", "Traceback", "unrecognized arguments")
+
+
+def error_lines(log: str, limit: int = 6) -> list[str]:
+    """The last lines of an engine log that name what went wrong (the root cause sits above the traceback's end)."""
+    found = [line.strip() for line in log.splitlines() if any(marker in line for marker in ERROR_MARKERS) and "Traceback" not in line]
+    return found[-limit:]

@@ -111,6 +111,11 @@ log_tail:
   description: Last lines of the container log.
   returned: when the gate fails and O(container) is given
   type: str
+log_errors:
+  description: The lines of the container log that name errors, last ones first in importance.
+  returned: when the gate fails and O(container) is given
+  type: list
+  elements: str
 warmup_reply:
   description: The warm-up request's reply text.
   returned: when O(warmup) is true and the gate passed
@@ -127,6 +132,7 @@ from ansible.module_utils.urls import open_url
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_health import (
     container_failure,
     container_snapshot,
+    error_lines,
     models_verdict,
 )
 
@@ -203,7 +209,9 @@ def main():
 
     if not result["ok"]:
         if docker:
-            result["log_tail"] = log_tail(module, docker, params["container"], params["log_lines"])
+            whole_log = log_tail(module, docker, params["container"], 1000)
+            result["log_tail"] = "\n".join(whole_log.splitlines()[-params["log_lines"]:])
+            result["log_errors"] = error_lines(whole_log)
         module.fail_json(msg=f"vLLM health gate failed: {result['reason']}", **result)
 
     if params["warmup"]:

@@ -92,7 +92,16 @@ ensure_lab_image() {
   if ! "$SPARKFLEET_DOCKER_CLIENT" image inspect "$SPARKFLEET_LAB_IMAGE" >/dev/null 2>&1; then
     log "building lab host image $SPARKFLEET_LAB_IMAGE (debootstrap, about a minute)"
     PATH="$(dirname "$SPARKFLEET_DOCKER_CLIENT"):$PATH" sudo_if_needed "$SPARKFLEET_ROOT/lab/images/host/build.sh" "$SPARKFLEET_LAB_IMAGE"
+    remove_other_tags sparkfleet-lab-host "$SPARKFLEET_LAB_IMAGE"
   fi
+}
+
+# Images of an older recipe are of no more use once the current one is built.
+remove_other_tags() {
+  local repository=$1 keep=$2 image
+  for image in $("$SPARKFLEET_DOCKER_CLIENT" image ls --format '{{.Repository}}:{{.Tag}}' "$repository"); do
+    case "$image" in "$keep"|"$keep"-base) ;; *) "$SPARKFLEET_DOCKER_CLIENT" rmi "$image" >/dev/null 2>&1 || true ;; esac
+  done
 }
 
 docker_gateway() {
@@ -153,6 +162,7 @@ ensure_vllm_image() {
   if ! "$SPARKFLEET_DOCKER_CLIENT" image inspect "$local_tag" >/dev/null 2>&1; then
     log "building the CPU vLLM image $local_tag (several minutes the first time)"
     PATH="$(dirname "$SPARKFLEET_DOCKER_CLIENT"):$PATH" sudo_if_needed "$SPARKFLEET_ROOT/lab/images/vllm-cpu/build.sh" "$local_tag"
+    remove_other_tags 127.0.0.1:5000/sparkfleet/vllm-cpu "$local_tag"
   fi
   "$SPARKFLEET_DOCKER_CLIENT" push --quiet "$local_tag" >/dev/null
   pushed=$("$SPARKFLEET_DOCKER_CLIENT" image inspect --format '{{range .RepoDigests}}{{println .}}{{end}}' "$local_tag" |

@@ -54,3 +54,18 @@ def test_failure_when_the_container_exits_restarts_or_is_replaced():
 def test_no_baseline_only_dead_states_fail():
     assert container_failure(None, container_snapshot(inspect_json(status="created"))) is None
     assert container_failure(None, container_snapshot(inspect_json(status="dead"))) is not None
+
+
+def test_error_lines_find_the_root_cause_above_the_traceback_end():
+    from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_health import error_lines
+
+    log = "\n".join(
+        [
+            "(APIServer pid=1) INFO starting",
+            "usage: vllm serve [model_tag] [options]",
+            "vllm serve: error: unrecognized arguments: --no-such-flag",
+        ]
+    )
+    assert error_lines(log) == ["vllm serve: error: unrecognized arguments: --no-such-flag"]
+    shm = "Traceback (most recent call last):\n  File x\nRuntimeError: Insufficient space in /dev/shm\nRuntimeError: Engine core initialization failed."
+    assert error_lines(shm)[0] == "RuntimeError: Insufficient space in /dev/shm"
