@@ -5,6 +5,7 @@ Durations printed here (gate times, reboot recovery) are measurements, not pass/
 
 import json
 import os
+import re
 import subprocess
 import time
 
@@ -130,7 +131,7 @@ def test_bad_flag_fails_fast_and_rolls_back(serve):
     result = site("--tags", "vllm", "-e", instances_json(extra_args=["--no-such-flag"]))
     elapsed = time.monotonic() - started
     assert_refused(result, "vLLM instance second failed its relaunch: vLLM health gate failed", "unrecognized arguments", "last good settings were relaunched")
-    detected = result.stdout.split("detected after ")[1].split(" s")[0]
+    detected = re.search(r"detected after ([0-9.]+) s", result.stdout + result.stderr).group(1)
     print(f"\nbad flag: the gate detected the crashed start after {detected} s; the play failed, rolled back, in {elapsed:.0f} s")
     assert serve.file("/etc/sparkfleet/vllm/second.json").content_string == before_settings
     assert status(serve, 8002, key=KEY) == "200"
