@@ -83,6 +83,14 @@ def test_second_run_changes_nothing_and_keeps_the_containers(serve):
     assert serving_state(serve) == before
 
 
+def test_check_mode_on_the_serving_host_reports_no_change(serve):
+    before = serving_state(serve)
+    result = site("--check", "--diff", "--tags", "vllm", "-e", instances_json())
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert "changed=0" in result.stdout.split("PLAY RECAP")[1]
+    assert serving_state(serve) == before
+
+
 @pytest.mark.parametrize(
     ("extra_vars", "fragments"),
     [
