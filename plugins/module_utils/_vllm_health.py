@@ -58,10 +58,11 @@ def container_failure(baseline: t.Mapping[str, t.Any] | None, current: t.Mapping
     """Why the container has failed since ``baseline``, or None while it still may come up.
 
     A container that was replaced (another Id) or restarted counts as failed: its first
-    start did not survive, and waiting longer only hides that.
+    start did not survive, and waiting longer only hides that. Before the container was
+    ever seen (``baseline`` None), its absence means it is not created yet.
     """
     if current is None:
-        return "the container does not exist"
+        return None if baseline is None else "the container is gone"
     if current["status"] in DEAD_STATES:
         detail = f"exit code {current['exit_code']}" + (", killed by the OOM killer" if current["oom_killed"] else "")
         return f"the container is {current['status']} ({detail})"

@@ -192,6 +192,9 @@ def main():
         ready, reason, served = models_verdict(status, body, params["served_model_names"])
         result["served_model_names"] = served
         current = inspect(module, docker, params["container"]) if docker else None
+        if baseline is None:
+            # The unit may create the container after the gate started; watch it from then on.
+            baseline = current
         if current:
             result.update(state=current["status"], restart_count=current["restart_count"])
         failure = container_failure(baseline, current) if docker else None

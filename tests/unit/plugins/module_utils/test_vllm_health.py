@@ -48,10 +48,11 @@ def test_failure_when_the_container_exits_restarts_or_is_replaced():
     assert "0 -> 1" in container_failure(baseline, container_snapshot(inspect_json(restart_count=1)))
     assert "replaced" in container_failure(baseline, container_snapshot(inspect_json(container_id="def")))
     assert "start time" in container_failure(baseline, container_snapshot(inspect_json(started_at="2026-11-29T09:01:00Z")))
-    assert container_failure(baseline, None) == "the container does not exist"
+    assert container_failure(baseline, None) == "the container is gone"
 
 
 def test_no_baseline_only_dead_states_fail():
+    assert container_failure(None, None) is None
     assert container_failure(None, container_snapshot(inspect_json(status="created"))) is None
     assert container_failure(None, container_snapshot(inspect_json(status="dead"))) is not None
 
