@@ -126,9 +126,8 @@ import json
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.six.moves.urllib.error import HTTPError, URLError
-from ansible.module_utils.urls import open_url
 
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_client import http
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_health import (
     container_failure,
     container_snapshot,
@@ -137,22 +136,6 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_health impor
 )
 
 WARMUP_PROMPT = "Say hello to the operator of this endpoint."
-
-
-def http(method, url, api_key, payload=None, timeout=10):
-    """(status, body); status None when nothing answers."""
-    headers = {"Authorization": "Bearer " + api_key}
-    data = None
-    if payload is not None:
-        headers["Content-Type"] = "application/json"
-        data = json.dumps(payload)
-    try:
-        response = open_url(url, method=method, headers=headers, data=data, timeout=timeout)
-        return response.getcode(), response.read().decode("utf-8", "replace")
-    except HTTPError as exc:
-        return exc.code, exc.read().decode("utf-8", "replace") if exc.fp else ""
-    except (URLError, OSError, ValueError):
-        return None, ""
 
 
 def inspect(module, docker, container):

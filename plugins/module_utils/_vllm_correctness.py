@@ -1,0 +1,196 @@
+# Copyright: sparkfleet.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The correctness set: cases with declarative checks, judging answers, and the diff against a reference.
+
+Private to the collection. Seed 000's lesson: the diff matters more than the score. A
+configuration that scores like the reference but changes three answers is suspicious (GB10
+kernels can be silently wrong: fluent garbage, no error); one that changes nothing is safe.
+Checks are data (has_number, exact, regex, json_fields): user case files are never evaluated
+as code.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import typing as t
+
+CHECK_KINDS = ("has_number", "exact", "regex", "json_fields")
+CASE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+
+
+def case(case_id: str, prompt: str, **check: t.Any) -> dict[str, t.Any]:
+    return {"id": case_id, "prompt": prompt, "check": check}
+
+
+ONLY = " Reply with only the answer."
+BUILTIN_CASES: tuple[dict[str, t.Any], ...] = (
+    case("arith-1", "What is 347 * 29?" + ONLY, has_number=10063),
+    case("arith-2", "What is 1024 - 389?" + ONLY, has_number=635),
+    case("arith-3", "What is 15% of 240?" + ONLY, has_number=36),
+    case("word-1", "A train leaves at 14:20 and arrives at 17:05. How many minutes is the trip?" + ONLY, has_number=165),
+    case("word-2", "Anna has 3 boxes of 12 eggs and uses 7 eggs. How many eggs are left?" + ONLY, has_number=29),
+    case("word-3", "A shop sells pens at 4 for 3 euros. How many euros do 20 pens cost?" + ONLY, has_number=15),
+    case("unit-1", "How many metres are in 3.5 kilometres?" + ONLY, has_number=3500),
+    case("unit-2", "How many seconds are in 2 hours?" + ONLY, has_number=7200),
+    case("unit-3", "How many grams are in 2.25 kilograms?" + ONLY, has_number=2250),
+    case("fact-1", "What is the chemical symbol of gold?" + ONLY, exact="Au"),
+    case("fact-2", "What is the capital city of Australia?" + ONLY, regex=r"(?i)\bcanberra\b"),
+    case("fact-3", "In which year did the first crewed Moon landing take place?" + ONLY, has_number=1969),
+    case("str-1", 'Reverse the string "gabespark".' + ONLY, exact="krapsebag"),
+    case("str-2", 'Write the word "inference" in upper case.' + ONLY, exact="INFERENCE"),
+    case("str-3", 'How many letters "s" are in the word "mississippi"?' + ONLY, has_number=4),
+    case("code-1", "What does this Python print?\n\nx = [1, 2, 3]\nprint(sum(x) * len(x))\n" + ONLY, has_number=18),
+    case("code-2", "What does this Python print?\n\nprint('-'.join(['a', 'b', 'c']))\n" + ONLY, exact="a-b-c"),
+    case(
+        "json-1",
+        'Extract the person as JSON with keys "name" and "age" from: "Priya Natarajan, 41, leads the platform team." '
+        "Reply with only the JSON.",
+        json_fields={"name": "Priya Natarajan", "age": 41},
+    ),
+    case(
+        "json-2",
+        'Extract the order as JSON with keys "item" and "quantity" from: "Please send 12 spare fans for rack B." '
+        "Reply with only the JSON.",
+        json_fields={"item": "spare fans", "quantity": 12},
+    ),
+    case(
+        "json-3",
+        'Extract the city and the temperature in Celsius as JSON with keys "city" and "celsius" from: '
+        '"Oslo reached 31 degrees Celsius on Tuesday." Reply with only the JSON.',
+        json_fields={"city": "Oslo", "celsius": 31},
+    ),
+)
+
+
+def validate_cases(variable: str, cases: t.Any) -> list[str]:
+    """Problems of a list of cases, each naming the case and the field to fix."""
+    if not isinstance(cases, list):
+        return [f"{variable}: must be a list of cases, each with id, prompt and check"]
+    errors: list[str] = []
+    seen: set[str] = set()
+    for index, item in enumerate(cases):
+        where = f"{variable}[{index}]"
+        if not isinstance(item, dict):
+            errors.append(f"{where}: must be a mapping with id, prompt and check")
+            continue
+        case_id = item.get("id")
+        where = f"{where} ({case_id})" if isinstance(case_id, str) else where
+        if not isinstance(case_id, str) or not CASE_ID.match(case_id):
+            errors.append(f"{where}.id: {case_id!r} must be letters, digits, dots, dashes or underscores")
+        elif case_id in seen:
+            errors.append(f"{where}.id: {case_id} is used by another case")
+        else:
+            seen.add(case_id)
+        if not isinstance(item.get("prompt"), str) or not item["prompt"].strip():
+            errors.append(f"{where}.prompt: give the question as text")
+        unknown = sorted(set(item) - {"id", "prompt", "check"})
+        if unknown:
+            errors.append(f"{where}: unknown keys {', '.join(unknown)} (a case has id, prompt and check)")
+        errors += check_problems(f"{where}.check", item.get("check"))
+    return errors
+
+
+def check_problems(where: str, check: t.Any) -> list[str]:
+    if not isinstance(check, dict) or len(check) != 1 or next(iter(check)) not in CHECK_KINDS:
+        return [f"{where}: must be exactly one of {', '.join(CHECK_KINDS)} (for example {{has_number: 42}})"]
+    kind, expected = next(iter(check.items()))
+    if kind == "has_number" and (isinstance(expected, bool) or not isinstance(expected, (int, float))):
+        return [f"{where}.has_number: {expected!r} must be a number"]
+    if kind == "exact" and not isinstance(expected, str):
+        return [f"{where}.exact: {expected!r} must be text"]
+    if kind == "regex":
+        if not isinstance(expected, str):
+            return [f"{where}.regex: {expected!r} must be a regular expression as text"]
+        try:
+            re.compile(expected)
+        except re.error as error:
+            return [f"{where}.regex: {expected!r} does not compile ({error})"]
+    if kind == "json_fields" and (not isinstance(expected, dict) or not expected):
+        return [f"{where}.json_fields: give a mapping of field to expected value"]
+    return []
+
+
+def normalise(answer: str) -> str:
+    """The answer as compared between runs: trimmed, case-folded, whitespace collapsed, outer quotes and final period dropped."""
+    text = " ".join((answer or "").split()).casefold()
+    text = text.strip("`'\" ")
+    return text.rstrip(".").strip()
+
+
+def numbers(answer: str) -> list[float]:
+    found = []
+    for match in NUMBER.findall(answer or ""):
+        try:
+            found.append(float(match.replace(",", "")))
+        except ValueError:
+            continue
+    return found
+
+
+def first_json_object(answer: str) -> dict[str, t.Any] | None:
+    decoder = json.JSONDecoder()
+    text = answer or ""
+    for start in [index for index, character in enumerate(text) if character == "{"]:
+        try:
+            value, _end = decoder.raw_decode(text, start)
+        except ValueError:
+            continue
+        if isinstance(value, dict):
+            return value
+    return None
+
+
+def passes(check: t.Mapping[str, t.Any], answer: str) -> bool:
+    kind, expected = next(iter(check.items()))
+    if kind == "has_number":
+        return any(abs(found - float(expected)) < 1e-9 for found in numbers(answer))
+    if kind == "exact":
+        return normalise(answer) == normalise(expected)
+    if kind == "regex":
+        return re.search(expected, answer or "") is not None
+    document = first_json_object(answer)
+    return document is not None and all(document.get(field) == value for field, value in expected.items())
+
+
+def judge(cases: t.Sequence[t.Mapping[str, t.Any]], answers: t.Mapping[str, str]) -> list[dict[str, t.Any]]:
+    return [{"id": c["id"], "pass": passes(c["check"], answers[c["id"]]), "answer": answers[c["id"]]} for c in cases]
+
+
+def diff(reference: t.Mapping[str, t.Any], current: t.Sequence[t.Mapping[str, t.Any]]) -> dict[str, t.Any]:
+    """Each case whose pass/fail or normalised answer changed; ok unless fewer cases pass than in the reference."""
+    before = {r["id"]: r for r in reference.get("results", [])}
+    after = {r["id"]: r for r in current}
+    changed = []
+    for case_id, result in after.items():
+        old = before.get(case_id)
+        if old is None:
+            continue
+        if old["pass"] != result["pass"] or normalise(old["answer"]) != normalise(result["answer"]):
+            changed.append(
+                {
+                    "id": case_id,
+                    "reference_pass": old["pass"],
+                    "pass": result["pass"],
+                    "reference_answer": old["answer"],
+                    "answer": result["answer"],
+                }
+            )
+    reference_passed = sum(1 for r in before.values() if r["pass"])
+    passed = sum(1 for r in after.values() if r["pass"])
+    reasons = []
+    if passed < reference_passed:
+        reasons.append(f"{passed} cases pass against {reference_passed} in the reference {reference.get('label', '')!s}".rstrip())
+    missing = sorted(set(before) - set(after))
+    return {
+        "ok": not reasons,
+        "reference_label": reference.get("label"),
+        "reference_passed": reference_passed,
+        "passed": passed,
+        "changed": changed,
+        "changed_ids": [c["id"] for c in changed],
+        "not_in_reference": sorted(set(after) - set(before)),
+        "missing_from_run": missing,
+        "reasons": reasons,
+    }

@@ -1,0 +1,170 @@
+#!/usr/bin/python
+# Copyright: sparkfleet.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: vllm_bench_report
+short_description: Write a benchmark report, JSON, a Markdown table and a PNG plot
+version_added: 0.2.0
+description:
+  - Turns the results of M(sparkfleet.vllm.vllm_bench) (and optionally M(sparkfleet.vllm.vllm_correctness))
+    into three files in O(dest), C(report.json), C(report.md) (TTFT, TPOT, ITL, throughput and draft
+    acceptance by concurrency, after the correctness line) and C(report.png) (output throughput and TPOT
+    against concurrency).
+  - Meant to run on the controller (C(delegate_to: localhost)), where the report is read.
+author: sparkfleet.vllm contributors (@sparkfleet)
+options:
+  dest:
+    description: Folder for the three files; created when missing.
+    type: path
+    required: true
+  title:
+    description: Heading of the Markdown report and the plot.
+    type: str
+    required: true
+  bench:
+    description: The registered result of M(sparkfleet.vllm.vllm_bench).
+    type: dict
+    required: true
+  correctness:
+    description: The registered result of M(sparkfleet.vllm.vllm_correctness), if one ran.
+    type: dict
+  plot:
+    description: Write C(report.png) (needs matplotlib).
+    type: bool
+    default: true
+requirements:
+  - matplotlib, when O(plot) is true
+attributes:
+  check_mode:
+    support: full
+    description: Reports which files would change and writes nothing.
+  diff_mode:
+    support: none
+    description: The report files are not diffed.
+"""
+
+EXAMPLES = r"""
+- name: Write the report next to the playbook
+  sparkfleet.vllm.vllm_bench_report:
+    dest: "{{ playbook_dir }}/reports/{{ inventory_hostname }}-mtp4"
+    title: "{{ inventory_hostname }} llm, MTP 4, natural text"
+    bench: "{{ bench }}"
+    correctness: "{{ correctness }}"
+  delegate_to: localhost
+"""
+
+RETURN = r"""
+files:
+  description: Paths of the report files.
+  returned: always
+  type: list
+  elements: str
+markdown:
+  description: The Markdown report.
+  returned: always
+  type: str
+"""
+
+import io
+import json
+import os
+
+from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_bench import markdown_table
+
+try:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot
+except ImportError:
+    pyplot = None
+
+
+def correctness_line(correctness):
+    if not correctness or "passed" not in correctness:
+        return ""
+    line = f"Correctness: {correctness['passed']}/{correctness['total']} cases pass"
+    comparison = correctness.get("comparison")
+    if comparison:
+        changed = comparison.get("changed_ids") or []
+        line += (
+            f"; against {comparison.get('reference_label')} ({comparison.get('reference_passed')} pass): "
+            f"{len(changed)} changed answer(s){': ' + ', '.join(changed) if changed else ''}"
+        )
+    return line + ".\n\n"
+
+
+def plot_png(title, runs):
+    concurrency = [r["concurrency"] for r in runs]
+    figure, throughput_axis = pyplot.subplots(figsize=(7, 4), dpi=100)
+    throughput_axis.plot(concurrency, [r.get("output_throughput") or 0 for r in runs], marker="o", color="tab:blue")
+    throughput_axis.set_xlabel("concurrent streams")
+    throughput_axis.set_ylabel("output tokens/s", color="tab:blue")
+    throughput_axis.set_xticks(concurrency)
+    tpot_axis = throughput_axis.twinx()
+    tpot_axis.plot(concurrency, [r.get("mean_tpot_ms") or 0 for r in runs], marker="s", color="tab:red")
+    tpot_axis.set_ylabel("mean TPOT ms", color="tab:red")
+    throughput_axis.set_title(title)
+    figure.tight_layout()
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", metadata={"Software": None})
+    pyplot.close(figure)
+    return buffer.getvalue()
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            dest=dict(type="path", required=True),
+            title=dict(type="str", required=True),
+            bench=dict(type="dict", required=True),
+            correctness=dict(type="dict"),
+            plot=dict(type="bool", default=True),
+        ),
+        supports_check_mode=True,
+    )
+    params = module.params
+    if params["plot"] and pyplot is None:
+        module.fail_json(msg=missing_required_lib("matplotlib"))
+    runs = [r for r in params["bench"].get("runs", []) if not r.get("reasons")]
+    if not runs:
+        module.fail_json(msg="bench: no recorded run to report; pass the registered result of a vllm_bench that succeeded")
+    report = {
+        "title": params["title"],
+        "runner": params["bench"].get("runner"),
+        "dataset": params["bench"].get("dataset"),
+        "runs": runs,
+        "correctness": params["correctness"],
+    }
+    markdown = f"# {params['title']}\n\n" + correctness_line(params["correctness"]) + markdown_table(runs)
+    contents = {
+        "report.json": (json.dumps(report, indent=1, sort_keys=True) + "\n").encode(),
+        "report.md": markdown.encode(),
+    }
+    if params["plot"]:
+        contents["report.png"] = plot_png(params["title"], runs)
+    changed = False
+    files = []
+    for name, content in contents.items():
+        path = os.path.join(params["dest"], name)
+        files.append(path)
+        if os.path.exists(path):
+            with open(path, "rb") as handle:
+                if handle.read() == content:
+                    continue
+        changed = True
+        if not module.check_mode:
+            os.makedirs(params["dest"], exist_ok=True)
+            with open(path, "wb") as handle:
+                handle.write(content)
+    module.exit_json(changed=changed, files=files, markdown=markdown)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,248 @@
+#!/usr/bin/python
+# Copyright: sparkfleet.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: vllm_correctness
+short_description: Run the correctness set against a vLLM endpoint and diff it with a reference
+version_added: 0.2.0
+description:
+  - Sends each case at temperature 0 with thinking off (O(chat_template_kwargs)) and judges the answer with
+    the case's declarative check, C(has_number), C(exact), C(regex) or C(json_fields). User cases are data;
+    nothing in them is evaluated as code.
+  - Twenty built-in cases cover arithmetic, word problems, unit conversion, facts, string manipulation,
+    reading code and JSON extraction (seed 000's harness).
+  - Saves the labelled results on the host and, given O(reference), lists every case whose pass/fail or
+    normalised answer changed. It fails when fewer cases pass than in the reference, and reports changed
+    answers even at the same score (seed 000, "the diff matters more than the score").
+author: sparkfleet.vllm contributors (@sparkfleet)
+extends_documentation_fragment:
+  - sparkfleet.vllm.vllm_endpoint
+options:
+  label:
+    description: Name of this run; results are saved as C(results-<label>.json) in O(results_dir).
+    type: str
+    required: true
+  builtin_cases:
+    description: Run the twenty built-in cases.
+    type: bool
+    default: true
+  cases:
+    description:
+      - More cases, each a mapping with C(id), C(prompt) and C(check). C(check) holds exactly one of
+        C(has_number) (a number the answer must contain), C(exact) (the whole answer, compared trimmed and
+        case-folded), C(regex) (a Python regular expression searched in the answer) or C(json_fields)
+        (field values the first JSON object in the answer must have).
+    type: list
+    elements: dict
+    default: []
+  reference:
+    description:
+      - Results to diff against, either a label saved earlier in O(results_dir) or a path to a results file on
+        the host. Omit to save results only.
+    type: str
+  results_dir:
+    description: Host directory where results are saved.
+    type: path
+    default: /var/lib/sparkfleet/correctness
+  max_tokens:
+    description: Longest answer requested per case.
+    type: int
+    default: 96
+  chat_template_kwargs:
+    description: Sent with every request; the default turns thinking off, which would otherwise eat C(max_tokens).
+    type: dict
+    default:
+      enable_thinking: false
+attributes:
+  check_mode:
+    support: partial
+    details: Validates the cases and resolves the endpoint, then returns without sending a prompt or saving results.
+  diff_mode:
+    support: none
+    description: The diff against the reference is returned as O(ignore:changed_cases), not as a file diff.
+"""
+
+EXAMPLES = r"""
+- name: Record the reference on the unquantized model
+  sparkfleet.vllm.vllm_correctness:
+    instance: llm
+    label: bf16
+
+- name: Compare the NVFP4 variant with it, adding the team's own cases
+  sparkfleet.vllm.vllm_correctness:
+    instance: llm
+    label: nvfp4
+    reference: bf16
+    cases: "{{ lookup('ansible.builtin.file', 'cases/rag.yml') | from_yaml }}"
+"""
+
+RETURN = r"""
+ok:
+  description: Whether the run holds up against the reference (no fewer passes); true without a reference.
+  returned: always
+  type: bool
+passed:
+  description: Cases that passed.
+  returned: when prompts were sent
+  type: int
+total:
+  description: Cases run.
+  returned: when prompts were sent
+  type: int
+results:
+  description: Per case, C(id), C(pass) and the raw C(answer).
+  returned: when prompts were sent
+  type: list
+  elements: dict
+results_file:
+  description: Where the results were saved.
+  returned: when prompts were sent
+  type: str
+changed_cases:
+  description: Per changed case, C(id), C(reference_pass), C(pass), C(reference_answer) and C(answer).
+  returned: when O(reference) is given
+  type: list
+  elements: dict
+comparison:
+  description: reference_label, reference_passed, passed, changed_ids, not_in_reference, missing_from_run.
+  returned: when O(reference) is given
+  type: dict
+reasons:
+  description: Why O(ok) is false, or why nothing was sent.
+  returned: always
+  type: list
+  elements: str
+"""
+
+import json
+import os
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_client import (
+    ENDPOINT_ARGUMENT_SPEC,
+    discover_model,
+    http,
+    resolve,
+)
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_correctness import (
+    BUILTIN_CASES,
+    diff,
+    judge,
+    validate_cases,
+)
+
+
+def ask(endpoint, case, params):
+    payload = {
+        "model": endpoint["model"],
+        "messages": [{"role": "user", "content": case["prompt"]}],
+        "temperature": 0,
+        "max_tokens": params["max_tokens"],
+        "chat_template_kwargs": params["chat_template_kwargs"],
+    }
+    status, body = http("POST", endpoint["url"] + "/v1/chat/completions", endpoint["api_key"], payload, timeout=params["timeout"])
+    if status != 200:
+        raise ValueError(f"case {case['id']}: {endpoint['url']}/v1/chat/completions answered {status or 'nothing'}: {body[:300]}")
+    return json.loads(body)["choices"][0]["message"]["content"] or ""
+
+
+def reference_path(results_dir, reference):
+    if os.sep in reference or reference.endswith(".json"):
+        return reference
+    return os.path.join(results_dir, f"results-{reference}.json")
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            ENDPOINT_ARGUMENT_SPEC,
+            label=dict(type="str", required=True),
+            builtin_cases=dict(type="bool", default=True),
+            cases=dict(type="list", elements="dict", default=[]),
+            reference=dict(type="str"),
+            results_dir=dict(type="path", default="/var/lib/sparkfleet/correctness"),
+            max_tokens=dict(type="int", default=96),
+            chat_template_kwargs=dict(type="dict", default={"enable_thinking": False}),
+        ),
+        supports_check_mode=True,
+    )
+    params = module.params
+    errors = validate_cases("cases", params["cases"])
+    cases = (list(BUILTIN_CASES) if params["builtin_cases"] else []) + params["cases"]
+    if not errors:
+        errors += validate_cases("cases (with the built-in ones)", cases)
+    if not cases:
+        errors.append("cases: nothing to run; give cases or set builtin_cases: true")
+    if "/" in params["label"] or not params["label"].strip():
+        errors.append(f"label: {params['label']!r} must be a plain name (it names the results file)")
+    reference = None
+    if params["reference"]:
+        path = reference_path(params["results_dir"], params["reference"])
+        try:
+            with open(path, encoding="utf-8") as handle:
+                reference = json.load(handle)
+        except (OSError, ValueError) as error:
+            errors.append(f"reference: cannot read {path} ({error}); run the reference label first or give a results file")
+    if errors:
+        module.fail_json(msg="vllm_correctness refused: " + "; ".join(errors), ok=False, reasons=errors)
+    try:
+        endpoint = resolve(params)
+    except ValueError as error:
+        module.fail_json(msg=str(error), ok=False, reasons=[str(error)])
+    if module.check_mode:
+        module.exit_json(changed=False, ok=True, reasons=["check mode: no prompts sent, nothing saved"])
+
+    try:
+        discover_model(endpoint, params["timeout"])
+        answers = {case["id"]: ask(endpoint, case, params) for case in cases}
+    except ValueError as error:
+        module.fail_json(msg=str(error), ok=False, reasons=[str(error)])
+    results = judge(cases, answers)
+    document = {
+        "label": params["label"],
+        "model": endpoint["model"],
+        "url": endpoint["url"],
+        "max_tokens": params["max_tokens"],
+        "results": results,
+    }
+    text = json.dumps(document, indent=1, sort_keys=True) + "\n"
+    results_file = os.path.join(params["results_dir"], f"results-{params['label']}.json")
+    changed = True
+    if os.path.exists(results_file):
+        with open(results_file, encoding="utf-8") as handle:
+            changed = handle.read() != text
+    if changed:
+        os.makedirs(params["results_dir"], mode=0o755, exist_ok=True)
+        temporary = results_file + ".tmp"
+        with open(temporary, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.chmod(temporary, 0o644)
+        os.replace(temporary, results_file)
+
+    output = {
+        "changed": changed,
+        "ok": True,
+        "passed": sum(1 for r in results if r["pass"]),
+        "total": len(results),
+        "results": results,
+        "results_file": results_file,
+        "reasons": [],
+    }
+    if reference is not None:
+        comparison = diff(reference, results)
+        output["changed_cases"] = comparison.pop("changed")
+        output["ok"] = comparison.pop("ok")
+        output["reasons"] = comparison.pop("reasons")
+        output["comparison"] = comparison
+    if not output["ok"]:
+        module.fail_json(msg="correctness dropped against the reference: " + "; ".join(output["reasons"]), **output)
+    module.exit_json(**output)
+
+
+if __name__ == "__main__":
+    main()
