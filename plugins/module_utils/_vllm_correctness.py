@@ -115,8 +115,9 @@ def check_problems(where: str, check: t.Any) -> list[str]:
 def normalise(answer: str) -> str:
     """The answer as compared between runs: trimmed, case-folded, whitespace collapsed, outer quotes and final period dropped."""
     text = " ".join((answer or "").split()).casefold()
-    text = text.strip("`'\" ")
-    return text.rstrip(".").strip()
+    for _round in range(2):
+        text = text.rstrip(". ").strip("`'\" ")
+    return text
 
 
 def numbers(answer: str) -> list[float]:

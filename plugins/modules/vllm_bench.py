@@ -329,7 +329,7 @@ def main():
             chunks, sets = natural_sets(endpoint, params, sizes)
             dataset.update(chunks=len(chunks), mean_prompt_tokens={})
             instruction = params["instruction"] or DEFAULT_INSTRUCTION
-            for concurrency, chosen in zip(params["concurrencies"], sets):
+            for concurrency, chosen in zip(params["concurrencies"], sets, strict=True):
                 with open(os.path.join(workdir, f"natural-c{concurrency}.jsonl"), "w", encoding="utf-8") as handle:
                     handle.write(dataset_lines(instruction, chosen))
                 dataset["mean_prompt_tokens"][str(concurrency)] = round(sum(c["tokens"] for c in chosen) / len(chosen), 1)

@@ -1,0 +1,163 @@
+"""Benchmark logic: judging runs on result files recorded from the lab's real `vllm bench serve`, datasets, argv."""
+
+import json
+import pathlib
+
+import pytest
+
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_bench import (
+    bench_args,
+    dataset_lines,
+    disjoint_sets,
+    figures,
+    judge,
+    local_tokenizer,
+    markdown_table,
+    pack_chunks,
+    runner_command,
+    split_paragraphs,
+    validate,
+)
+
+FIXTURES = pathlib.Path(__file__).resolve().parents[2] / "fixtures" / "vllm-0.32-cpu"
+GOOD = json.loads((FIXTURES / "bench-random-c2-ngram.json").read_text())
+# Recorded with a wrong OPENAI_API_KEY: every request got 401 and vllm bench still exited 0.
+WRONG_KEY = json.loads((FIXTURES / "bench-wrong-key.json").read_text())
+WRONG_KEY_OUTPUT = (FIXTURES / "bench-wrong-key-output.txt").read_text()
+
+VALID = {"concurrencies": [1, 2], "prompts_per_concurrency": 6, "input_tokens": 1000, "output_tokens": 384,
+         "dataset": "random", "runner": "auto"}
+
+
+def test_a_run_with_successes_is_recorded():
+    assert judge(GOOD, "", allow_failures=False) == []
+    found = figures(GOOD)
+    assert (found["completed"], found["failed"]) == (4, 0)
+    assert found["mean_tpot_ms"] == pytest.approx(3.0679, rel=1e-3)
+    assert found["bench_acceptance_rate"] == pytest.approx(95.83, rel=1e-3)
+
+
+def test_all_requests_failed_is_refused_with_the_error_lines():
+    reasons = judge(WRONG_KEY, WRONG_KEY_OUTPUT, allow_failures=True)
+    assert len(reasons) == 1
+    assert "no request succeeded (2 failed" in reasons[0]
+    assert "Unauthorized" in reasons[0]
+
+
+def test_some_failures_refused_unless_allowed():
+    partial = dict(GOOD, completed=3, failed=1)
+    assert "1 of 4 requests failed" in judge(partial, "", allow_failures=False)[0]
+    assert judge(partial, "", allow_failures=True) == []
+
+
+def test_missing_result_file_names_the_crash():
+    output = "Traceback (most recent call last):\nModuleNotFoundError: No module named 'pandas'\n"
+    reasons = judge(None, output, allow_failures=False)
+    assert "wrote no result file" in reasons[0] and "No module named 'pandas'" in reasons[0]
+
+
+def test_a_file_that_is_not_a_bench_result():
+    assert "no completed count" in judge({"date": "x"}, "", allow_failures=False)[0]
+
+
+@pytest.mark.parametrize(
+    ("change", "fragment"),
+    [
+        ({"concurrencies": []}, "concurrencies"),
+        ({"concurrencies": [1, 0]}, "concurrencies"),
+        ({"concurrencies": [2, 2]}, "repeats"),
+        ({"prompts_per_concurrency": 0}, "prompts_per_concurrency"),
+        ({"output_tokens": -1}, "output_tokens"),
+        ({"dataset": "natural"}, "documents_dir"),
+        ({"runner": "exec"}, "container"),
+        ({"runner": "container"}, "image"),
+    ],
+)
+def test_bad_requests_are_named(change, fragment):
+    assert any(fragment in problem for problem in validate(dict(VALID, **change)))
+
+
+def test_valid_request():
+    assert validate(VALID) == []
+
+
+def test_paragraphs_split_on_blank_lines():
+    text = "# Title\n\nFirst line\nsecond line\n\n\n  \nLast one.\n"
+    assert split_paragraphs(text) == ["# Title", "First line\nsecond line", "Last one."]
+
+
+def test_chunks_pack_to_the_target_and_skip_what_cannot_fit():
+    paragraphs = [("a", 40), ("b", 40), ("c", 40), ("huge table", 500), ("d", 90), ("e", 20)]
+    chunks = pack_chunks(paragraphs, 100)
+    assert [(c["text"], c["tokens"]) for c in chunks] == [("a\n\nb", 80), ("c", 40), ("d", 90)]
+
+
+def test_a_short_remainder_is_dropped():
+    assert pack_chunks([("a", 90), ("b", 30)], 100) == [{"text": "a", "tokens": 90}]
+
+
+def test_sets_are_disjoint_and_sized_per_concurrency():
+    chunks = [{"text": str(i), "tokens": 1} for i in range(10)]
+    sets = disjoint_sets(chunks, [1, 2, 4])
+    assert [len(s) for s in sets] == [1, 2, 4]
+    texts = [c["text"] for s in sets for c in s]
+    assert len(texts) == len(set(texts))
+
+
+def test_not_enough_documents_says_what_to_change():
+    with pytest.raises(ValueError, match="3 chunks, and 7 disjoint prompts are needed .1 \\+ 2 \\+ 4.; add documents"):
+        disjoint_sets([{"text": "x", "tokens": 1}] * 3, [1, 2, 4])
+
+
+def test_dataset_lines_wrap_each_chunk_in_the_instruction():
+    lines = dataset_lines("Extract.", [{"text": "one", "tokens": 1}, {"text": "two\nlines", "tokens": 2}]).splitlines()
+    assert [json.loads(line) for line in lines] == [{"prompt": "Extract.\n\none"}, {"prompt": "Extract.\n\ntwo\nlines"}]
+
+
+def common_args(dataset):
+    return bench_args(base_url="http://127.0.0.1:8000", model="tiny", tokenizer="/models/tiny", concurrency=4,
+                      num_prompts=24, dataset=dataset, input_tokens=4096, output_tokens=128,
+                      dataset_path="/bench/natural-c4.jsonl", result_dir="/bench", result_filename="c4.json", seed=1001)
+
+
+def test_random_args_ignore_eos_natural_do_not():
+    random_args = common_args("random")
+    assert random_args[:2] == ["bench", "serve"]
+    assert "--ignore-eos" in random_args and "--random-input-len" in random_args
+    natural = common_args("natural")
+    assert "--ignore-eos" not in natural
+    assert natural[natural.index("--dataset-name") + 1] == "custom"
+    assert natural[natural.index("--dataset-path") + 1] == "/bench/natural-c4.jsonl"
+    for args in (random_args, natural):
+        assert args[args.index("--temperature") + 1] == "0"
+        assert args[args.index("--max-concurrency") + 1] == "4"
+        assert not any("key" in a.lower() for a in args)
+
+
+def test_runners():
+    common = {"docker": "/usr/bin/docker", "container": "vllm-llm", "image": "r/vllm@sha256:" + "0" * 64,
+              "workdir": "/var/lib/sparkfleet/bench/x", "models_dir": "/srv/models",
+              "host_url": "http://127.0.0.1:8001", "container_url": "http://127.0.0.1:8000"}
+    exec_plan = runner_command("exec", **common)
+    assert exec_plan["prefix"] == ["/usr/bin/docker", "exec", "--env", "OPENAI_API_KEY", "vllm-llm", "vllm"]
+    assert (exec_plan["base_url"], exec_plan["copy_in"]) == ("http://127.0.0.1:8000", True)
+    container_plan = runner_command("container", **common)
+    assert container_plan["prefix"][-1] == common["image"]
+    assert "/var/lib/sparkfleet/bench/x:/bench" in container_plan["prefix"]
+    assert "/srv/models:/models:ro" in container_plan["prefix"]
+    assert (container_plan["base_url"], container_plan["data_dir"]) == ("http://127.0.0.1:8001", "/bench")
+    local_plan = runner_command("local", **common)
+    assert (local_plan["prefix"], local_plan["data_dir"]) == (["vllm"], "/var/lib/sparkfleet/bench/x")
+
+
+def test_local_tokenizer_maps_the_models_mount():
+    assert local_tokenizer("/models/gemma", "/srv/models/") == "/srv/models/gemma"
+    assert local_tokenizer("/opt/weights", "/srv/models") == "/opt/weights"
+
+
+def test_table_has_one_row_per_concurrency():
+    rows = [dict(figures(GOOD), concurrency=2, acceptance=0.9583), dict(concurrency=4, completed=24, failed=0, acceptance=None)]
+    table = markdown_table(rows).splitlines()
+    assert len(table) == 4
+    assert table[2].startswith("| 2 | 4 / 0 | 42.1 |") and table[2].endswith("| 569.2 | 95.8% |")
+    assert table[3].endswith("| - | - |")

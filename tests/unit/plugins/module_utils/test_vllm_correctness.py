@@ -1,0 +1,96 @@
+"""Correctness checks and the diff: declarative checks only, changes reported even at the same score."""
+
+import pytest
+
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_correctness import (
+    BUILTIN_CASES,
+    diff,
+    judge,
+    normalise,
+    passes,
+    validate_cases,
+)
+
+
+def test_twenty_builtin_cases_covering_seed_000s_kinds():
+    assert len(BUILTIN_CASES) == 20
+    assert validate_cases("builtin", list(BUILTIN_CASES)) == []
+    kinds = {case["id"].split("-")[0] for case in BUILTIN_CASES}
+    assert kinds == {"arith", "word", "unit", "fact", "str", "code", "json"}
+
+
+@pytest.mark.parametrize(
+    ("check", "answer", "expected"),
+    [
+        ({"has_number": 10063}, "The answer is 10,063.", True),
+        ({"has_number": 10063}, "10036", False),
+        ({"has_number": 3.5}, "3.5 km", True),
+        ({"exact": "krapsebag"}, ' "Krapsebag". ', True),
+        ({"exact": "krapsebag"}, "krapsēbag", False),
+        ({"regex": r"(?i)\bcanberra\b"}, "It is Canberra.", True),
+        ({"regex": r"\bcanberra\b"}, "Sydney", False),
+        ({"json_fields": {"name": "Priya Natarajan", "age": 41}}, '```json\n{"name": "Priya Natarajan", "age": 41}\n```', True),
+        ({"json_fields": {"name": "Priya Natarajan", "age": 41}}, '{"name": "Priya Natarajan", "age": "41"}', False),
+        ({"json_fields": {"name": "x"}}, "no json here {", False),
+    ],
+)
+def test_checks(check, answer, expected):
+    assert passes(check, answer) is expected
+
+
+@pytest.mark.parametrize(
+    ("cases", "fragment"),
+    [
+        ("not a list", "must be a list"),
+        ([{"id": "a", "prompt": "q", "check": {"eval": "1 == 1"}}], "cases[0] (a).check: must be exactly one of"),
+        ([{"id": "a", "prompt": "q", "check": {"has_number": 1, "exact": "1"}}], "exactly one of"),
+        ([{"id": "a", "prompt": "q", "check": {"regex": "("}}], "does not compile"),
+        ([{"id": "a", "prompt": "q", "check": {"has_number": "ten"}}], "must be a number"),
+        ([{"id": "a", "prompt": "", "check": {"exact": "x"}}], "prompt: give the question"),
+        ([{"id": "a b", "prompt": "q", "check": {"exact": "x"}}], ".id: 'a b'"),
+        ([{"id": "a", "prompt": "q", "check": {"exact": "x"}}, {"id": "a", "prompt": "q", "check": {"exact": "y"}}], "used by another case"),
+        ([{"id": "a", "prompt": "q", "check": {"exact": "x"}, "code": "print(1)"}], "unknown keys code"),
+    ],
+)
+def test_bad_cases_are_named(cases, fragment):
+    assert any(fragment in problem for problem in validate_cases("cases", cases))
+
+
+def test_normalise():
+    assert normalise("  The   Answer.\n") == "the answer"
+    assert normalise("`a-b-c`") == "a-b-c"
+
+
+def results(**answers):
+    cases = [{"id": "arith-1", "check": {"has_number": 10063}}, {"id": "str-1", "check": {"exact": "krapsebag"}}]
+    return judge(cases, answers)
+
+
+def test_same_answers_no_change():
+    reference = {"label": "bf16", "results": results(**{"arith-1": "10063", "str-1": "krapsēbag"})}
+    comparison = diff(reference, results(**{"arith-1": "10063.", "str-1": "Krapsēbag"}))
+    assert comparison["ok"] and comparison["changed"] == []
+
+
+def test_changed_answer_at_the_same_score_is_reported():
+    reference = {"label": "bf16", "results": results(**{"arith-1": "10063", "str-1": "krapsēbag"})}
+    comparison = diff(reference, results(**{"arith-1": "It is 10063", "str-1": "krapsēbag"}))
+    assert comparison["ok"] is True
+    assert comparison["passed"] == comparison["reference_passed"] == 1
+    assert comparison["changed_ids"] == ["arith-1"]
+
+
+def test_fewer_passes_fail():
+    reference = {"label": "bf16", "results": results(**{"arith-1": "10063", "str-1": "krapsebag"})}
+    comparison = diff(reference, results(**{"arith-1": "10036", "str-1": "krapsebag"}))
+    assert comparison["ok"] is False
+    assert comparison["reasons"] == ["1 cases pass against 2 in the reference bf16"]
+    assert comparison["changed"][0] == {"id": "arith-1", "reference_pass": True, "pass": False,
+                                        "reference_answer": "10063", "answer": "10036"}
+
+
+def test_more_passes_are_fine_and_unmatched_cases_listed():
+    reference = {"label": "bf16", "results": [{"id": "old", "pass": False, "answer": "x"}]}
+    comparison = diff(reference, results(**{"arith-1": "10063", "str-1": "no"}))
+    assert comparison["ok"] and comparison["missing_from_run"] == ["old"]
+    assert comparison["not_in_reference"] == ["arith-1", "str-1"]
