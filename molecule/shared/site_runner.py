@@ -1,6 +1,7 @@
 """Running site.yml from a scenario's verifier, and watching that a refused run changed nothing."""
 
 import hashlib
+import json
 import os
 import pathlib
 import subprocess
@@ -37,3 +38,22 @@ def state_digest(host, paths, commands):
     for command in commands:
         digest.update(host.run(command).stdout.encode())
     return digest.hexdigest()
+
+
+def playbook(name, *args, limit=None):
+    """Run one of the collection's playbooks (playbooks/NAME) against the scenario's inventory."""
+    command = ["ansible-playbook", "-i", str(INVENTORY), str(ROOT / "playbooks" / name), *args]
+    if limit:
+        command += ["--limit", limit]
+    return subprocess.run(command, capture_output=True, text=True, cwd=ROOT, check=False)
+
+
+def module(host, name, args, *options):
+    """Run one of the collection's modules on a host; its result as a dict (the key 'failed' when it failed)."""
+    environment = dict(os.environ, ANSIBLE_STDOUT_CALLBACK="ansible.builtin.json", ANSIBLE_LOAD_CALLBACK_PLUGINS="1")
+    command = ["ansible", "-i", str(INVENTORY), host, "-m", f"sparkfleet.vllm.{name}", "-a", json.dumps(args), *options]
+    completed = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env=environment, check=False)
+    try:
+        return json.loads(completed.stdout)["plays"][0]["tasks"][0]["hosts"][host]
+    except (ValueError, KeyError, IndexError) as error:
+        raise AssertionError(f"no result from {name}: {completed.stdout[-2000:]} {completed.stderr[-2000:]}") from error

@@ -216,6 +216,15 @@ def count_tokens(endpoint, text, timeout):
     return json.loads(body)["count"]
 
 
+def reset_prefix_cache(endpoint, timeout):
+    status, _body = http("POST", endpoint["url"] + "/reset_prefix_cache", endpoint["api_key"], timeout=timeout)
+    if status != 200:
+        raise BenchFailure(
+            f"{endpoint['url']}/reset_prefix_cache answered {status or 'nothing'}; the server offers it only with "
+            "VLLM_SERVER_DEV_MODE=1 in the instance's env. Set it, or use prefix_cache: disjoint"
+        )
+
+
 def documents(folder):
     found = sorted({path for pattern in DOCUMENT_PATTERNS for path in glob.glob(os.path.join(folder, "**", pattern), recursive=True)})
     if not found:
@@ -320,10 +329,14 @@ def main():
         tokenizer = local_tokenizer(endpoint["weights"], params["models_dir"])
     sizes = [c * params["prompts_per_concurrency"] for c in params["concurrencies"]]
     runs, reasons = [], []
-    result = {"changed": True, "ok": False, "runner": runner, "runs": runs, "reasons": reasons}
+    result = {"changed": False, "ok": False, "runner": runner, "runs": runs, "reasons": reasons}
     try:
         discover_model(endpoint, params["timeout"])
+        if params["prefix_cache"] == "reset":
+            # Before anything is written: a server without dev mode refuses here, not after a dataset was built.
+            reset_prefix_cache(endpoint, params["timeout"])
         os.makedirs(workdir, mode=0o755, exist_ok=True)
+        result["changed"] = True
         dataset = {"kind": params["dataset"]}
         if params["dataset"] == "natural":
             chunks, sets = natural_sets(endpoint, params, sizes)
@@ -370,12 +383,7 @@ def main():
 
 def bench_once(module, params, endpoint, plan, runner, docker, container, workdir, tokenizer, index, concurrency, prompts):
     if params["prefix_cache"] == "reset":
-        status, _body = http("POST", endpoint["url"] + "/reset_prefix_cache", endpoint["api_key"], timeout=params["timeout"])
-        if status != 200:
-            raise BenchFailure(
-                f"{endpoint['url']}/reset_prefix_cache answered {status or 'nothing'}; the server offers it only with "
-                "VLLM_SERVER_DEV_MODE=1 in the instance's env. Set it, or use prefix_cache: disjoint"
-            )
+        reset_prefix_cache(endpoint, params["timeout"])
     filename = f"c{concurrency}.json"
     local_result = os.path.join(workdir, filename)
     if os.path.exists(local_result):

@@ -32,6 +32,9 @@ options:
   correctness:
     description: The registered result of M(sparkfleet.vllm.vllm_correctness), if one ran.
     type: dict
+  metrics:
+    description: The registered result of M(sparkfleet.vllm.vllm_metrics_info) taken before the run; its workload profile goes into the report.
+    type: dict
   plot:
     description: Write C(report.png) (needs matplotlib).
     type: bool
@@ -100,6 +103,22 @@ def correctness_line(correctness):
     return line + ".\n\n"
 
 
+def workload_line(metrics):
+    workload = (metrics or {}).get("workload")
+    if not workload or not workload.get("requests"):
+        return ""
+    ratio = workload.get("prompt_to_generation_ratio")
+    line = f"Workload before the run: {workload['requests']} requests"
+    if ratio is not None:
+        line += f", prompt:output {ratio:.1f}:1 ({'prefill-heavy' if workload.get('prefill_heavy') else 'decode-heavy'})"
+    if workload.get("recommended_max_model_len"):
+        line += (
+            f", max_model_len {workload['recommended_max_model_len']} covers {workload['coverage'] * 100:g}% of requests "
+            f"({workload['requests_over_prompt_bound']} longer)"
+        )
+    return line + ".\n\n"
+
+
 def plot_png(title, runs):
     concurrency = [r["concurrency"] for r in runs]
     figure, throughput_axis = pyplot.subplots(figsize=(7, 4), dpi=100)
@@ -125,6 +144,7 @@ def main():
             title=dict(type="str", required=True),
             bench=dict(type="dict", required=True),
             correctness=dict(type="dict"),
+            metrics=dict(type="dict"),
             plot=dict(type="bool", default=True),
         ),
         supports_check_mode=True,
@@ -141,8 +161,11 @@ def main():
         "dataset": params["bench"].get("dataset"),
         "runs": runs,
         "correctness": params["correctness"],
+        "workload": (params["metrics"] or {}).get("workload"),
     }
-    markdown = f"# {params['title']}\n\n" + correctness_line(params["correctness"]) + markdown_table(runs)
+    markdown = (
+        f"# {params['title']}\n\n" + workload_line(params["metrics"]) + correctness_line(params["correctness"]) + markdown_table(runs)
+    )
     contents = {
         "report.json": (json.dumps(report, indent=1, sort_keys=True) + "\n").encode(),
         "report.md": markdown.encode(),

@@ -172,15 +172,26 @@ ensure_vllm_image() {
   export SPARKFLEET_REGISTRY="$(docker_gateway):5000"
 }
 
-# The tiny generation model, built once with the vLLM image's own torch and transformers.
+# The tiny generation model, built once with the vLLM image's own torch and transformers, and
+# a variant with other weights (a different model for the correctness diff to tell apart).
 ensure_tiny_model() {
   export SPARKFLEET_TINY_MODEL="$SPARKFLEET_CACHE/models/tiny-llama"
-  [ -f "$SPARKFLEET_TINY_MODEL/model.safetensors" ] && return 0
-  log "building the tiny lab model into $SPARKFLEET_TINY_MODEL"
-  mkdir -p "$SPARKFLEET_TINY_MODEL"
-  "$SPARKFLEET_DOCKER_CLIENT" run --rm --volume "$SPARKFLEET_TINY_MODEL:/out" --entrypoint python \
-    "$SPARKFLEET_VLLM_IMAGE_LOCAL" /opt/sparkfleet/build_tiny_model.py /out >/dev/null 2>&1
-  chmod 0644 "$SPARKFLEET_TINY_MODEL"/*
+  export SPARKFLEET_TINY_VARIANT="$SPARKFLEET_CACHE/models/tiny-llama-variant"
+  if [ ! -f "$SPARKFLEET_TINY_MODEL/model.safetensors" ]; then
+    log "building the tiny lab model into $SPARKFLEET_TINY_MODEL"
+    mkdir -p "$SPARKFLEET_TINY_MODEL"
+    "$SPARKFLEET_DOCKER_CLIENT" run --rm --volume "$SPARKFLEET_TINY_MODEL:/out" --entrypoint python \
+      "$SPARKFLEET_VLLM_IMAGE_LOCAL" /opt/sparkfleet/build_tiny_model.py /out >/dev/null 2>&1
+    chmod 0644 "$SPARKFLEET_TINY_MODEL"/*
+  fi
+  if [ ! -f "$SPARKFLEET_TINY_VARIANT/model.safetensors" ]; then
+    log "deriving the tiny variant model into $SPARKFLEET_TINY_VARIANT"
+    mkdir -p "$SPARKFLEET_TINY_VARIANT"
+    "$SPARKFLEET_DOCKER_CLIENT" run --rm --volume "$SPARKFLEET_TINY_MODEL:/source:ro" \
+      --volume "$SPARKFLEET_TINY_VARIANT:/out" --volume "$SPARKFLEET_ROOT/lab/models:/recipes:ro" \
+      --entrypoint python "$SPARKFLEET_VLLM_IMAGE_LOCAL" /recipes/tiny_variant.py /source /out 1 >/dev/null 2>&1
+    chmod 0644 "$SPARKFLEET_TINY_VARIANT"/*
+  fi
 }
 
 # The lab endpoints' API key: generated here, never in git, readable by root only.
