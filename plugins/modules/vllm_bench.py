@@ -100,6 +100,7 @@ options:
 attributes:
   check_mode:
     support: partial
+    description: Can run in check mode, where it sends no load.
     details: Validates the options, resolves the endpoint and picks the runner, then returns without sending load.
   diff_mode:
     support: none
@@ -280,15 +281,15 @@ def main():
             dataset=dict(type="str", choices=["natural", "random"], default="natural"),
             documents_dir=dict(type="path"),
             instruction=dict(type="str"),
-            input_tokens=dict(type="int", default=1000),
-            output_tokens=dict(type="int", default=384),
+            input_tokens=dict(type="int", default=1000, no_log=False),
+            output_tokens=dict(type="int", default=384, no_log=False),
             prefix_cache=dict(type="str", choices=["disjoint", "reset"], default="disjoint"),
             allow_failures=dict(type="bool", default=False),
             runner=dict(type="str", choices=["auto", "exec", "container", "local"], default="auto"),
             container=dict(type="str"),
             image=dict(type="str"),
             models_dir=dict(type="path", default="/srv/models"),
-            tokenizer=dict(type="str"),
+            tokenizer=dict(type="str", no_log=False),
             results_dir=dict(type="path", default="/var/lib/sparkfleet/bench"),
         ),
         supports_check_mode=True,

@@ -14,7 +14,7 @@ description:
     into three files in O(dest), C(report.json), C(report.md) (TTFT, TPOT, ITL, throughput and draft
     acceptance by concurrency, after the correctness line) and C(report.png) (output throughput and TPOT
     against concurrency).
-  - Meant to run on the controller (C(delegate_to: localhost)), where the report is read.
+  - "Meant to run on the controller (C(delegate_to: localhost)), where the report is read."
 author: sparkfleet.vllm contributors (@sparkfleet)
 options:
   dest:

@@ -60,10 +60,11 @@ options:
 attributes:
   check_mode:
     support: partial
+    description: Can run in check mode, where it sends no prompt.
     details: Validates the cases and resolves the endpoint, then returns without sending a prompt or saving results.
   diff_mode:
     support: none
-    description: The diff against the reference is returned as O(ignore:changed_cases), not as a file diff.
+    description: The diff against the reference is returned as RV(changed_cases), not as a file diff.
 """
 
 EXAMPLES = r"""
@@ -112,7 +113,7 @@ comparison:
   returned: when O(reference) is given
   type: dict
 reasons:
-  description: Why O(ok) is false, or why nothing was sent.
+  description: Why RV(ok) is false, or why nothing was sent.
   returned: always
   type: list
   elements: str
@@ -166,7 +167,7 @@ def main():
             cases=dict(type="list", elements="dict", default=[]),
             reference=dict(type="str"),
             results_dir=dict(type="path", default="/var/lib/sparkfleet/correctness"),
-            max_tokens=dict(type="int", default=96),
+            max_tokens=dict(type="int", default=96, no_log=False),
             chat_template_kwargs=dict(type="dict", default={"enable_thinking": False}),
         ),
         supports_check_mode=True,

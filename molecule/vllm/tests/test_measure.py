@@ -39,7 +39,8 @@ def spec_counters(host, port):
 
 
 def measurement_state(host):
-    return state_digest(host, [], ["ls -laR /var/lib/sparkfleet 2>/dev/null", "curl -s http://127.0.0.1:8001/metrics | grep -v '^#' | grep -E 'prompt_tokens_total|generation_tokens_total'"])
+    tokens = "curl -s http://127.0.0.1:8001/metrics | grep -v '^#' | grep -E 'prompt_tokens_total|generation_tokens_total'"
+    return state_digest(host, [], ["ls -laR /var/lib/sparkfleet 2>/dev/null", tokens])
 
 
 def test_bench_playbook_measures_and_reports(serve, tmp_path):
