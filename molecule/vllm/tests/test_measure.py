@@ -101,6 +101,15 @@ def test_ngram_acceptance_matches_the_counters(serve, documents):
     print("\nngram speculative decoding (3 draft tokens), natural text, prefix cache reset before each run:\n" + result["table"])
 
 
+def test_container_runner_runs_the_pinned_image_and_leaves_nothing(serve, documents):
+    result = module(SERVE, "vllm_bench", dict(SMALL_NATURAL, instance="first", label="container-runner", runner="container",
+                                              concurrencies=[1], documents_dir=documents))
+    assert result.get("failed") is not True, result.get("msg")
+    assert result["runner"] == "container"
+    assert (result["runs"][0]["completed"], result["runs"][0]["failed"]) == (2, 0)
+    assert sorted(serve.check_output("docker ps --all --format '{{.Names}}'").split()) == ["vllm-first", "vllm-second"]
+
+
 def test_random_tokens_show_lower_acceptance_than_natural_text(serve, documents):
     natural = module(SERVE, "vllm_bench", dict(SMALL_NATURAL, instance="second", label="cmp-natural", documents_dir=documents))
     random = module(SERVE, "vllm_bench", dict(SMALL_NATURAL, instance="second", label="cmp-random", dataset="random"))
