@@ -28,7 +28,7 @@ class Mirror(BaseHTTPRequestHandler):
     rate = 0
 
     def log_message(self, format, *args):  # noqa: A002 - the base class's signature
-        sys.stderr.write("%s %s\n" % (self.address_string(), format % args))
+        sys.stderr.write(f"{self.address_string()} {format % args}\n")
 
     def resolve(self, repo, revision):
         if COMMIT.match(revision) and os.path.isdir(os.path.join(self.root, repo, revision)):

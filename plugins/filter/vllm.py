@@ -14,8 +14,8 @@ description:
     hardware class cap, LAN addresses that must exist and need the wait_online role).
   - Returns a list of messages, each naming the variable to fix; empty when all is well.
   - The same file provides C(vllm_serve_args), C(vllm_published_ports), C(vllm_image_parts),
-    C(systemd_exec_line), C(meminfo), C(vllm_admission_problem), C(vllm_pull_repository), C(vllm_run_image)
-    and C(vllm_docker_run).
+    C(systemd_exec_line), C(meminfo), C(vllm_admission_problem), C(vllm_pull_repository), C(vllm_run_image),
+    C(vllm_docker_run), C(vllm_models_problems) and C(vllm_launch_checks).
 author: sparkfleet.vllm contributors (@sparkfleet)
 positional: _input
 options:
@@ -71,6 +71,7 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_instance imp
     validate_host,
     validate_instance,
 )
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_models import host_path, validate_models
 
 
 def vllm_problems(instances, gmu_cap, host_addresses, wait_online_enabled, allow_floating_tag=False):
@@ -79,6 +80,28 @@ def vllm_problems(instances, gmu_cap, host_addresses, wait_online_enabled, allow
         problems += validate_instance(f"vllm_instances[{index}]", instance, allow_floating_tag)
     problems += validate_host(instances, float(gmu_cap), list(host_addresses), bool(wait_online_enabled))
     return problems
+
+
+def vllm_models_problems(models, allow_branch=False):
+    return validate_models("vllm_models", models, bool(allow_branch))
+
+
+def vllm_launch_checks(instances, models_dir):
+    """What vllm_model_check needs of each instance whose weights live under /models (no secrets)."""
+    checks = []
+    for instance in instances:
+        path = host_path(str(instance.get("model", "")), models_dir)
+        if path is None:
+            continue
+        speculative = instance.get("speculative") or {}
+        checks.append({
+            "instance": instance["name"],
+            "path": path,
+            "max_model_len": instance.get("max_model_len"),
+            "speculative_method": speculative.get("method") if speculative.get("num_speculative_tokens") else None,
+            "allow_drafter_on_base_model": bool(instance.get("allow_drafter_on_base_model")),
+        })
+    return checks
 
 
 def vllm_image_parts(image):
@@ -102,4 +125,6 @@ class FilterModule:
             "vllm_pull_repository": pull_repository,
             "vllm_run_image": run_image,
             "vllm_docker_run": docker_run_args,
+            "vllm_models_problems": vllm_models_problems,
+            "vllm_launch_checks": vllm_launch_checks,
         }

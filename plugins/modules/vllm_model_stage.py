@@ -58,6 +58,9 @@ options:
     description: Hugging Face token for gated or private repos, passed as C(HF_TOKEN) in the environment. Never logged.
     type: str
     default: ""
+  instruction_tuned:
+    description: Whether the model is instruction-tuned, recorded in the manifest for the MTP drafter guard when the names mislead.
+    type: bool
   verify:
     description: C(quick) checks the file list, sizes and the safetensors index hash; C(full) also every file's sha256.
     type: str
@@ -195,25 +198,24 @@ def last_error(out, err):
 def stage(module, params, name, dest, partial):
     target = {"repo": params["repo"], "revision": params["revision"]}
     marker = os.path.join(partial, TARGET)
-    if os.path.isdir(partial) and read_json(marker) != target:
-        shutil.rmtree(partial)
-    os.makedirs(partial, exist_ok=True)
-    with open(marker, "w", encoding="utf-8") as handle:
-        json.dump(target, handle)
     expected_path = os.path.join(partial, EXPECTED)
     rc, out, err = hf(module, params, hf_download_args(params["repo"], params["revision"], "", params["include"], dry_run=True), name)
-    if rc == 0:
-        listing = [entry["file"] for entry in json.loads(out[out.index("["):])]
-        with open(expected_path, "w", encoding="utf-8") as handle:
-            json.dump(listing, handle)
-    else:
-        listing = read_json(expected_path)
+    if rc != 0:
+        listing = read_json(expected_path) if read_json(marker) == target else None
         missing = listing_problems(listing, scan(partial, False)) if listing else ["config.json", "the weights (file list unknown)"]
         raise StageFailure(
             f"cannot reach {params['endpoint'] or 'the Hugging Face Hub'} for {params['repo']} at {params['revision']} "
             f"({last_error(out, err)}); nothing is staged at {dest}. Missing: {', '.join(missing)}. "
             "Give a reachable mirror in vllm_models_endpoint, or stage the files by hand"
         )
+    listing = [entry["file"] for entry in json.loads(out[out.index("["):])]
+    if os.path.isdir(partial) and read_json(marker) != target:
+        shutil.rmtree(partial)
+    os.makedirs(partial, exist_ok=True)
+    with open(marker, "w", encoding="utf-8") as handle:
+        json.dump(target, handle)
+    with open(expected_path, "w", encoding="utf-8") as handle:
+        json.dump(listing, handle)
     rc, out, err = hf(module, params, hf_download_args(params["repo"], params["revision"], f"/stage/{PARTIAL_PREFIX}{name}", params["include"]), name)
     present = scan(partial, True)
     missing = listing_problems(listing, present)
@@ -224,6 +226,7 @@ def stage(module, params, name, dest, partial):
         )
     facts = model_facts(read_json(os.path.join(partial, "config.json")) or {}, read_text(os.path.join(partial, "README.md")), params["repo"])
     recorded = manifest(params["repo"], params["revision"], present, facts)
+    recorded["instruction_tuned_declared"] = params["instruction_tuned"]
     with open(os.path.join(partial, MANIFEST), "w", encoding="utf-8") as handle:
         json.dump(recorded, handle, indent=1, sort_keys=True)
     for leftover in (EXPECTED, ".cache", TARGET):
@@ -254,6 +257,7 @@ def main():
             endpoint=dict(type="str", default=""),
             token=dict(type="str", default="", no_log=True),
             verify=dict(type="str", choices=["quick", "full"], default="quick"),
+            instruction_tuned=dict(type="bool"),
         ),
         supports_check_mode=True,
     )
@@ -271,6 +275,8 @@ def main():
         damaged = verify(recorded, scan(dest, params["verify"] == "full"), params["verify"] == "full")
         if not damaged:
             module.exit_json(changed=False, path=dest, manifest=recorded, damaged=[])
+    if damaged:
+        module.warn(f"{params['repo']} in {dest} is damaged ({'; '.join(damaged)}); staging it again")
     if module.check_mode:
         module.exit_json(changed=True, path=dest, damaged=damaged)
     try:

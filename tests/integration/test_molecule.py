@@ -3,7 +3,7 @@
 import pytest
 from tool_runner import run_logged
 
-SCENARIOS = ["default", "vllm"]
+SCENARIOS = ["default", "models", "vllm"]
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
