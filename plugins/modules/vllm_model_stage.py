@@ -18,6 +18,9 @@ description:
   - A copy already staged at the same revision is verified against its manifest (file list, sizes and index
     hash; every file's hash with O(verify=full)) and left alone when intact. A damaged copy is reported and
     staged again.
+  - With O(source), the copy comes from another node that staged it (C(rsync) with resume over the fast link,
+    as seed 002 copies its 71 GB checkpoint), and is verified against the source's manifest before it is moved
+    into place.
   - With O(endpoint) the hub is a mirror (C(HF_ENDPOINT)); when neither can be reached and nothing is staged the
     module fails naming the repo and the missing files.
 author: sparkfleet.vllm contributors (@sparkfleet)
@@ -52,6 +55,12 @@ options:
     required: true
   endpoint:
     description: Hub or mirror base URL (C(HF_ENDPOINT)); empty uses the Hugging Face Hub.
+    type: str
+    default: ""
+  source:
+    description:
+      - rsync URL of the same checkpoint staged on another node, for example
+        C(rsync://10.0.0.1:8873/sparkfleet-models/gemma-4/). Empty downloads from the hub.
     type: str
     default: ""
   token:
@@ -195,6 +204,58 @@ def last_error(out, err):
     return lines[-1] if lines else (err or out).strip()[-300:]
 
 
+def start_partial(partial, target):
+    marker = os.path.join(partial, TARGET)
+    if os.path.isdir(partial) and read_json(marker) != target:
+        shutil.rmtree(partial)
+    os.makedirs(partial, exist_ok=True)
+    with open(marker, "w", encoding="utf-8") as handle:
+        json.dump(target, handle)
+
+
+def move_into_place(params, name, dest, partial):
+    for leftover in (EXPECTED, ".cache", TARGET):
+        path = os.path.join(partial, leftover)
+        if os.path.isdir(path):
+            shutil.rmtree(path)
+        elif os.path.exists(path):
+            os.unlink(path)
+    old = os.path.join(params["models_dir"], f".old-{name}")
+    if os.path.exists(dest):
+        shutil.rmtree(old, ignore_errors=True)
+        os.rename(dest, old)
+    os.rename(partial, dest)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def copy_from_source(module, params, name, dest, partial):
+    """rsync the source node's staged copy, resumable, then check it against the source's manifest."""
+    rsync = module.get_bin_path("rsync", required=True)
+    start_partial(partial, {"repo": params["repo"], "revision": params["revision"]})
+    rc, out, err = module.run_command([
+        rsync, "--archive", "--partial", "--delete", "--timeout=60", "--contimeout=10", f"--exclude=/{TARGET}",
+        params["source"].rstrip("/") + "/", partial + "/",
+    ])
+    recorded = read_json(os.path.join(partial, MANIFEST))
+    if rc != 0:
+        missing = sorted(set((recorded or {}).get("files", {})) - set(scan(partial, False))) or ["the source's file list is unknown"]
+        raise StageFailure(
+            f"copying {params['repo']} from {params['source']} failed ({last_error(out, err)}); nothing new is staged at {dest}. "
+            f"Missing: {', '.join(missing)}. A re-run resumes the copy"
+        )
+    if not recorded or (recorded.get("repo"), recorded.get("revision")) != (params["repo"], params["revision"]):
+        found = f"{recorded.get('repo')} at {recorded.get('revision')}" if recorded else "no staged copy"
+        raise StageFailure(
+            f"{params['source']} holds {found}, not {params['repo']} at {params['revision']}; stage it on the source node first "
+            "(vllm_models_source), nothing new is staged at " + dest
+        )
+    damage = verify(recorded, scan(partial, params["verify"] == "full"), params["verify"] == "full")
+    if damage:
+        raise StageFailure(f"the copy of {params['repo']} from {params['source']} does not match its manifest: {'; '.join(damage)}")
+    move_into_place(params, name, dest, partial)
+    return recorded
+
+
 def stage(module, params, name, dest, partial):
     target = {"repo": params["repo"], "revision": params["revision"]}
     marker = os.path.join(partial, TARGET)
@@ -209,11 +270,7 @@ def stage(module, params, name, dest, partial):
             "Give a reachable mirror in vllm_models_endpoint, or stage the files by hand"
         )
     listing = [entry["file"] for entry in json.loads(out[out.index("["):])]
-    if os.path.isdir(partial) and read_json(marker) != target:
-        shutil.rmtree(partial)
-    os.makedirs(partial, exist_ok=True)
-    with open(marker, "w", encoding="utf-8") as handle:
-        json.dump(target, handle)
+    start_partial(partial, target)
     with open(expected_path, "w", encoding="utf-8") as handle:
         json.dump(listing, handle)
     rc, out, err = hf(module, params, hf_download_args(params["repo"], params["revision"], f"/stage/{PARTIAL_PREFIX}{name}", params["include"]), name)
@@ -229,18 +286,7 @@ def stage(module, params, name, dest, partial):
     recorded["instruction_tuned_declared"] = params["instruction_tuned"]
     with open(os.path.join(partial, MANIFEST), "w", encoding="utf-8") as handle:
         json.dump(recorded, handle, indent=1, sort_keys=True)
-    for leftover in (EXPECTED, ".cache", TARGET):
-        path = os.path.join(partial, leftover)
-        if os.path.isdir(path):
-            shutil.rmtree(path)
-        elif os.path.exists(path):
-            os.unlink(path)
-    old = os.path.join(params["models_dir"], f".old-{name}")
-    if os.path.exists(dest):
-        shutil.rmtree(old, ignore_errors=True)
-        os.rename(dest, old)
-    os.rename(partial, dest)
-    shutil.rmtree(old, ignore_errors=True)
+    move_into_place(params, name, dest, partial)
     return recorded
 
 
@@ -257,6 +303,7 @@ def main():
             endpoint=dict(type="str", default=""),
             token=dict(type="str", default="", no_log=True),
             verify=dict(type="str", choices=["quick", "full"], default="quick"),
+            source=dict(type="str", default=""),
             instruction_tuned=dict(type="bool"),
         ),
         supports_check_mode=True,
@@ -280,7 +327,10 @@ def main():
     if module.check_mode:
         module.exit_json(changed=True, path=dest, damaged=damaged)
     try:
-        recorded = stage(module, params, name, dest, partial)
+        if params["source"]:
+            recorded = copy_from_source(module, params, name, dest, partial)
+        else:
+            recorded = stage(module, params, name, dest, partial)
     except StageFailure as error:
         module.fail_json(msg=str(error), path=dest, damaged=damaged)
     module.exit_json(changed=True, path=dest, manifest=recorded, damaged=damaged)

@@ -10,6 +10,7 @@ import pytest
 from site_runner import INVENTORY, ROOT, assert_refused, docker_host, module, site, state_digest
 
 HOST = "sparkfleet-molecule-models"
+PEER = "sparkfleet-molecule-models-peer"
 CHAT = ("acme/tiny-chat-it", hashlib.sha1(b"acme/tiny-chat-it").hexdigest())
 QUANTIZED = ("acme/tiny-NVFP4", hashlib.sha1(b"acme/tiny-NVFP4").hexdigest())
 SLOW = ("acme/tiny-slow", hashlib.sha1(b"acme/tiny-slow").hexdigest())
@@ -21,6 +22,11 @@ MODELS = {"vllm_instances": [], "vllm_models_endpoint": "http://127.0.0.1:8765",
 @pytest.fixture(scope="module")
 def host():
     return docker_host(HOST)
+
+
+@pytest.fixture(scope="module")
+def peer():
+    return docker_host(PEER)
 
 
 def manifest(host, name):
@@ -154,3 +160,53 @@ def test_refused_before_any_change(host, extra_vars, fragments):
 def test_launch_checks_on_real_checkpoints(host, args, ok):
     result = module(HOST, "vllm_model_check", dict(args, instance="llm"))
     assert (result.get("failed") is not True) is ok, result.get("msg")
+
+
+def source_address():
+    return subprocess.run(["docker", "inspect", "--format", "{{.NetworkSettings.IPAddress}}", HOST],
+                          capture_output=True, text=True, check=True).stdout.strip()
+
+
+@pytest.fixture
+def peer_without_hub(peer):
+    """The peer's own mirror stopped: a copy can only come from the source node."""
+    peer.run("systemctl stop sparkfleet-lab-mirror-8765.service sparkfleet-lab-mirror-8766.service")
+    yield peer
+    peer.run("systemctl start sparkfleet-lab-mirror-8765.service sparkfleet-lab-mirror-8766.service")
+
+
+def test_a_node_copies_the_source_nodes_checkpoints_over_rsync(host, peer_without_hub):
+    peer = peer_without_hub
+    peer.run("rm -rf /srv/models/tiny-chat-it /srv/models/tiny-NVFP4")
+    distributed = dict(MODELS, vllm_models_source=HOST, vllm_models_source_address=source_address())
+    result = site("--tags", "vllm", "-e", json.dumps(distributed))
+    assert result.returncode == 0, result.stdout[-3000:]
+    for name in ("tiny-chat-it", "tiny-NVFP4"):
+        path = f"/srv/models/{name}/.sparkfleet-manifest.json"
+        assert peer.file(path).content == host.file(path).content
+        for relative, entry in manifest(peer, name)["files"].items():
+            assert peer.file(f"/srv/models/{name}/{relative}").sha256sum == entry["sha256"]
+    assert not peer.file("/srv/models/.partial-tiny-chat-it").exists
+    assert host.service("sparkfleet-models-rsyncd.service").is_running
+    again = site("--tags", "vllm", "-e", json.dumps(distributed))
+    assert again.returncode == 0 and again.stdout.split("PLAY RECAP")[1].count("changed=0") == 2, again.stdout[-3000:]
+
+
+def test_a_node_whose_copy_differs_from_the_source_is_refused(host, peer_without_hub):
+    peer = peer_without_hub
+    path = "/srv/models/tiny-NVFP4/.sparkfleet-manifest.json"
+    edited = manifest(peer, "tiny-NVFP4")
+    edited["note"] = "edited on this node"
+    peer.run(f"cat > {path} <<'EOF'\n{json.dumps(edited)}\nEOF")
+    distributed = dict(MODELS, vllm_models_source=HOST, vllm_models_source_address=source_address())
+    result = site("--tags", "vllm", "-e", json.dumps(distributed))
+    assert_refused(result, f"The staged checkpoints on {PEER} differ from those on {HOST}")
+    peer.run("rm -rf /srv/models/tiny-NVFP4")
+    assert site("--tags", "vllm", "-e", json.dumps(distributed)).returncode == 0
+
+
+def test_a_source_without_its_address_is_refused_before_any_change(host):
+    before = models_state(host)
+    result = site("--tags", "vllm", "-e", json.dumps(dict(MODELS, vllm_models_source=HOST)))
+    assert_refused(result, "vllm_models_source sparkfleet-molecule-models: give vllm_models_source_address", "nothing was changed")
+    assert models_state(host) == before
