@@ -104,7 +104,9 @@ path:
   returned: always
   type: str
 manifest:
-  description: The manifest of the staged copy (repo, revision, files with size and sha256, safetensors_index_sha256, base_model, quantization, max_position_embeddings).
+  description:
+    - The manifest of the staged copy, repo, revision, files with size and sha256, safetensors_index_sha256,
+      base_model, quantization and max_position_embeddings.
   returned: when staged
   type: dict
 damaged:
