@@ -44,9 +44,12 @@ def measurement_state(host):
 
 
 def test_bench_playbook_measures_and_reports(serve, tmp_path):
+    cases = tmp_path / "team-cases.yml"
+    cases.write_text("- id: team-1\n  prompt: What is 6 * 7? Reply with only the answer.\n  check: {has_number: 42}\n")
     result = playbook(
         "bench.yml",
         "-e", json.dumps({
+            "bench_case_files": [str(cases)],
             "bench_instance": "first", "bench_label": "lab-natural", "bench_concurrencies": [1, 2],
             "bench_prompts_per_concurrency": 2, "bench_input_tokens": 256, "bench_output_tokens": 96,
             "bench_correctness_max_tokens": 32, "bench_report_dir": str(tmp_path),
@@ -61,7 +64,8 @@ def test_bench_playbook_measures_and_reports(serve, tmp_path):
         assert run["mean_ttft_ms"] > 0 and run["mean_tpot_ms"] > 0 and run["output_throughput"] > 0
         assert run["acceptance"] is None
     assert report["dataset"]["kind"] == "natural"
-    assert report["correctness"]["total"] == 20
+    assert report["correctness"]["total"] == 21
+    assert report["correctness"]["results"][-1]["id"] == "team-1"
     markdown = (report_dir / "report.md").read_text()
     assert markdown.count("\n| ") == 3
     assert (report_dir / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
