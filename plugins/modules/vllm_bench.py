@@ -303,16 +303,14 @@ def main():
         module.fail_json(msg=str(error), ok=False, runs=[], reasons=[str(error)])
     container = params["container"] or endpoint["container"]
     image = params["image"] or endpoint["image"]
-    errors = validate(dict(params, container=container, image=image))
+    docker = module.get_bin_path("docker")
+    # Picking the runner only reads the container's state, so every problem can be named in one pass.
+    runner = pick_runner(module, params, container, docker)
+    errors = validate(dict(params, runner=runner, container=container, image=image))
     if "/" in params["label"] or not params["label"].strip():
         errors.append(f"label: {params['label']!r} must be a plain name (it names the results folder)")
     if params["documents_dir"] and params["dataset"] == "natural" and not os.path.isdir(params["documents_dir"]):
         errors.append(f"documents_dir: {params['documents_dir']} is not a folder on this host")
-    if errors:
-        module.fail_json(msg="vllm_bench refused: " + "; ".join(errors), ok=False, runs=[], reasons=errors)
-    docker = module.get_bin_path("docker")
-    runner = pick_runner(module, params, container, docker)
-    errors = validate(dict(params, runner=runner, container=container, image=image))
     if runner in ("exec", "container") and not docker:
         errors.append(f"runner: {runner} needs the docker command on this host")
     if errors:
