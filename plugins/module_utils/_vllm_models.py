@@ -12,6 +12,7 @@ slower; a max_model_len beyond the model's own maximum is refused before vLLM re
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import typing as t
@@ -27,6 +28,24 @@ WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt")
 INSTRUCTION_TUNED = re.compile(r"(?i)(?:^|[-_/.])(?:it|instruct|chat)(?:$|[-_/.])|instruct")
 MAX_LENGTH_KEYS = ("max_position_embeddings", "max_sequence_length", "seq_length", "n_positions", "max_seq_len")
 DRAFTER_METHODS = ("mtp",)
+
+
+def read_text(path: str) -> str | None:
+    """A file's text; None when it cannot be read."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            return handle.read()
+    except OSError:
+        return None
+
+
+def read_json(path: str) -> t.Any:
+    """A JSON file's value; None when it is missing or not JSON."""
+    text = read_text(path)
+    try:
+        return json.loads(text) if text is not None else None
+    except ValueError:
+        return None
 
 
 def default_name(repo: str) -> str:

@@ -78,15 +78,13 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_models import MANIFEST, launch_problems, model_facts
-
-
-def read(path):
-    try:
-        with open(path, encoding="utf-8", errors="replace") as handle:
-            return handle.read()
-    except OSError:
-        return None
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_models import (
+    MANIFEST,
+    launch_problems,
+    model_facts,
+    read_json,
+    read_text,
+)
 
 
 def main():
@@ -104,7 +102,7 @@ def main():
     params = module.params
     where = f"vllm_instances ({params['instance']})"
     files = os.listdir(params["path"]) if os.path.isdir(params["path"]) else []
-    config_text = read(os.path.join(params["path"], "config.json"))
+    config_text = read_text(os.path.join(params["path"], "config.json"))
     facts = None
     recorded = {}
     if config_text is not None:
@@ -112,8 +110,8 @@ def main():
             config = json.loads(config_text)
         except ValueError:
             module.fail_json(msg=f"{where}.model: {params['path']}/config.json is not JSON; the staged copy is damaged", ok=False, reasons=[])
-        recorded = json.loads(read(os.path.join(params["path"], MANIFEST)) or "{}")
-        facts = model_facts(config, read(os.path.join(params["path"], "README.md")), recorded.get("repo"))
+        recorded = read_json(os.path.join(params["path"], MANIFEST)) or {}
+        facts = model_facts(config, read_text(os.path.join(params["path"], "README.md")), recorded.get("repo"))
     instance = {
         "max_model_len": params["max_model_len"],
         "speculative": {"method": params["speculative_method"], "num_speculative_tokens": 1} if params["speculative_method"] else None,

@@ -132,6 +132,8 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_models impor
     listing_problems,
     manifest,
     model_facts,
+    read_json,
+    read_text,
     validate_models,
     verify,
 )
@@ -164,22 +166,6 @@ def scan(directory, hash_all):
                 entry["sha256"] = sha256(path)
             found[relative] = entry
     return found
-
-
-def read_json(path):
-    try:
-        with open(path, encoding="utf-8") as handle:
-            return json.load(handle)
-    except (OSError, ValueError):
-        return None
-
-
-def read_text(path):
-    try:
-        with open(path, encoding="utf-8", errors="replace") as handle:
-            return handle.read()
-    except OSError:
-        return None
 
 
 class StageFailure(Exception):
