@@ -69,6 +69,61 @@ def compile_problem(variable: str, pattern: str) -> str | None:
     return None
 
 
+# earlyoom arguments an operator may add, with the form of their value; everything else is either
+# set by the role from its variables or weakens the guard, and is refused with the reason.
+EXTRA_VALUES = {"-s": re.compile(r"^[0-9]{1,3}(,[0-9]{1,3})?$"), "-S": re.compile(r"^[0-9]{1,12}(,[0-9]{1,12})?$")}
+EXTRA_SWITCHES = frozenset({"-n", "-d", "-p", "--sort-by-rss", "--syslog"})
+REFUSED_EXTRA = {
+    "-m": "set by earlyoom_memory_percent and earlyoom_memory_kill_percent",
+    "-M": "a size threshold that would bypass earlyoom_memory_percent",
+    "-r": "set by earlyoom_report_interval",
+    "--prefer": "set by earlyoom_prefer_names (and checked against the model server)",
+    "--avoid": "set by earlyoom_avoid_names (and checked against the model server)",
+    "--ignore": "would exempt processes from killing outside earlyoom_avoid_names' checks",
+    "--dryrun": "earlyoom would never kill, switching the guard off",
+    "-i": "earlyoom would ignore the oom_score_adj that marks the model server as the one to kill",
+    "-g": "earlyoom would kill a whole process group, not the one process",
+    "-N": "runs a script as root on every kill",
+    "-k": "an obsolete option",
+}
+
+
+def extra_args_problems(extra_args: t.Any) -> list[str]:
+    """Problems of earlyoom_extra_args: each flag must be one the role leaves to the operator, with a well-formed value."""
+    if not isinstance(extra_args, list) or not all(isinstance(a, str) for a in extra_args):
+        return ["earlyoom_extra_args: must be a list of strings"]
+    errors = []
+    expecting: str | None = None
+    for argument in extra_args:
+        if set(argument) & FORBIDDEN_CHARACTERS or not argument:
+            errors.append(f"earlyoom_extra_args: {argument!r} contains whitespace, quotes or other characters that break EARLYOOM_ARGS")
+            expecting = None
+            continue
+        if expecting:
+            if not EXTRA_VALUES[expecting].match(argument):
+                errors.append(f"earlyoom_extra_args: {expecting} {argument!r} is not a threshold (PERCENT[,KILL_PERCENT] or KiB[,KiB])")
+            expecting = None
+            continue
+        flag = argument.split("=", 1)[0] if argument.startswith("--") else argument[:2]
+        if flag in REFUSED_EXTRA:
+            errors.append(f"earlyoom_extra_args: {argument!r} is refused: {REFUSED_EXTRA[flag]}")
+        elif flag in EXTRA_VALUES:
+            value = argument[2:]
+            if value:
+                if not EXTRA_VALUES[flag].match(value):
+                    errors.append(f"earlyoom_extra_args: {argument!r} is not a threshold (PERCENT[,KILL_PERCENT] or KiB[,KiB])")
+            else:
+                expecting = flag
+        elif argument not in EXTRA_SWITCHES:
+            errors.append(
+                f"earlyoom_extra_args: {argument!r} is not an argument the role passes through; allowed are "
+                f"{', '.join(sorted([*EXTRA_VALUES, *EXTRA_SWITCHES]))}"
+            )
+    if expecting:
+        errors.append(f"earlyoom_extra_args: {expecting} needs a value after it")
+    return errors
+
+
 def example_process_name(name: str) -> str:
     """A concrete process name that a plain name with wildcards stands for."""
     return name.replace("*", "")
@@ -137,6 +192,7 @@ def earlyoom_config(
             f"({', '.join(model_server_names)}); earlyoom would not kill the model server first (seed 000)"
         )
     errors += inverse_config_problems(prefer_names, avoid_lists, model_server_names, avoid_regex)
+    errors += extra_args_problems(list(extra_args))
     if errors:
         return {"args": [], "prefer_regex": prefer, "avoid_regex": avoid, "errors": errors}
 

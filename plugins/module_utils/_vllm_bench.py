@@ -173,10 +173,14 @@ def judge(result: t.Mapping[str, t.Any] | None, output: str, allow_failures: boo
     if result is None:
         found = "; ".join(error_lines(output)) or "no error line in its output"
         return [f"vllm bench wrote no result file ({found})"]
+    if not isinstance(result, dict):
+        return ["the result file does not hold a JSON object; it is not a vllm bench serve result"]
     completed = result.get("completed")
-    failed = result.get("failed") or 0
-    if not isinstance(completed, int):
-        return ["the result file has no completed count; it is not a vllm bench serve result"]
+    failed = result.get("failed", 0)
+    if not isinstance(completed, int) or isinstance(completed, bool) or completed < 0:
+        return [f"the result file's completed is {completed!r}, not a count; it is not a vllm bench serve result"]
+    if not isinstance(failed, int) or isinstance(failed, bool) or failed < 0:
+        return [f"the result file's failed is {failed!r}, not a count; it is not a vllm bench serve result"]
     reasons = []
     if completed == 0:
         found = "; ".join(error_lines(output)) or "no error line in its output"

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import typing as t
 
-from ansible.module_utils.six.moves.urllib.error import HTTPError, URLError
+from ansible.module_utils.six.moves.urllib.error import URLError
 from ansible.module_utils.urls import open_url
 
-LOOPBACK = ("127.0.0.1", "::1", "0.0.0.0", "::")
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_health import Reply, exception_reply, parse_env_file
 
 ENDPOINT_ARGUMENT_SPEC: dict[str, dict[str, t.Any]] = {
     "instance": {"type": "str"},
@@ -28,8 +29,19 @@ ENDPOINT_ARGUMENT_SPEC: dict[str, dict[str, t.Any]] = {
 }
 
 
-def http(method: str, url: str, api_key: str | None, payload: t.Any = None, timeout: float = 10) -> tuple[int | None, str]:
-    """(status, body); status None when nothing answers."""
+PLAIN_LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
+
+
+def label_problems(variable: str, label: t.Any) -> list[str]:
+    """A result label names files and folders: a plain name, never a path (``..`` included)."""
+    if not isinstance(label, str) or not PLAIN_LABEL.fullmatch(label):
+        return [f"{variable}: {label!r} must be a plain name of letters, digits and _.- starting with a letter or digit "
+                "(it names result files and folders, so no / and no ..)"]
+    return []
+
+
+def http(method: str, url: str, api_key: str | None, payload: t.Any = None, timeout: float = 10) -> Reply:
+    """One request; a Reply whose error says what went wrong when no HTTP answer came."""
     headers = {"Authorization": "Bearer " + api_key} if api_key else {}
     data = None
     if payload is not None:
@@ -37,57 +49,46 @@ def http(method: str, url: str, api_key: str | None, payload: t.Any = None, time
         data = json.dumps(payload)
     try:
         response = open_url(url, method=method, headers=headers, data=data, timeout=timeout)
-        return response.getcode(), response.read().decode("utf-8", "replace")
-    except HTTPError as exc:
-        return exc.code, exc.read().decode("utf-8", "replace") if exc.fp else ""
-    except (URLError, OSError, ValueError):
-        return None, ""
+        return Reply(response.getcode(), response.read().decode("utf-8", "replace"))
+    except (URLError, OSError, ValueError) as error:
+        return exception_reply(error)
 
 
-def parse_env_file(text: str) -> dict[str, str]:
-    """KEY=value lines of a Docker env file."""
-    values = {}
-    for line in text.splitlines():
-        if line.strip() and not line.lstrip().startswith("#") and "=" in line:
-            key, _separator, value = line.partition("=")
-            values[key.strip()] = value
-    return values
+def answered(reply: Reply) -> str:
+    """How a reply reads in an error message."""
+    return f"HTTP {reply.status}" if reply.status is not None else (reply.error or "nothing")
 
 
-def served_names(serve_args: t.Sequence[str]) -> list[str]:
-    names: list[str] = []
-    if "--served-model-name" in serve_args:
-        for arg in serve_args[serve_args.index("--served-model-name") + 1:]:
-            if arg.startswith("--"):
-                break
-            names.append(arg)
-    return names
+def json_object(reply: Reply, what: str) -> dict[str, t.Any]:
+    """The JSON object a 200 reply carries; ValueError naming ``what`` otherwise."""
+    if reply.status != 200:
+        raise ValueError(f"{what} answered {answered(reply)}: {reply.body[:300]}")
+    try:
+        data = json.loads(reply.body)
+    except ValueError:
+        data = None
+    if not isinstance(data, dict):
+        raise ValueError(f"{what} answered 200 with something that is not a JSON object: {reply.body[:200]!r}")
+    return data
 
 
-def host_url(published_ports: t.Sequence[str]) -> str:
-    """The URL on the host of the first publication (``address:host_port:container_port``)."""
-    publication = published_ports[0]
-    address, host_port, _container_port = publication.rsplit(":", 2)
-    address = address.strip("[]")
-    if address in ("0.0.0.0", "::"):
-        address = "127.0.0.1"
-    return f"http://[{address}]:{host_port}" if ":" in address else f"http://{address}:{host_port}"
-
-
-def instance_endpoint(settings: t.Mapping[str, t.Any], env: t.Mapping[str, str]) -> dict[str, t.Any]:
-    """URL, key, served name, weights path, container and image of a deployed instance."""
-    serve_args = list(settings["serve_args"])
-    container_port = serve_args[serve_args.index("--port") + 1] if "--port" in serve_args else "8000"
-    names = served_names(serve_args)
-    return {
-        "url": host_url(settings["published_ports"]),
-        "api_key": env.get("VLLM_API_KEY"),
-        "model": names[0] if names else serve_args[0],
-        "weights": serve_args[0],
-        "container": f"vllm-{settings['name']}",
-        "container_url": f"http://127.0.0.1:{container_port}",
-        "image": settings.get("image"),
-    }
+def instance_endpoint(plan: t.Mapping[str, t.Any], env: t.Mapping[str, str]) -> dict[str, t.Any]:
+    """URL, key, served name, weights path, container and image of a deployed instance, from its plan file."""
+    try:
+        return {
+            "url": plan["url"],
+            "api_key": env.get("VLLM_API_KEY"),
+            "model": plan["model"],
+            "served_names": list(plan["served_names"]),
+            "health_timeout": plan["health_timeout"],
+            "weights": plan["weights"],
+            "container": plan["container"],
+            "container_url": plan["container_url"],
+            "image": plan["run_image"],
+        }
+    except (KeyError, TypeError) as error:
+        raise ValueError(f"the plan file of instance {plan.get('name') if isinstance(plan, dict) else '?'} lacks {error}; "
+                         "re-apply the vllm role (files of an older release)") from error
 
 
 def read_instance(config_dir: str, name: str) -> dict[str, t.Any]:
@@ -101,12 +102,16 @@ def read_instance(config_dir: str, name: str) -> dict[str, t.Any]:
             env = parse_env_file(handle.read())
     except FileNotFoundError as error:
         raise ValueError(f"instance {name}: {error.filename} does not exist; is {name} deployed by the vllm role on this host?") from error
+    except ValueError as error:
+        raise ValueError(f"instance {name}: {settings_path} is not valid JSON ({error}); re-apply the vllm role") from error
+    if not isinstance(settings, dict):
+        raise ValueError(f"instance {name}: {settings_path} does not hold a plan object; re-apply the vllm role")
     return instance_endpoint(settings, env)
 
 
 def resolve(params: t.Mapping[str, t.Any]) -> dict[str, t.Any]:
     """The endpoint a module measures: from ``instance``, overridden by explicit url, api_key and model."""
-    endpoint: dict[str, t.Any] = {"url": None, "api_key": None, "model": None, "weights": None,
+    endpoint: dict[str, t.Any] = {"url": None, "api_key": None, "model": None, "served_names": [], "health_timeout": None, "weights": None,
                                   "container": None, "container_url": "http://127.0.0.1:8000", "image": None}
     if params.get("instance"):
         endpoint.update(read_instance(params["config_dir"], params["instance"]))
@@ -123,7 +128,8 @@ def discover_model(endpoint: t.MutableMapping[str, t.Any], timeout: float) -> No
     """Fill in the served model name from /v1/models when none was given."""
     if endpoint["model"]:
         return
-    status, body = http("GET", endpoint["url"] + "/v1/models", endpoint["api_key"], timeout=timeout)
-    if status != 200:
-        raise ValueError(f"{endpoint['url']}/v1/models answered {status or 'nothing'}; give model, or check url and api_key")
-    endpoint["model"] = json.loads(body)["data"][0]["id"]
+    models = json_object(http("GET", endpoint["url"] + "/v1/models", endpoint["api_key"], timeout=timeout), endpoint["url"] + "/v1/models")
+    listed = models.get("data")
+    if not isinstance(listed, list) or not listed or not isinstance(listed[0], dict) or "id" not in listed[0]:
+        raise ValueError(f"{endpoint['url']}/v1/models lists no model; give model")
+    endpoint["model"] = listed[0]["id"]

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import json
 import re
+import signal
+import threading
 import typing as t
 
 CHECK_KINDS = ("has_number", "exact", "regex", "json_fields")
@@ -143,6 +145,34 @@ def first_json_object(answer: str) -> dict[str, t.Any] | None:
     return None
 
 
+REGEX_SECONDS = 2.0
+
+
+class RegexTimeout(Exception):
+    pass
+
+
+def search_within(pattern: str, text: str, seconds: float = REGEX_SECONDS) -> bool:
+    """re.search with a time limit: a case file's pattern with catastrophic backtracking must not hang the run.
+
+    The limit is a SIGALRM timer, so it holds in the main thread (where modules run); elsewhere
+    the search runs unbounded.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return re.search(pattern, text) is not None
+
+    def expire(_signum: int, _frame: t.Any) -> None:
+        raise RegexTimeout(f"the regex {pattern!r} ran longer than {seconds:g} s on the answer")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        return re.search(pattern, text) is not None
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 def passes(check: t.Mapping[str, t.Any], answer: str) -> bool:
     kind, expected = next(iter(check.items()))
     if kind == "has_number":
@@ -150,13 +180,19 @@ def passes(check: t.Mapping[str, t.Any], answer: str) -> bool:
     if kind == "exact":
         return normalise(answer) == normalise(expected)
     if kind == "regex":
-        return re.search(expected, answer or "") is not None
+        return search_within(expected, answer or "")
     document = first_json_object(answer)
     return document is not None and all(document.get(field) == value for field, value in expected.items())
 
 
 def judge(cases: t.Sequence[t.Mapping[str, t.Any]], answers: t.Mapping[str, str]) -> list[dict[str, t.Any]]:
-    return [{"id": c["id"], "pass": passes(c["check"], answers[c["id"]]), "answer": answers[c["id"]]} for c in cases]
+    results = []
+    for c in cases:
+        try:
+            results.append({"id": c["id"], "pass": passes(c["check"], answers[c["id"]]), "answer": answers[c["id"]]})
+        except RegexTimeout as error:
+            results.append({"id": c["id"], "pass": False, "answer": answers[c["id"]], "reason": str(error)})
+    return results
 
 
 def diff(reference: t.Mapping[str, t.Any], current: t.Sequence[t.Mapping[str, t.Any]]) -> dict[str, t.Any]:

@@ -1,36 +1,78 @@
 # Copyright: sparkfleet.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Judging a vLLM endpoint's health: the /v1/models answer and the container's state.
+"""Judging a vLLM endpoint's health: one verdict for the health gate module and the units' readiness wait.
 
-Private to the collection. Seed 000's launcher polled /v1/models with the bearer key and
-broke off as soon as the container exited or its restart count went up, instead of
-waiting out the whole timeout.
+Private to the collection, standard library only: the vllm role installs this very file on the
+host beside the readiness wait each instance unit runs (ExecStartPost, roles/vllm/files/
+vllm_readiness.py, which imports it), so the gate and the boot path share one verdict. Seed 000's launcher polled /v1/models with the bearer key and broke
+off as soon as the container exited or its restart count went up; errors that retrying
+cannot fix (a refused key, a bad header, TLS or URL errors, another server on the port) end
+the wait at once, only "not up yet" is waited on.
 """
 
 from __future__ import annotations
 
+import http.client
 import json
+import socket
+import ssl
+import time
 import typing as t
+import urllib.error
 
 DEAD_STATES = frozenset({"exited", "dead", "removing"})
+READY, WAIT, FAIL = "ready", "wait", "fail"
 
 
-def models_verdict(status: int | None, body: str, expected_names: t.Sequence[str]) -> tuple[bool, str, list[str]]:
-    """(ready, reason, served names) from one GET /v1/models."""
-    if status is None:
-        return False, "not answering yet (connection refused or reset)", []
-    if status == 401:
-        return False, "401 Unauthorized: the API key does not match the server's", []
-    if status != 200:
-        return False, f"HTTP {status}", []
+class Reply(t.NamedTuple):
+    """One HTTP exchange: ``status`` None when no HTTP answer came; ``error`` says why, ``retryable`` whether waiting can help."""
+
+    status: int | None
+    body: str
+    error: str | None = None
+    retryable: bool = True
+
+
+def exception_reply(error: BaseException) -> Reply:
+    """A Reply for an exception raised by urllib or Ansible's open_url, classified as retryable or not."""
+    if isinstance(error, urllib.error.HTTPError):
+        body = error.read().decode("utf-8", "replace") if error.fp else ""
+        return Reply(error.code, body)
+    reason = getattr(error, "reason", error)
+    if isinstance(reason, (ssl.SSLError, ssl.CertificateError)):
+        return Reply(None, "", f"TLS error: {reason}", False)
+    if isinstance(reason, (ConnectionError, socket.timeout, TimeoutError, http.client.RemoteDisconnected, http.client.IncompleteRead)):
+        return Reply(None, "", f"not answering yet ({type(reason).__name__}: {reason})", True)
+    if isinstance(reason, socket.gaierror):
+        return Reply(None, "", f"the host name does not resolve ({reason})", False)
+    if isinstance(error, ValueError) or isinstance(reason, ValueError):
+        return Reply(None, "", f"the request cannot be sent ({reason}); check the URL and the API key (printable, no whitespace)", False)
+    if isinstance(reason, str) and "unknown url type" in reason:
+        return Reply(None, "", f"bad URL ({reason})", False)
+    if isinstance(reason, OSError):
+        return Reply(None, "", f"not answering yet ({reason})", True)
+    return Reply(None, "", f"request failed: {error}", False)
+
+
+def models_verdict(reply: Reply, expected_names: t.Sequence[str]) -> tuple[str, str, list[str]]:
+    """(READY/WAIT/FAIL, reason, served names) from one GET /v1/models."""
+    if reply.status is None:
+        return (WAIT if reply.retryable else FAIL), reply.error or "not answering yet", []
+    if reply.status == 401:
+        return FAIL, "401 Unauthorized: the server refuses the API key the gate was given", []
+    if reply.status in (400, 403, 404, 405):
+        return FAIL, f"HTTP {reply.status} on /v1/models: this is not the vLLM endpoint expected there (check url and port)", []
+    if reply.status != 200:
+        return WAIT, f"HTTP {reply.status}", []
     try:
-        served = [entry["id"] for entry in json.loads(body).get("data", [])]
+        data = json.loads(reply.body)
+        served = [entry["id"] for entry in data.get("data", [])]
     except (ValueError, KeyError, TypeError, AttributeError):
-        return False, "200 with a body that is not a model list", []
+        return FAIL, "200 with a body that is not a model list: another server answers on this port", []
     missing = [name for name in expected_names if name not in served]
     if missing:
-        return False, f"serving {', '.join(served) or 'nothing'} but not {', '.join(missing)}", served
-    return True, "ready", served
+        return FAIL, f"serving {', '.join(served) or 'nothing'} but not {', '.join(missing)}: another server answers on this port", served
+    return READY, "ready", served
 
 
 def container_snapshot(inspect_output: str) -> dict[str, t.Any] | None:
@@ -43,6 +85,8 @@ def container_snapshot(inspect_output: str) -> dict[str, t.Any] | None:
         if not data:
             return None
         data = data[0]
+    if not isinstance(data, dict):
+        return None
     state = data.get("State") or {}
     return {
         "id": data.get("Id"),
@@ -77,6 +121,47 @@ def container_failure(baseline: t.Mapping[str, t.Any] | None, current: t.Mapping
     return None
 
 
+def wait_until_ready(
+    fetch_models: t.Callable[[], Reply],
+    inspect: t.Callable[[], dict[str, t.Any] | None] | None,
+    expected_names: t.Sequence[str],
+    timeout: float,
+    interval: float = 2,
+    clock: t.Callable[[], float] = time.monotonic,
+    sleep: t.Callable[[float], None] = time.sleep,
+) -> dict[str, t.Any]:
+    """Poll until the endpoint serves every expected name, the container fails, a fatal error
+    comes, or ``timeout`` passes. The result: ok, reasons, elapsed, served names, container state."""
+    started = clock()
+    baseline = inspect() if inspect else None
+    result: dict[str, t.Any] = {"ok": False, "served_model_names": [], "state": None, "restart_count": None}
+    while True:
+        verdict, reason, served = models_verdict(fetch_models(), expected_names)
+        result["served_model_names"] = served
+        current = inspect() if inspect else None
+        if baseline is None:
+            # The unit may create the container after the wait started; watch it from its first sighting.
+            baseline = current
+        if current:
+            result.update(state=current["status"], restart_count=current["restart_count"])
+        failure = container_failure(baseline, current) if inspect else None
+        if failure:
+            verdict, reason = FAIL, failure
+        if verdict == READY:
+            result.update(ok=True, reason="ready")
+            break
+        if verdict == FAIL:
+            result["reason"] = reason
+            break
+        if clock() - started > timeout:
+            result["reason"] = f"not ready after {timeout:g} s: {reason}"
+            break
+        sleep(interval)
+    result["elapsed"] = round(clock() - started, 1)
+    result["reasons"] = [result["reason"]]
+    return result
+
+
 ERROR_MARKERS = ("Error", "error:", "Traceback", "unrecognized arguments")
 
 
@@ -84,3 +169,13 @@ def error_lines(log: str, limit: int = 6) -> list[str]:
     """The last lines of an engine log that name what went wrong (the root cause sits above the traceback's end)."""
     found = [line.strip() for line in log.splitlines() if any(marker in line for marker in ERROR_MARKERS) and "Traceback" not in line]
     return found[-limit:]
+
+
+def parse_env_file(text: str) -> dict[str, str]:
+    """NAME=value lines of a Docker env file (the value taken literally to the end of the line)."""
+    values = {}
+    for line in text.splitlines():
+        if line.strip() and not line.lstrip().startswith("#") and "=" in line:
+            key, _separator, value = line.partition("=")
+            values[key.strip()] = value
+    return values

@@ -33,9 +33,17 @@ def parse_samples(text: str) -> Samples:
     if text_string_to_metric_families is None:
         raise RuntimeError(PROMETHEUS_CLIENT_MISSING)
     samples: Samples = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            samples.setdefault(sample.name, []).append((dict(sample.labels), float(sample.value)))
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                value = float(sample.value)
+                if math.isnan(value):
+                    raise ValueError(f"sample {sample.name} is NaN")
+                samples.setdefault(sample.name, []).append((dict(sample.labels), value))
+    except (ValueError, TypeError, IndexError, KeyError) as error:
+        raise ValueError(f"not Prometheus text exposition ({error}); first characters {text[:80]!r}") from error
+    if not any(name.startswith("vllm:") for name in samples):
+        raise ValueError(f"no vllm: metric in it (is this a vLLM server?); first characters {text[:80]!r}")
     return samples
 
 
@@ -101,9 +109,22 @@ def acceptance(counters: t.Mapping[str, t.Any] | None) -> dict[str, t.Any] | Non
     }
 
 
-def counters_delta(before: t.Mapping[str, t.Any] | None, after: t.Mapping[str, t.Any] | None) -> dict[str, t.Any] | None:
-    """What a run added to the speculative-decoding counters."""
+def counter_regression(before: t.Mapping[str, t.Any] | None, after: t.Mapping[str, t.Any] | None) -> str | None:
+    """Why the counters cannot be subtracted (one went backwards: the server restarted mid-run), or None."""
     if before is None or after is None:
+        return None
+    pairs = [(name, before[name], after[name]) for name in ("drafts", "draft_tokens", "accepted_tokens")]
+    pairs += [(f"accepted at position {p}", n, after["accepted_per_position"].get(p, 0)) for p, n in before["accepted_per_position"].items()]
+    backwards = [f"{name} {old} -> {new}" for name, old, new in pairs if new < old]
+    if backwards:
+        return ("the speculative-decoding counters went backwards (" + ", ".join(backwards) + "): the server restarted "
+                "during the run, so no acceptance can be computed from them")
+    return None
+
+
+def counters_delta(before: t.Mapping[str, t.Any] | None, after: t.Mapping[str, t.Any] | None) -> dict[str, t.Any] | None:
+    """What a run added to the speculative-decoding counters; None when either side is missing or they went backwards."""
+    if before is None or after is None or counter_regression(before, after):
         return None
     positions = set(before["accepted_per_position"]) | set(after["accepted_per_position"])
     return {

@@ -183,12 +183,16 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_bench import
 )
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_client import (
     ENDPOINT_ARGUMENT_SPEC,
+    answered,
     discover_model,
     http,
+    json_object,
+    label_problems,
     resolve,
 )
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_metrics import (
     acceptance,
+    counter_regression,
     counters_delta,
     parse_samples,
     speculative_counters,
@@ -203,25 +207,32 @@ class BenchFailure(Exception):
 
 
 def counters(endpoint, timeout):
-    status, body = http("GET", endpoint["url"] + "/metrics", None, timeout=timeout)
-    if status != 200:
-        raise BenchFailure(f"{endpoint['url']}/metrics answered {status or 'nothing'}")
-    return speculative_counters(parse_samples(body))
+    reply = http("GET", endpoint["url"] + "/metrics", None, timeout=timeout)
+    if reply.status != 200:
+        raise BenchFailure(f"{endpoint['url']}/metrics answered {answered(reply)}")
+    try:
+        return speculative_counters(parse_samples(reply.body))
+    except ValueError as error:
+        raise BenchFailure(f"{endpoint['url']}/metrics did not answer Prometheus text: {error}") from error
 
 
 def count_tokens(endpoint, text, timeout):
     payload = {"model": endpoint["model"], "prompt": text, "add_special_tokens": False}
-    status, body = http("POST", endpoint["url"] + "/tokenize", endpoint["api_key"], payload, timeout=timeout)
-    if status != 200:
-        raise BenchFailure(f"{endpoint['url']}/tokenize answered {status or 'nothing'}: {body[:200]}")
-    return json.loads(body)["count"]
+    try:
+        count = json_object(http("POST", endpoint["url"] + "/tokenize", endpoint["api_key"], payload, timeout=timeout),
+                            endpoint["url"] + "/tokenize").get("count")
+    except ValueError as error:
+        raise BenchFailure(str(error)) from error
+    if not isinstance(count, int) or isinstance(count, bool):
+        raise BenchFailure(f"{endpoint['url']}/tokenize answered without a token count")
+    return count
 
 
 def reset_prefix_cache(endpoint, timeout):
-    status, _body = http("POST", endpoint["url"] + "/reset_prefix_cache", endpoint["api_key"], timeout=timeout)
-    if status != 200:
+    reply = http("POST", endpoint["url"] + "/reset_prefix_cache", endpoint["api_key"], timeout=timeout)
+    if reply.status != 200:
         raise BenchFailure(
-            f"{endpoint['url']}/reset_prefix_cache answered {status or 'nothing'}; the server offers it only with "
+            f"{endpoint['url']}/reset_prefix_cache answered {answered(reply)}; the server offers it only with "
             "VLLM_SERVER_DEV_MODE=1 in the instance's env. Set it, or use prefix_cache: disjoint"
         )
 
@@ -307,8 +318,7 @@ def main():
     # Picking the runner only reads the container's state, so every problem can be named in one pass.
     runner = pick_runner(module, params, container, docker)
     errors = validate(dict(params, runner=runner, container=container, image=image))
-    if "/" in params["label"] or not params["label"].strip():
-        errors.append(f"label: {params['label']!r} must be a plain name (it names the results folder)")
+    errors += label_problems("label", params["label"])
     if params["documents_dir"] and params["dataset"] == "natural" and not os.path.isdir(params["documents_dir"]):
         errors.append(f"documents_dir: {params['documents_dir']} is not a folder on this host")
     if runner in ("exec", "container") and not docker:
@@ -401,10 +411,14 @@ def bench_once(module, params, endpoint, plan, runner, docker, container, workdi
     saved = None
     if os.path.exists(local_result):
         with open(local_result, encoding="utf-8") as handle:
-            saved = json.load(handle)
-    figures_found = figures(saved) if saved else {}
+            try:
+                saved = json.load(handle)
+            except ValueError:
+                saved = {}
+    figures_found = figures(saved) if isinstance(saved, dict) else {}
     run_acceptance = acceptance(counters_delta(before, after)) or {}
     reasons = [f"concurrency {concurrency}: {reason}" for reason in judge(saved, out + err, params["allow_failures"])]
+    regression = counter_regression(before, after)
     if reasons and saved:
         # Kept for diagnosis under a name no report picks up as a result.
         os.replace(local_result, local_result[:-len(".json")] + ".failed.json")
@@ -419,6 +433,7 @@ def bench_once(module, params, endpoint, plan, runner, docker, container, workdi
         "acceptance_per_position": run_acceptance.get("acceptance_per_position"),
         "draft_tokens": run_acceptance.get("draft_tokens"),
         "accepted_tokens": run_acceptance.get("accepted_tokens"),
+        "acceptance_note": regression,
         "result_file": local_result if saved else None,
         "reasons": reasons,
     }

@@ -128,6 +128,8 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_client impor
     ENDPOINT_ARGUMENT_SPEC,
     discover_model,
     http,
+    json_object,
+    label_problems,
     resolve,
 )
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_correctness import (
@@ -146,10 +148,12 @@ def ask(endpoint, case, params):
         "max_tokens": params["max_tokens"],
         "chat_template_kwargs": params["chat_template_kwargs"],
     }
-    status, body = http("POST", endpoint["url"] + "/v1/chat/completions", endpoint["api_key"], payload, timeout=params["timeout"])
-    if status != 200:
-        raise ValueError(f"case {case['id']}: {endpoint['url']}/v1/chat/completions answered {status or 'nothing'}: {body[:300]}")
-    return json.loads(body)["choices"][0]["message"]["content"] or ""
+    url = endpoint["url"] + "/v1/chat/completions"
+    reply = json_object(http("POST", url, endpoint["api_key"], payload, timeout=params["timeout"]), f"case {case['id']}: {url}")
+    try:
+        return reply["choices"][0]["message"]["content"] or ""
+    except (KeyError, IndexError, TypeError) as error:
+        raise ValueError(f"case {case['id']}: {url} answered a reply without choices[0].message.content") from error
 
 
 def reference_path(results_dir, reference):
@@ -179,16 +183,19 @@ def main():
         errors += validate_cases("cases (with the built-in ones)", cases)
     if not cases:
         errors.append("cases: nothing to run; give cases or set builtin_cases: true")
-    if "/" in params["label"] or not params["label"].strip():
-        errors.append(f"label: {params['label']!r} must be a plain name (it names the results file)")
+    errors += label_problems("label", params["label"])
     reference = None
-    if params["reference"]:
+    if params["reference"] and not errors:
         path = reference_path(params["results_dir"], params["reference"])
+        if path != params["reference"]:
+            errors += label_problems("reference", params["reference"])
         try:
             with open(path, encoding="utf-8") as handle:
                 reference = json.load(handle)
         except (OSError, ValueError) as error:
             errors.append(f"reference: cannot read {path} ({error}); run the reference label first or give a results file")
+        if reference is not None and not (isinstance(reference, dict) and isinstance(reference.get("results"), list)):
+            errors.append(f"reference: {path} is not a results file of vllm_correctness (no results list)")
     if errors:
         module.fail_json(msg="vllm_correctness refused: " + "; ".join(errors), ok=False, reasons=errors)
     try:

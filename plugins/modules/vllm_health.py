@@ -17,27 +17,37 @@ description:
   - Optionally sends a short warm-up chat request once the endpoint is ready.
   - Seed 000's variant launcher ("poll every 15 s ... if container exited or its restart count went up, break").
 author: sparkfleet.vllm contributors (@sparkfleet)
+  - Errors that retrying cannot fix end the gate at once with the real reason (401 with the key it was given,
+    a header the key cannot travel in, TLS or URL errors, another server answering on the port); only "not up
+    yet" (connection refused or reset, a timeout, HTTP 5xx) is waited on.
+  - The verdict is the same function the vllm role's units run as their readiness wait at boot.
 options:
+  instance:
+    description:
+      - Name of an instance the vllm role deployed on this host; URL, key, served names, container and timeout
+        are read from its plan file and env file in O(config_dir). Excludes O(url), O(api_key),
+        O(served_model_names) and O(container).
+    type: str
+  config_dir:
+    description: Where the vllm role keeps the instances' plan and env files (its C(last-good) folder gates the last good settings).
+    type: path
+    default: /etc/sparkfleet/vllm
   url:
-    description: Base URL of the endpoint, without C(/v1).
+    description: Base URL of the endpoint, without C(/v1); required without O(instance).
     type: str
-    required: true
   api_key:
-    description: The endpoint's API key, sent as a bearer token.
+    description: The endpoint's API key, sent as a bearer token; required without O(instance).
     type: str
-    required: true
   served_model_names:
-    description: Names C(/v1/models) must list.
+    description: Names C(/v1/models) must list; required without O(instance).
     type: list
     elements: str
-    required: true
   container:
     description: Name of the serving container to watch; omit to poll the endpoint only.
     type: str
   timeout:
-    description: Seconds to wait for the endpoint to become ready.
+    description: Seconds to wait for the endpoint to become ready; default the instance's planned timeout, or 600.
     type: int
-    default: 600
   interval:
     description: Seconds between polls.
     type: float
@@ -68,6 +78,10 @@ notes:
 """
 
 EXAMPLES = r"""
+- name: Gate an instance the vllm role deployed, reading its plan file
+  sparkfleet.vllm.vllm_health:
+    instance: llm
+
 - name: Gate the relaunched instance
   sparkfleet.vllm.vllm_health:
     url: http://127.0.0.1:8001
@@ -90,6 +104,15 @@ reason:
   returned: always
   type: str
   sample: "the container is exited (exit code 2)"
+reasons:
+  description: The same reason as a list (the result shape every module of the collection shares).
+  returned: always
+  type: list
+  elements: str
+url:
+  description: The URL the gate polled.
+  returned: always
+  type: str
 elapsed:
   description: Seconds from the first poll to the verdict.
   returned: always
@@ -123,94 +146,90 @@ warmup_reply:
 """
 
 import json
-import time
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_client import http
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_client import answered, http, read_instance
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_health import (
-    container_failure,
     container_snapshot,
     error_lines,
-    models_verdict,
+    wait_until_ready,
 )
 
 WARMUP_PROMPT = "Say hello to the operator of this endpoint."
 
 
-def inspect(module, docker, container):
-    rc, out, _err = module.run_command([docker, "inspect", container])
-    return container_snapshot(out) if rc == 0 else None
-
-
-def log_tail(module, docker, container, lines):
-    _rc, out, err = module.run_command([docker, "logs", "--tail", str(lines), container])
-    return (out + err).strip()
+def endpoint_of(module):
+    """URL, key, names, container and timeout: from the instance's plan files, or given one by one."""
+    params = module.params
+    if params["instance"]:
+        try:
+            endpoint = read_instance(params["config_dir"], params["instance"])
+        except ValueError as error:
+            module.fail_json(msg=str(error), ok=False, reasons=[str(error)])
+        timeout = params["timeout"] or endpoint["health_timeout"]
+        return endpoint["url"], endpoint["api_key"], endpoint["served_names"], endpoint["container"], timeout
+    missing = [name for name in ("url", "api_key", "served_model_names") if not params[name]]
+    if missing:
+        reason = f"give instance, or {', '.join(missing)}"
+        module.fail_json(msg=reason, ok=False, reasons=[reason])
+    return params["url"], params["api_key"], params["served_model_names"], params["container"], params["timeout"] or 600
 
 
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            url=dict(type="str", required=True),
-            api_key=dict(type="str", required=True, no_log=True),
-            served_model_names=dict(type="list", elements="str", required=True),
+            instance=dict(type="str"),
+            config_dir=dict(type="path", default="/etc/sparkfleet/vllm"),
+            url=dict(type="str"),
+            api_key=dict(type="str", no_log=True),
+            served_model_names=dict(type="list", elements="str"),
             container=dict(type="str"),
-            timeout=dict(type="int", default=600),
+            timeout=dict(type="int"),
             interval=dict(type="float", default=2),
             log_lines=dict(type="int", default=40),
             warmup=dict(type="bool", default=False),
             warmup_reply_length=dict(type="int", default=8),
         ),
+        mutually_exclusive=[("instance", "url"), ("instance", "api_key"), ("instance", "served_model_names"), ("instance", "container")],
         supports_check_mode=True,
     )
     params = module.params
-    base = params["url"].rstrip("/")
-    docker = module.get_bin_path("docker", required=True) if params["container"] else None
-    baseline = inspect(module, docker, params["container"]) if docker else None
+    url, api_key, names, container, timeout = endpoint_of(module)
+    base = url.rstrip("/")
+    docker = module.get_bin_path("docker", required=True) if container else None
 
-    started = time.monotonic()
-    result = dict(changed=False, ok=False, served_model_names=[], state=None, restart_count=None)
-    while True:
-        status, body = http("GET", base + "/v1/models", params["api_key"])
-        ready, reason, served = models_verdict(status, body, params["served_model_names"])
-        result["served_model_names"] = served
-        current = inspect(module, docker, params["container"]) if docker else None
-        if baseline is None:
-            # The unit may create the container after the gate started; watch it from then on.
-            baseline = current
-        if current:
-            result.update(state=current["status"], restart_count=current["restart_count"])
-        failure = container_failure(baseline, current) if docker else None
-        if ready and not failure:
-            result.update(ok=True, reason=reason)
-            break
-        if failure or status == 401:
-            result["reason"] = failure or reason
-            break
-        if time.monotonic() - started > params["timeout"]:
-            result["reason"] = f"not ready after {params['timeout']} s: {reason}"
-            break
-        time.sleep(params["interval"])
-    result["elapsed"] = round(time.monotonic() - started, 1)
+    def inspect():
+        rc, out, _err = module.run_command([docker, "inspect", container])
+        return container_snapshot(out) if rc == 0 else None
 
+    result = wait_until_ready(lambda: http("GET", base + "/v1/models", api_key, timeout=5),
+                              inspect if docker else None, names, timeout, params["interval"])
+    result.update(changed=False, url=base)
     if not result["ok"]:
         if docker:
-            whole_log = log_tail(module, docker, params["container"], 1000)
+            _rc, out, err = module.run_command([docker, "logs", "--tail", "1000", container])
+            whole_log = (out + err).strip()
             result["log_tail"] = "\n".join(whole_log.splitlines()[-params["log_lines"]:])
             result["log_errors"] = error_lines(whole_log)
         module.fail_json(msg=f"vLLM health gate failed: {result['reason']}", **result)
 
     if params["warmup"]:
         payload = {
-            "model": params["served_model_names"][0],
+            "model": names[0],
             "messages": [{"role": "user", "content": WARMUP_PROMPT}],
             "max_tokens": params["warmup_reply_length"],
             "temperature": 0,
         }
-        status, body = http("POST", base + "/v1/chat/completions", params["api_key"], payload, timeout=120)
-        if status != 200:
-            module.fail_json(msg=f"vLLM warm-up request failed with HTTP {status}: {body[:500]}", **result)
-        result["warmup_reply"] = json.loads(body)["choices"][0]["message"]["content"]
+        reply = http("POST", base + "/v1/chat/completions", api_key, payload, timeout=120)
+        try:
+            result["warmup_reply"] = json.loads(reply.body)["choices"][0]["message"]["content"] if reply.status == 200 else None
+        except (ValueError, KeyError, IndexError, TypeError):
+            result["warmup_reply"] = None
+        if result["warmup_reply"] is None:
+            reason = f"the warm-up request answered {answered(reply)}: {reply.body[:500]}"
+            result.update(ok=False, reason=reason, reasons=[reason])
+            module.fail_json(msg=f"vLLM health gate failed: {reason}", **result)
     module.exit_json(**result)
 
 

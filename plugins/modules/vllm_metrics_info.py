@@ -82,7 +82,7 @@ workload:
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_client import ENDPOINT_ARGUMENT_SPEC, http, resolve
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_client import ENDPOINT_ARGUMENT_SPEC, answered, http, resolve
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_metrics import (
     summarize,
     text_string_to_metric_families,
@@ -107,14 +107,20 @@ def main():
     try:
         endpoint = resolve(params)
     except ValueError as error:
-        module.fail_json(msg=str(error))
-    status, body = http("GET", endpoint["url"] + "/metrics", endpoint["api_key"], timeout=params["timeout"])
-    if status != 200:
-        module.fail_json(msg=f"{endpoint['url']}/metrics answered {status or 'nothing'}; is the instance serving?", ok=False, url=endpoint["url"])
-    summary = summarize(body)
+        module.fail_json(msg=str(error), ok=False, reasons=[str(error)])
+    reply = http("GET", endpoint["url"] + "/metrics", endpoint["api_key"], timeout=params["timeout"])
+    if reply.status != 200:
+        reason = f"{endpoint['url']}/metrics answered {answered(reply)}; is the instance serving?"
+        module.fail_json(msg=reason, ok=False, reasons=[reason], url=endpoint["url"])
+    try:
+        summary = summarize(reply.body)
+    except ValueError as error:
+        reason = f"{endpoint['url']}/metrics did not answer Prometheus text: {error}"
+        module.fail_json(msg=reason, ok=False, reasons=[reason], url=endpoint["url"])
     module.exit_json(
         changed=False,
         ok=True,
+        reasons=[],
         url=endpoint["url"],
         metrics=summary,
         workload=workload_profile(summary, params["coverage"], params["prefill_heavy_ratio"]),

@@ -50,3 +50,14 @@ def test_ansible_test_sanity():
     target = SANITY_TREE / "ansible_collections" / "sparkfleet" / "vllm"
     sync_tracked_files(target)
     run_logged("ansible-test-sanity", ["ansible-test", "sanity", "--venv", "--python", "3.11", "--color", "no"], cwd=target)
+
+
+def test_hardware_class_values_reach_the_roles():
+    """group_vars per class set the role variables themselves: a gx10 host gets its own cap."""
+    import json
+
+    caps = {}
+    for host in ("lab-spark-1", "lab-gx10-1"):
+        output = run_logged(f"inventory-{host}", ["ansible-inventory", "-i", "inventories/lab", "--host", host])
+        caps[host] = json.loads(output)["vllm_gmu_cap"]
+    assert caps == {"lab-spark-1": 0.85, "lab-gx10-1": 0.87}

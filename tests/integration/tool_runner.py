@@ -10,6 +10,10 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 LOG_DIR = ROOT / ".cache" / "logs"
 
 
+def tail(log, lines=80):
+    return "\n".join(log.read_text().splitlines()[-lines:])
+
+
 def run_logged(name, command, cwd=ROOT, env=None):
     """Run a tool, keep its whole output in .cache/logs/NAME.log, fail with its tail."""
     LOG_DIR.mkdir(parents=True, exist_ok=True)
@@ -20,6 +24,5 @@ def run_logged(name, command, cwd=ROOT, env=None):
             env={**os.environ, "NO_COLOR": "1", "PY_COLORS": "0", **(env or {})},
         )
     if result.returncode != 0:
-        tail = "\n".join(log.read_text().splitlines()[-80:])
-        pytest.fail(f"{' '.join(map(str, command))} exited {result.returncode}; last lines of {log}:\n{tail}", pytrace=False)
+        pytest.fail(f"{' '.join(map(str, command))} exited {result.returncode}; last lines of {log}:\n{tail(log)}", pytrace=False)
     return log.read_text()

@@ -10,44 +10,13 @@ import subprocess
 import time
 
 import pytest
-from site_runner import assert_refused, docker_host, site, state_digest
-
-SERVE = "sparkfleet-molecule-serve"
-KEY = os.environ["SPARKFLEET_LAB_API_KEY"]
-INSTANCES = [("first", 8001, "tiny-first"), ("second", 8002, "tiny-second")]
-CONFIG_FILES = [
-    f"{directory}{name}.{suffix}"
-    for name, _port, _model in INSTANCES
-    for directory, suffix in (("/etc/sparkfleet/vllm/", "env"), ("/etc/sparkfleet/vllm/", "json"))
-] + [f"/etc/systemd/system/sparkfleet-vllm-{name}.service" for name, _port, _model in INSTANCES]
+from serving_lab import INSTANCES, KEY, SERVE, container, instances_json, serving_state, status
+from site_runner import assert_refused, docker_host, site
 
 
 @pytest.fixture(scope="module")
 def serve():
     return docker_host(SERVE)
-
-
-def status(host, port, path="/v1/models", key=None):
-    auth = f"-H 'Authorization: Bearer {key}'" if key else ""
-    return host.run(f"curl -s -o /dev/null -w '%{{http_code}}' {auth} http://127.0.0.1:{port}{path}").stdout.strip()
-
-
-def container(host, name):
-    return json.loads(host.check_output(f"docker inspect vllm-{name}"))[0]
-
-
-def serving_state(host):
-    """Settings on disk plus the identity of each running container."""
-    return state_digest(host, CONFIG_FILES, [f"docker inspect --format '{{{{.Id}}}} {{{{.State.StartedAt}}}}' vllm-{n}" for n, _p, _m in INSTANCES])
-
-
-def instances_json(**second_overrides):
-    second = {"name": "second", "model": "/models/tiny-llama-variant", "served_model_names": ["tiny-second"], "port": 8002, "api_key": KEY,
-              "speculative": {"method": "ngram", "num_speculative_tokens": 3, "options": {"prompt_lookup_max": 3}},
-              "env": {"VLLM_SERVER_DEV_MODE": "1"}}
-    second.update(second_overrides)
-    first = {"name": "first", "model": "/models/tiny-llama", "served_model_names": ["tiny-first"], "port": 8001, "api_key": KEY}
-    return json.dumps({"vllm_instances": [first, second]})
 
 
 @pytest.mark.parametrize(("name", "port", "model"), INSTANCES)
@@ -93,31 +62,6 @@ def test_check_mode_on_the_serving_host_reports_no_change(serve):
     assert serving_state(serve) == before
 
 
-@pytest.mark.parametrize(
-    ("extra_vars", "fragments"),
-    [
-        pytest.param({"vllm_image": "172.17.0.1:5000/sparkfleet/vllm-cpu:latest"}, ["not pinned by digest", "vllm_allow_floating_tag"], id="floating-tag"),
-        pytest.param({"vllm_instances": [{"name": "first", "model": "/m", "served_model_names": ["a"], "port": 8001, "api_key": ""}]},
-                     ["vllm_instances[0] (first).api_key", "authentication"], id="empty-key"),
-        pytest.param({"vllm_gmu_cap": 0.15}, ["adds up to 0.2", "first 0.1 + second 0.1", "vllm_gmu_cap"], id="gmu-over-cap"),
-        pytest.param({"vllm_instance_defaults": {"bind_addresses": ["127.0.0.1", "192.0.2.10"], "gpu_memory_utilization": 0.1}},
-                     ["192.0.2.10 is not an address of this host"], id="lan-address-not-on-host"),
-        pytest.param({"vllm_instance_defaults": {"bind_addresses": ["127.0.0.1"], "gpu_memory_utilization": 0.1, "enable_auto_tool_choice": True}},
-                     ["enable_auto_tool_choice is true without tool_call_parser"], id="auto-tool-choice-without-parser"),
-        pytest.param({"vllm_instance_defaults": {"bind_addresses": ["127.0.0.1"], "gpu_memory_utilization": 0.1,
-                                                 "speculative": {"method": "ngram", "num_speculative_tokens": -1}}},
-                     ["speculative.num_speculative_tokens: -1"], id="negative-draft-tokens"),
-    ],
-)
-def test_bad_settings_refused_before_any_change(serve, extra_vars, fragments):
-    before = serving_state(serve)
-    merged = json.loads(instances_json())
-    merged.update(extra_vars)
-    result = site("--tags", "vllm", "-e", json.dumps(merged))
-    assert_refused(result, "nothing was changed", *fragments)
-    assert serving_state(serve) == before
-
-
 def test_digest_mismatch_refused(serve):
     # The registry's tag "moved" first holds one image, then another: the pin names the first.
     registry_push = os.environ["SPARKFLEET_VLLM_IMAGE_LOCAL"].rsplit(":", 1)[0]
@@ -135,16 +79,19 @@ def test_digest_mismatch_refused(serve):
     assert serving_state(serve) == before
 
 
-def test_bad_flag_fails_fast_and_rolls_back(serve):
+def test_bad_flag_fails_fast_and_rolls_back_to_the_old_key(serve):
+    # The failing settings also change the key and the served name: the rollback is gated with the old ones.
     before_settings = serve.file("/etc/sparkfleet/vllm/second.json").content_string
     started = time.monotonic()
-    result = site("--tags", "vllm", "-e", instances_json(extra_args=["--no-such-flag"]))
+    result = site("--tags", "vllm", "-e", instances_json(extra_args=["--no-such-flag"], api_key="n" * 32, served_model_names=["renamed"]))
     elapsed = time.monotonic() - started
-    assert_refused(result, "vLLM instance second failed its relaunch: vLLM health gate failed", "unrecognized arguments", "last good settings were relaunched")
+    assert_refused(result, "vLLM instance second failed its relaunch: vLLM health gate failed", "unrecognized arguments",
+                   "The last good settings were relaunched and serve again.")
     detected = re.search(r"detected after ([0-9.]+) s", result.stdout + result.stderr).group(1)
     print(f"\nbad flag: the gate detected the crashed start after {detected} s; the play failed, rolled back, in {elapsed:.0f} s")
     assert serve.file("/etc/sparkfleet/vllm/second.json").content_string == before_settings
     assert status(serve, 8002, key=KEY) == "200"
+    assert f"VLLM_API_KEY={KEY}" in serve.file("/etc/sparkfleet/vllm/second.env").content_string
     assert not serve.file("/run/sparkfleet/vllm-maintenance").exists
 
 
@@ -165,3 +112,23 @@ def test_restarted_host_brings_both_back_in_order(serve):
         return int(host.check_output(f"systemctl show --property={prop} --value sparkfleet-vllm-{unit}.service"))
 
     assert monotonic("second", "ExecMainStartTimestampMonotonic") >= monotonic("first", "ActiveEnterTimestampMonotonic")
+
+
+def test_an_instance_dropped_from_the_inventory_is_removed(serve):
+    only_first = json.dumps({"vllm_instances": [json.loads(instances_json())["vllm_instances"][0]]})
+    before = serving_state(serve)
+    check = site("--check", "--diff", "--tags", "vllm", "-e", only_first)
+    assert check.returncode == 0, check.stdout[-3000:]
+    assert "Stop and disable the unit of second" in check.stdout and "/etc/sparkfleet/vllm/second.env" in check.stdout
+    assert serving_state(serve) == before, "check mode removed nothing"
+
+    result = site("--tags", "vllm", "-e", only_first)
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert not serve.file("/etc/systemd/system/sparkfleet-vllm-second.service").exists
+    for path in ("second.env", "second.json", "last-good/second.env", "last-good/second.json", "last-good/sparkfleet-vllm-second.service"):
+        assert not serve.file(f"/etc/sparkfleet/vllm/{path}").exists, path
+    assert serve.run("docker inspect vllm-second").rc != 0
+    assert status(serve, 8002, key=KEY) == "000"
+    assert status(serve, 8001, key=KEY) == "200"
+    again = site("--tags", "vllm", "-e", only_first)
+    assert "changed=0" in again.stdout.split("PLAY RECAP")[1], again.stdout[-3000:]

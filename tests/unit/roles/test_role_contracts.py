@@ -37,3 +37,11 @@ def test_readme_lists_every_variable(role):
     section = readme.split(f"### `sparkfleet.vllm.{role}`")[1].split("\n### ")[0]
     for name in spec_options(role):
         assert f"| `{name}` |" in section, f"README's {role} section does not list {name}"
+
+
+def test_readme_key_table_is_the_generated_one():
+    from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_plan import key_table_markdown
+
+    readme = (ROOT / "README.md").read_text()
+    table = readme.split("<!-- instance keys: begin -->\n")[1].split("\n<!-- instance keys: end -->")[0]
+    assert table == key_table_markdown(), "regenerate the README's instance key table from _vllm_plan.key_table_markdown()"

@@ -4,6 +4,7 @@ import pytest
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._earlyoom import (
     earlyoom_config,
+    extra_args_problems,
     name_to_regex,
     names_to_regex,
 )
@@ -105,4 +106,20 @@ def test_prefer_pattern_must_cover_the_model_server():
 
 def test_every_problem_is_reported_at_once():
     errors = config(memory_percent=0, report_interval=-1, avoid_regex="(")["errors"]
-    assert {e.split(":")[0] for e in errors} >= {"earlyoom_memory_percent", "earlyoom_report_interval", "earlyoom_avoid_regex"}
+    assert {e.split(":", maxsplit=1)[0] for e in errors} >= {"earlyoom_memory_percent", "earlyoom_report_interval", "earlyoom_avoid_regex"}
+
+
+@pytest.mark.parametrize(
+    ("extra", "fragment"),
+    [(["--dryrun"], "never kill"), (["-m", "90"], "earlyoom_memory_percent"), (["-m90"], "earlyoom_memory_percent"),
+     (["--prefer=sshd"], "earlyoom_prefer_names"), (["--avoid", "vllm"], "earlyoom_avoid_names"), (["-i"], "oom_score_adj"),
+     (["-N", "/tmp/x"], "script"), (["-g"], "process group"), (["--ignore=.*"], "exempt"), (["-s"], "needs a value"),
+     (["-s", "x"], "not a threshold"), (["-s 10"], "whitespace"), (["--frobnicate"], "not an argument the role passes through")],
+)
+def test_extra_args_are_checked_like_the_structured_settings(extra, fragment):
+    problems = extra_args_problems(extra)
+    assert problems and fragment in problems[0]
+
+
+def test_harmless_extra_args_pass_through():
+    assert extra_args_problems(["-s", "10,5", "-S5", "-n", "--sort-by-rss", "-p"]) == []

@@ -56,8 +56,14 @@ def test_missing_result_file_names_the_crash():
     assert "wrote no result file" in reasons[0] and "No module named 'pandas'" in reasons[0]
 
 
-def test_a_file_that_is_not_a_bench_result():
-    assert "no completed count" in judge({"date": "x"}, "", allow_failures=False)[0]
+@pytest.mark.parametrize(
+    "result",
+    [{"date": "x"}, {"completed": "2", "failed": 0}, {"completed": True, "failed": 0}, {"completed": -1},
+     {"completed": 2, "failed": "0"}, {"completed": 2, "failed": None}, {"completed": 2.5}, [1, 2], "text"],
+)
+def test_a_file_that_is_not_a_bench_result(result):
+    reasons = judge(result, "", allow_failures=False)
+    assert len(reasons) == 1 and "not a vllm bench serve result" in reasons[0]
 
 
 @pytest.mark.parametrize(

@@ -1,52 +1,83 @@
+import json
+
+import pytest
+
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_client import (
-    host_url,
     instance_endpoint,
-    parse_env_file,
+    json_object,
+    label_problems,
     resolve,
 )
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_health import Reply, parse_env_file
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_plan import build_plan, public_plan
 
-SETTINGS = {
-    "name": "llm",
-    "image": "r/vllm@sha256:" + "a" * 64,
-    "serve_args": ["/models/gemma", "--served-model-name", "gemma-it", "gemma", "--host", "0.0.0.0", "--port", "8000"],
-    "published_ports": ["127.0.0.1:8001:8000", "192.0.2.5:8001:8000"],
-}
+DIGEST = "sha256:" + "a" * 64
 
 
-def test_endpoint_of_a_deployed_instance():
-    endpoint = instance_endpoint(SETTINGS, parse_env_file("PYTORCH_CUDA_ALLOC_CONF=a=b\nVLLM_API_KEY=k=ey\n"))
+def planned():
+    instance = {"name": "llm", "model": "/models/gemma", "served_model_names": ["gemma-it", "gemma"], "port": 8001, "api_key": "k" * 20,
+                "bind_addresses": ["127.0.0.1", "192.0.2.5"], "gpu_memory_utilization": 0.5}
+    plan = build_plan([instance], {}, image=f"r/vllm@{DIGEST}", host_addresses=["192.0.2.5"], wait_online_enabled=True)
+    assert plan["errors"] == []
+    return public_plan(plan)["instances"][0], plan["env_files"]["llm"]
+
+
+def test_endpoint_of_a_deployed_instance_is_read_from_its_plan():
+    plan, env = planned()
+    endpoint = instance_endpoint(plan, parse_env_file(env))
     assert endpoint == {
         "url": "http://127.0.0.1:8001",
-        "api_key": "k=ey",
+        "api_key": "k" * 20,
         "model": "gemma-it",
+        "served_names": ["gemma-it", "gemma"],
+        "health_timeout": 1200,
         "weights": "/models/gemma",
         "container": "vllm-llm",
         "container_url": "http://127.0.0.1:8000",
-        "image": SETTINGS["image"],
+        "image": f"r/vllm@{DIGEST}",
     }
 
 
-def test_host_url_of_wildcard_and_ipv6():
-    assert host_url(["0.0.0.0:9000:8000"]) == "http://127.0.0.1:9000"
-    assert host_url(["[::1]:9000:8000"]) == "http://[::1]:9000"
+def test_a_plan_file_of_another_shape_is_a_clear_error(tmp_path):
+    (tmp_path / "llm.json").write_text(json.dumps({"name": "llm", "serve_args": []}))
+    (tmp_path / "llm.env").write_text("VLLM_API_KEY=secret\n")
+    with pytest.raises(ValueError, match="lacks 'url'; re-apply the vllm role"):
+        resolve({"instance": "llm", "config_dir": str(tmp_path)})
+    (tmp_path / "llm.json").write_text("[1]")
+    with pytest.raises(ValueError, match="does not hold a plan object"):
+        resolve({"instance": "llm", "config_dir": str(tmp_path)})
+    (tmp_path / "llm.json").write_text("{")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        resolve({"instance": "llm", "config_dir": str(tmp_path)})
 
 
 def test_explicit_options_win_and_an_endpoint_is_required(tmp_path):
-    import json
-
-    (tmp_path / "llm.json").write_text(json.dumps(SETTINGS))
-    (tmp_path / "llm.env").write_text("VLLM_API_KEY=secret\n")
+    plan, env = planned()
+    (tmp_path / "llm.json").write_text(json.dumps(plan))
+    (tmp_path / "llm.env").write_text(env)
     endpoint = resolve({"instance": "llm", "config_dir": str(tmp_path), "url": "http://10.0.0.1:9/", "api_key": None, "model": None})
-    assert (endpoint["url"], endpoint["api_key"], endpoint["model"]) == ("http://10.0.0.1:9", "secret", "gemma-it")
-    try:
+    assert (endpoint["url"], endpoint["api_key"], endpoint["model"]) == ("http://10.0.0.1:9", "k" * 20, "gemma-it")
+    with pytest.raises(ValueError, match="other.json does not exist; is other deployed by the vllm role on this host?"):
         resolve({"instance": "other", "config_dir": str(tmp_path)})
-    except ValueError as error:
-        assert "other.json does not exist; is other deployed by the vllm role on this host?" in str(error)
-    else:
-        raise AssertionError("a missing instance must be refused")
-    try:
+    with pytest.raises(ValueError, match="give instance"):
         resolve({"instance": None, "config_dir": str(tmp_path), "url": None})
-    except ValueError as error:
-        assert "give instance" in str(error)
-    else:
-        raise AssertionError("no endpoint must be refused")
+
+
+@pytest.mark.parametrize(
+    ("reply", "fragment"),
+    [(Reply(200, "<html>"), "not a JSON object"), (Reply(200, "[1]"), "not a JSON object"), (Reply(200, "NaN"), "not a JSON object"),
+     (Reply(500, "boom"), "answered HTTP 500"), (Reply(None, "", "not answering yet (refused)"), "answered not answering yet")],
+)
+def test_unexpected_replies_are_clear_errors(reply, fragment):
+    with pytest.raises(ValueError, match=fragment.replace("(", r"\(").replace(")", r"\)")):
+        json_object(reply, "http://x/tokenize")
+
+
+@pytest.mark.parametrize("label", ["..", ".", "../x", "a/b", "", " ", "x\n", "-x", "a" * 101, None])
+def test_labels_are_plain_names(label):
+    assert label_problems("label", label)
+
+
+@pytest.mark.parametrize("label", ["mtp4-natural", "bf16", "run_2.b", "K3"])
+def test_plain_labels_pass(label):
+    assert label_problems("label", label) == []

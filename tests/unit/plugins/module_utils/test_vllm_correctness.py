@@ -94,3 +94,13 @@ def test_more_passes_are_fine_and_unmatched_cases_listed():
     comparison = diff(reference, results(**{"arith-1": "10063", "str-1": "no"}))
     assert comparison["ok"] and comparison["missing_from_run"] == ["old"]
     assert comparison["not_in_reference"] == ["arith-1", "str-1"]
+
+
+def test_a_catastrophic_regex_fails_its_case_within_the_time_limit():
+    import time
+
+    cases = [{"id": "slow", "prompt": "p", "check": {"regex": r"^(a+)+$"}}]
+    started = time.monotonic()
+    result = judge(cases, {"slow": "a" * 40 + "b"})[0]
+    assert time.monotonic() - started < 10
+    assert result["pass"] is False and "ran longer than" in result["reason"]

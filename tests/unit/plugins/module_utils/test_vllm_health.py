@@ -1,9 +1,22 @@
+import http.client
 import json
+import socket
+import ssl
+import urllib.error
+
+import pytest
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_health import (
+    FAIL,
+    READY,
+    WAIT,
+    Reply,
     container_failure,
     container_snapshot,
+    exception_reply,
     models_verdict,
+    parse_env_file,
+    wait_until_ready,
 )
 
 MODELS = json.dumps({"object": "list", "data": [{"id": "tiny", "object": "model", "owned_by": "vllm"}]})
@@ -22,15 +35,88 @@ def inspect_json(status="running", restart_count=0, container_id="abc", started_
 
 
 def test_models_ready_when_every_name_is_served():
-    assert models_verdict(200, MODELS, ["tiny"]) == (True, "ready", ["tiny"])
+    assert models_verdict(Reply(200, MODELS), ["tiny"]) == (READY, "ready", ["tiny"])
 
 
-def test_models_not_ready():
-    assert models_verdict(None, "", ["tiny"])[0] is False
-    assert "401" in models_verdict(401, '{"error":"Unauthorized"}', ["tiny"])[1]
-    assert models_verdict(200, MODELS, ["tiny", "other"])[1] == "serving tiny but not other"
-    assert models_verdict(200, "<html>", ["tiny"])[0] is False
-    assert models_verdict(503, "", ["tiny"])[1] == "HTTP 503"
+@pytest.mark.parametrize(
+    ("reply", "verdict", "fragment"),
+    [
+        (Reply(None, "", "not answering yet (ConnectionRefusedError)", True), WAIT, "not answering yet"),
+        (Reply(503, ""), WAIT, "HTTP 503"),
+        (Reply(401, '{"error":"Unauthorized"}'), FAIL, "refuses the API key"),
+        (Reply(404, "not found"), FAIL, "not the vLLM endpoint"),
+        (Reply(200, MODELS), FAIL, "not other"),
+        (Reply(200, "<html>"), FAIL, "not a model list"),
+        (Reply(200, "[1, 2]"), FAIL, "not a model list"),
+        (Reply(None, "", "the request cannot be sent (Invalid header value)", False), FAIL, "cannot be sent"),
+    ],
+)
+def test_models_verdict_waits_only_on_not_up_yet(reply, verdict, fragment):
+    found, reason, _served = models_verdict(reply, ["tiny", "other"] if reply.body == MODELS else ["tiny"])
+    assert found == verdict and fragment in reason
+
+
+@pytest.mark.parametrize(
+    ("error", "retryable"),
+    [
+        (urllib.error.URLError(ConnectionRefusedError(111, "Connection refused")), True),
+        (urllib.error.URLError(ConnectionResetError(104, "reset")), True),
+        (urllib.error.URLError(TimeoutError("timed out")), True),
+        (http.client.RemoteDisconnected("closed"), True),
+        (ValueError("Invalid header value b'Bearer a\\nb'"), False),
+        (urllib.error.URLError(ssl.SSLError(1, "CERTIFICATE_VERIFY_FAILED")), False),
+        (urllib.error.URLError("unknown url type: htp"), False),
+        (urllib.error.URLError(socket.gaierror(-2, "Name or service not known")), False),
+        (http.client.InvalidURL("nonnumeric port"), False),
+    ],
+)
+def test_client_side_errors_are_not_waited_on(error, retryable):
+    reply = exception_reply(error)
+    assert reply.status is None and reply.retryable is retryable and reply.error
+
+
+def test_http_errors_keep_their_status():
+    assert exception_reply(urllib.error.HTTPError("http://x", 401, "Unauthorized", {}, None)).status == 401
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+    def sleep(self, seconds):
+        self.now += seconds
+
+
+def test_wait_polls_until_ready():
+    replies = iter([Reply(None, "", "refused", True), Reply(None, "", "refused", True), Reply(200, MODELS)])
+    clock = Clock()
+    result = wait_until_ready(lambda: next(replies), None, ["tiny"], timeout=60, clock=clock, sleep=clock.sleep)
+    assert result["ok"] and result["elapsed"] == 4 and result["reasons"] == ["ready"]
+
+
+def test_wait_stops_at_once_on_a_fatal_reply():
+    clock = Clock()
+    result = wait_until_ready(lambda: Reply(None, "", "the request cannot be sent (Invalid header value)", False), None, ["tiny"],
+                              timeout=300, clock=clock, sleep=clock.sleep)
+    assert not result["ok"] and result["elapsed"] == 0 and "cannot be sent" in result["reason"]
+
+
+def test_wait_stops_when_the_container_dies_and_at_the_timeout():
+    states = iter([None, container_snapshot(inspect_json(status="created")), container_snapshot(inspect_json(status="exited", exit_code=2))])
+    clock = Clock()
+    result = wait_until_ready(lambda: Reply(None, "", "refused", True), lambda: next(states), ["tiny"], timeout=300,
+                              clock=clock, sleep=clock.sleep)
+    assert not result["ok"] and "exited (exit code 2)" in result["reason"] and result["state"] == "exited"
+    clock = Clock()
+    result = wait_until_ready(lambda: Reply(None, "", "refused", True), None, ["tiny"], timeout=10, clock=clock, sleep=clock.sleep)
+    assert not result["ok"] and result["reason"].startswith("not ready after 10 s")
+
+
+def test_env_file_parsing_keeps_equals_signs_in_values():
+    assert parse_env_file("# comment\nVLLM_API_KEY=k=ey\nX=1\n") == {"VLLM_API_KEY": "k=ey", "X": "1"}
 
 
 def test_snapshot_reads_docker_inspect():

@@ -12,6 +12,7 @@ import pytest
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_metrics import (
     acceptance,
+    counter_regression,
     counters_delta,
     parse_samples,
     speculative_counters,
@@ -49,6 +50,25 @@ def test_acceptance_of_one_run_matches_vllm_bench():
     assert run["mean_acceptance_length"] == pytest.approx(BENCH["spec_decode_acceptance_length"])
     # vllm bench saves per-position rates as fractions and prints them as percent.
     assert [p["rate"] for p in run["acceptance_per_position"]] == pytest.approx(BENCH["spec_decode_per_position_acceptance_rates"])
+
+
+def test_counters_that_went_backwards_give_no_acceptance_and_say_why():
+    before, after = speculative_counters(parse_samples(AFTER)), speculative_counters(parse_samples(BEFORE))
+    assert counters_delta(before, after) is None and acceptance(counters_delta(before, after)) is None
+    assert "went backwards" in counter_regression(before, after) and "restarted" in counter_regression(before, after)
+    restarted = {"drafts": 2, "draft_tokens": 6, "accepted_tokens": 6, "accepted_per_position": {0: 2, 1: 2, 2: 2}}
+    assert counters_delta(speculative_counters(parse_samples(BEFORE)), restarted) is None
+    assert counter_regression(speculative_counters(parse_samples(BEFORE)), speculative_counters(parse_samples(AFTER))) is None
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [("<html><body>Not Found</body></html>", "not Prometheus text"), ("vllm:num_requests_running{engine=\"0\"} NaN\n", "NaN"),
+     ("node_load1 0.5\n", "no vllm: metric"), ("", "no vllm: metric")],
+)
+def test_replies_that_are_not_vllm_metrics_are_clear_errors(text, fragment):
+    with pytest.raises(ValueError, match=fragment):
+        summarize(text)
 
 
 def test_no_drafter_no_acceptance():

@@ -1,0 +1,131 @@
+"""The plan on the serving lab host: refusals before any change, drift caught and relaunched, the gate's fast failures.
+
+Runs after the measurement tests and before test_serving.py on the same converged host; every
+test leaves both instances serving the scenario's settings.
+"""
+
+import json
+import os
+import subprocess
+import time
+
+import pytest
+from serving_lab import KEY, SERVE, instances_json, serving_state, status
+from site_runner import INVENTORY, ROOT, assert_refused, docker_host, module, site
+
+
+@pytest.fixture(scope="module")
+def serve():
+    return docker_host(SERVE)
+
+
+def planned(host, name):
+    return json.loads(host.file(f"/etc/sparkfleet/vllm/{name}.json").content_string)
+
+
+def running_hash(host, name):
+    return host.check_output(f"docker inspect --format '{{{{index .Config.Labels \"sparkfleet.vllm.config-hash\"}}}}' vllm-{name}")
+
+
+def bad_instance(index, **defect):
+    spec = {"name": f"bad-{index}", "model": "/models/tiny-llama", "served_model_names": [f"bad-{index}"], "port": 9000 + index, "api_key": KEY}
+    spec.update(defect)
+    return spec
+
+
+# One run, one defect per instance: the plan reports every problem at once, each naming its variable.
+REFUSALS = [
+    ({"env": {"VLLM_API_KEY": "x" * 20}}, "vllm_instances[0] (bad-0).env: VLLM_API_KEY is set by the role"),
+    ({"api_key": "k" * 20 + "\nVLLM_HOST=evil"}, "vllm_instances[1] (bad-1).api_key: contains whitespace or a non-printable character"),
+    ({"extra_args": ["--api_key=" + "s" * 20]}, "vllm_instances[2] (bad-2).extra_args: '--api_key=...' would set --api-key"),
+    ({"extra_args": ["--ho", "0.0.0.0"]}, "vllm_instances[3] (bad-3).extra_args: '--ho' would set --host"),
+    ({"bind_addresses": ["0.0.0.0"]}, "vllm_instances[4] (bad-4).bind_addresses: 0.0.0.0 publishes the endpoint on every interface"),
+    ({"max_model_length": 4096}, "vllm_instances[5] (bad-5).max_model_length: unknown key; did you mean max_model_len?"),
+    ({"served_model_names": ["tiny-first"]}, "served_model_names tiny-first used more than once"),
+    ({"api_key": " " * 16}, "vllm_instances[7] (bad-7).api_key: contains whitespace"),
+    ({"served_model_names": ["tiny $HOME"]}, "vllm_instances[8] (bad-8).served_model_names: 'tiny $HOME'"),
+    ({"image": "172.17.0.1:5000/sparkfleet/vllm-cpu:moving"}, "vllm_instances[9] (bad-9).image: '172.17.0.1:5000/sparkfleet/vllm-cpu:moving' is not pinned"),
+    ({"api_key": ""}, "vllm_instances[10] (bad-10).api_key: missing or shorter than 16"),
+    ({"bind_addresses": ["127.0.0.1", "192.0.2.10"]}, "192.0.2.10 is not an address of this host"),
+    ({"enable_auto_tool_choice": True}, "enable_auto_tool_choice is true without tool_call_parser"),
+    ({"speculative": {"method": "ngram", "num_speculative_tokens": -1}}, "speculative.num_speculative_tokens: -1"),
+]
+
+
+def test_every_bad_setting_is_refused_at_once_and_nothing_changes(serve):
+    before = serving_state(serve)
+    first = json.loads(instances_json())["vllm_instances"][0]
+    instances = [first] + [bad_instance(index, **defect) for index, (defect, _fragment) in enumerate(REFUSALS)]
+    # The first instance keeps its place so the indexes above stay those of the defects.
+    instances = instances[1:] + [first]
+    result = site("--tags", "vllm", "-e", json.dumps({"vllm_instances": instances}))
+    # 15 instances at 0.1 each, over the spark class's own cap from group_vars/spark.yml.
+    assert_refused(result, "nothing was changed", "over this hardware class's cap of 0.85 (vllm_gmu_cap)",
+                   *[fragment for _defect, fragment in REFUSALS])
+    output = result.stdout + result.stderr
+    assert "s" * 20 not in output and "VLLM_HOST=evil" not in output, "a refused key is never echoed"
+    assert serving_state(serve) == before
+
+
+def test_the_gate_fails_at_once_on_errors_waiting_cannot_fix(serve):
+    for api_key, fragment in (("a" * 10 + "\n" + "b" * 10, "cannot be sent"), ("wrong-key-wrong-key-wrong", "refuses the API key")):
+        result = module(SERVE, "vllm_health", {"url": "http://127.0.0.1:8001", "api_key": api_key, "served_model_names": ["tiny-first"],
+                                               "timeout": 300})
+        assert result.get("failed") and fragment in result["msg"], result
+        assert result["elapsed"] < 30 and result["ok"] is False and result["reasons"]
+
+
+def test_an_interrupted_run_is_relaunched_behind_the_gate(serve):
+    changed = instances_json(max_num_seqs=8)
+    result = subprocess.run(["ansible-playbook", "-i", str(INVENTORY), str(ROOT / "molecule" / "vllm" / "interrupted_run.yml"), "-e", changed],
+                            capture_output=True, text=True, cwd=ROOT, check=False)
+    assert result.returncode == 0, result.stdout[-3000:]
+    plan = planned(serve, "second")
+    old = running_hash(serve, "second")
+    assert plan["config_hash"] != old, "the files hold the new settings, the old container still runs"
+    assert status(serve, 8002, key=KEY) == "200"
+
+    check = site("--check", "--diff", "--tags", "vllm", "-e", changed)
+    assert check.returncode == 0, check.stdout[-3000:]
+    assert f"second would be relaunched behind the health gate: its container runs config {old}, the plan is {plan['config_hash']}" in check.stdout
+    assert "first would be relaunched" not in check.stdout
+    assert running_hash(serve, "second") == old, "check mode changed nothing"
+
+    started = time.monotonic()
+    rerun = site("--tags", "vllm", "-e", changed)
+    assert rerun.returncode == 0, rerun.stdout[-3000:]
+    print(f"\ninterrupted run: re-run relaunched and gated second in {time.monotonic() - started:.0f} s")
+    assert running_hash(serve, "second") == plan["config_hash"]
+    assert "--max-num-seqs" in json.loads(serve.check_output("docker inspect vllm-second"))[0]["Args"]
+    assert status(serve, 8002, key=KEY) == "200"
+
+
+def test_a_container_replaced_by_hand_is_relaunched(serve):
+    # The operator stops the unit and runs the image by hand with other settings and no labels.
+    image = planned(serve, "second")["run_image"]
+    serve.check_output("systemctl stop sparkfleet-vllm-second.service")
+    serve.check_output("docker rm --force vllm-second")
+    serve.check_output(
+        f"docker run -d --name vllm-second -p 127.0.0.1:8002:8000 -e VLLM_API_KEY={KEY} -v /srv/models:/models:ro {image} "
+        "/models/tiny-llama-variant --served-model-name by-hand --dtype float32 --enforce-eager --num-gpu-blocks-override 16"
+    )
+    check = site("--check", "--tags", "vllm", "-e", instances_json())
+    assert "second would be relaunched" in check.stdout and "its unit is inactive" in check.stdout
+    rerun = site("--tags", "vllm", "-e", instances_json())
+    assert rerun.returncode == 0, rerun.stdout[-3000:]
+    assert running_hash(serve, "second") == planned(serve, "second")["config_hash"]
+    assert serve.service("sparkfleet-vllm-second.service").is_running
+    listed = json.loads(serve.check_output(f"curl -s -H 'Authorization: Bearer {KEY}' http://127.0.0.1:8002/v1/models"))
+    assert [entry["id"] for entry in listed["data"]] == ["tiny-second"]
+
+
+def test_settings_match_the_plan_after_the_relaunches(serve):
+    result = site("--tags", "vllm", "-e", instances_json())
+    assert result.returncode == 0 and "changed=0" in result.stdout.split("PLAY RECAP")[1], result.stdout[-3000:]
+    for name in ("first", "second"):
+        assert running_hash(serve, name) == planned(serve, name)["config_hash"]
+        assert serve.file(f"/etc/sparkfleet/vllm/last-good/{name}.json").content_string == serve.file(f"/etc/sparkfleet/vllm/{name}.json").content_string
+    unit = serve.file("/etc/systemd/system/sparkfleet-vllm-second.service").content_string
+    assert "StartLimitIntervalSec=1800" in unit and "StartLimitBurst=3" in unit
+    assert serve.check_output("systemctl show --property=StartLimitBurst --value sparkfleet-vllm-second.service") == "3"
+    assert os.environ["SPARKFLEET_LAB_API_KEY"] not in unit

@@ -1,0 +1,581 @@
+# Copyright: sparkfleet.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The plan of a host: what each vLLM instance is, derived once from the inventory.
+
+Private to the collection. ``build_plan`` validates ``vllm_instances`` against one key table
+(``INSTANCE_KEYS``: type, range, doc line, the flag it renders to) and returns, per instance,
+every name, path, argument and hash the role, the health gate and the measurement modules
+use; nothing downstream re-derives a name or parses argv back. Every problem is reported at
+once, each naming the variable and the fix.
+
+Secure by construction: the API key travels only in the env file (never argv, never the
+public plan); no env entry and no extra argument can set what the role owns (the key, the
+bind address, the port, the served names, any structured setting); binding every interface
+needs an explicit opt-in; values are restricted to what their destination (an env file line,
+a systemd Exec line, an argv element) carries unchanged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import hashlib
+import ipaddress
+import json
+import re
+import typing as t
+
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._systemd import exec_line
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_instance import (
+    CONTAINER_PORT,
+    parse_image_reference,
+    run_image,
+    speculative_config,
+)
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_models import host_path
+
+INSTANCE_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
+# A single argv element that cannot be read as a flag, split by a shell or a unit file, or break a line.
+TOKEN = re.compile(r"[A-Za-z0-9_.:/@+][A-Za-z0-9_.:/@+=,-]*")
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+API_KEY = re.compile(r"[\x21-\x7e]+")
+API_KEY_MIN_LENGTH = 16
+WILDCARDS = frozenset({"0.0.0.0", "::"})
+LOOPBACK = frozenset({"127.0.0.1", "::1"})
+SPECULATIVE_METHODS = ("mtp", "ngram", "draft_model", "eagle", "eagle3", "dflash")
+DRAFTER_METHODS = frozenset(SPECULATIVE_METHODS) - {"ngram"}
+CONFIG_HASH_LABEL = "sparkfleet.vllm.config-hash"
+INSTANCE_LABEL = "sparkfleet.vllm.instance"
+# Environment names the role sets itself: an instance's env may never replace them.
+OWNED_ENV = frozenset({"VLLM_API_KEY", "VLLM_HOST_IP", "VLLM_PORT"})
+CACHE_MOUNTS = (
+    ("huggingface", "/root/.cache/huggingface"),
+    ("vllm", "/root/.cache/vllm"),
+    ("flashinfer", "/root/.cache/flashinfer"),
+    ("triton", "/root/.triton"),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Key:
+    """One instance key: how it is checked, documented and rendered."""
+
+    name: str
+    kind: str
+    doc: str
+    flag: str | None = None
+    required: bool = False
+    choices: tuple[str, ...] = ()
+    default: t.Any = None
+
+
+INSTANCE_KEYS: tuple[Key, ...] = (
+    Key("name", "name", "Lower-case letters, digits and dashes; names the unit `sparkfleet-vllm-NAME.service` and the container `vllm-NAME`.", required=True),
+    Key("state", "choice", "`present`, or `absent` to stop and remove the instance (an instance left out of the list is removed too).",
+        choices=("present", "absent"), default="present"),
+    Key("image", "image", "The image, `repo[:tag]@sha256:<64 hex>`; default `vllm_image`."),
+    Key("model", "token", "The weights: a path under `/models` (the staged `vllm_models_dir`) or a model id.", required=True),
+    Key("served_model_names", "tokens", "Names clients use (`--served-model-name`); unique across the host's instances.",
+        flag="--served-model-name", required=True),
+    Key("port", "port", "Host port the endpoint is published on.", required=True),
+    Key("api_key", "api_key", "Bearer key (put it in vault): printable, no whitespace, at least 16 characters. Reaches only the 0600 env file.",
+        required=True),
+    Key("bind_addresses", "addresses", "Host addresses the port is published on; `0.0.0.0`/`::` need `vllm_allow_wildcard_bind`, "
+        "LAN addresses the wait_online role.", required=True),
+    Key("gpu_memory_utilization", "fraction", "Share of the whole (unified) memory pool for this instance; the host's sum stays under `vllm_gmu_cap`.",
+        flag="--gpu-memory-utilization", required=True),
+    Key("max_model_len", "positive", "Longest context in tokens.", flag="--max-model-len"),
+    Key("max_num_seqs", "positive", "Most sequences in one batch.", flag="--max-num-seqs"),
+    Key("max_num_batched_tokens", "positive", "Most tokens in one scheduler step (chunked prefill size).", flag="--max-num-batched-tokens"),
+    Key("num_gpu_blocks_override", "positive", "Fixed KV-cache block count (the lab's lean start).", flag="--num-gpu-blocks-override"),
+    Key("kv_cache_dtype", "token", "KV-cache data type, for example `fp8`.", flag="--kv-cache-dtype"),
+    Key("attention_backend", "token", "Attention backend, for example `FLASHINFER`.", flag="--attention-backend"),
+    Key("moe_backend", "token", "MoE kernel backend (seeds 000 and 001 disagree on `marlin`: measure it).", flag="--moe-backend"),
+    Key("quantization", "token", "Load-time quantization method.", flag="--quantization"),
+    Key("dtype", "token", "Model data type, for example `bfloat16` (the CPU lab pins `float32`).", flag="--dtype"),
+    Key("reasoning_parser", "token", "Reasoning parser name.", flag="--reasoning-parser"),
+    Key("tool_call_parser", "token", "Tool-call parser name; needed by `enable_auto_tool_choice`.", flag="--tool-call-parser"),
+    Key("runner", "choice", "`auto`, `generate`, `pooling` or `draft`.", flag="--runner", choices=("auto", "generate", "pooling", "draft")),
+    Key("enable_auto_tool_choice", "switch", "Let the model choose tools (needs `tool_call_parser`).", flag="--enable-auto-tool-choice"),
+    Key("enforce_eager", "switch", "No CUDA graphs (slow; for tests and debugging).", flag="--enforce-eager"),
+    Key("trust_remote_code", "switch", "Run the checkpoint's own Python code.", flag="--trust-remote-code"),
+    Key("speculative", "speculative", "`method`, `num_speculative_tokens` (0 turns it off), `model` for drafter methods, `options`.",
+        flag="--speculative-config"),
+    Key("extra_args", "extra_args", "Further `vllm serve` arguments; never a flag the role owns (any spelling argparse accepts)."),
+    Key("env", "env", "Environment added to `vllm_env`; never `VLLM_API_KEY` or another name the role owns."),
+    Key("health_timeout", "positive", "Seconds the gate waits for this instance; default `vllm_health_timeout`."),
+    Key("allow_drafter_on_base_model", "bool", "Accept a drafter on a model that is not instruction-tuned."),
+)
+KEYS_BY_NAME = {key.name: key for key in INSTANCE_KEYS}
+# Flags the role sets: from the key table, plus the ones it always renders. vLLM also reads a
+# whole argument set from --config, and -q is --quantization's short form.
+OWNED_FLAGS = frozenset({key.flag for key in INSTANCE_KEYS if key.flag} | {"--host", "--port", "--api-key", "--model", "--config", "--uds"})
+OWNED_SHORT_FLAGS = frozenset({"-q"})
+
+
+def closest(name: str, known: t.Iterable[str]) -> str:
+    match = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
+    return f"; did you mean {match[0]}?" if match else ""
+
+
+def is_int(value: t.Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_value(where: str, key: Key, value: t.Any, options: t.Mapping[str, t.Any]) -> list[str]:
+    """Problems of one key's value; ``where`` names the instance."""
+    field = f"{where}.{key.name}"
+    kind = key.kind
+    if kind == "name":
+        if not isinstance(value, str) or not INSTANCE_NAME.fullmatch(value):
+            return [f"{field}: {value!r} must be lower-case letters, digits and dashes (it names the unit and container)"]
+    elif kind == "choice":
+        if value not in key.choices:
+            return [f"{field}: {value!r} is not one of {', '.join(key.choices)}"]
+    elif kind == "image":
+        if not isinstance(value, str) or not value:
+            return [f"{field}: missing; set vllm_image or the instance's image to repo@sha256:<64 hex>"]
+        if CONTROL.search(value) or " " in value:
+            return [f"{field}: {value!r} contains whitespace or control characters"]
+        if not parse_image_reference(value) and not options["allow_floating_tag"]:
+            return [f"{field}: {value!r} is not pinned by digest; give repo@sha256:<64 hex> (a tag may stand before the @), "
+                    "or set vllm_allow_floating_tag: true to accept a tag that can move"]
+    elif kind == "token":
+        if not isinstance(value, str) or not TOKEN.fullmatch(value):
+            return [f"{field}: {value!r} must be one word of letters, digits and _.:/@+=,- not starting with a dash "
+                    "(it becomes one argument of vllm serve)"]
+    elif kind == "tokens":
+        if not isinstance(value, list) or not value:
+            return [f"{field}: give a non-empty list of names"]
+        bad = [name for name in value if not isinstance(name, str) or not TOKEN.fullmatch(name)]
+        if bad:
+            return [f"{field}: {', '.join(map(repr, bad))} must be one word each of letters, digits and _.:/@+=,- "
+                    "(no spaces, no $, no leading dash)"]
+    elif kind == "port":
+        if not is_int(value) or not 1 <= value <= 65535:
+            return [f"{field}: {value!r} must be a TCP port number (1-65535)"]
+    elif kind == "positive":
+        if not is_int(value) or value <= 0:
+            return [f"{field}: {value!r} must be a positive whole number, or unset"]
+    elif kind == "fraction":
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
+            return [f"{field}: {value!r} must be a fraction between 0 and 1 of the whole memory pool"]
+    elif kind in ("switch", "bool"):
+        if not isinstance(value, bool):
+            return [f"{field}: {value!r} must be true or false"]
+    elif kind == "api_key":
+        return api_key_problems(field, value)
+    elif kind == "addresses":
+        return address_problems(field, value, options)
+    elif kind == "speculative":
+        return speculative_problems(field, value)
+    elif kind == "extra_args":
+        return extra_args_problems(field, value)
+    elif kind == "env":
+        return env_problems(field, value)
+    return []
+
+
+def api_key_problems(field: str, value: t.Any) -> list[str]:
+    if not isinstance(value, str) or len(value) < API_KEY_MIN_LENGTH:
+        return [f"{field}: missing or shorter than {API_KEY_MIN_LENGTH} characters; vLLM would serve without authentication "
+                "or with a guessable key. Put a long random key in vault (for example from `openssl rand -hex 32`)"]
+    if not API_KEY.fullmatch(value):
+        return [f"{field}: contains whitespace or a non-printable character; it is written as one line of the env file, "
+                "where a newline would add settings and a space would be cut off by some clients. Use a key of printable "
+                "ASCII without spaces (for example from `openssl rand -hex 32`)"]
+    return []
+
+
+def address_problems(field: str, value: t.Any, options: t.Mapping[str, t.Any]) -> list[str]:
+    if not isinstance(value, list) or not value:
+        return [f"{field}: give at least one address (127.0.0.1 keeps the endpoint on loopback)"]
+    errors = []
+    for address in value:
+        try:
+            ipaddress.ip_address(address)
+        except ValueError:
+            errors.append(f"{field}: {address!r} is not an IP address")
+            continue
+        if address in WILDCARDS and not options["allow_wildcard_bind"]:
+            errors.append(
+                f"{field}: {address} publishes the endpoint on every interface of the host (LAN, management and any public "
+                "address, and Docker's published ports bypass host firewalls). Bind the LAN address you mean, or set "
+                "vllm_allow_wildcard_bind: true to accept that"
+            )
+    return errors
+
+
+def speculative_problems(field: str, speculative: t.Any) -> list[str]:
+    if not isinstance(speculative, dict):
+        return [f"{field}: must be a mapping with method, num_speculative_tokens and model"]
+    unknown = sorted(set(speculative) - {"method", "num_speculative_tokens", "model", "options"})
+    errors = [f"{field}.{name}: unknown key{closest(name, ['method', 'num_speculative_tokens', 'model', 'options'])}" for name in unknown]
+    tokens = speculative.get("num_speculative_tokens", 0)
+    if not is_int(tokens) or tokens < 0:
+        return errors + [f"{field}.num_speculative_tokens: {tokens!r} must be a whole number >= 0 (0 turns speculative decoding off)"]
+    if tokens == 0:
+        return errors
+    method = speculative.get("method")
+    if method not in SPECULATIVE_METHODS:
+        errors.append(f"{field}.method: {method!r} is not one of {', '.join(SPECULATIVE_METHODS)}")
+    model = speculative.get("model")
+    if method in DRAFTER_METHODS and not model:
+        errors.append(f"{field}.model: method {method} needs the drafter model path")
+    if model is not None and (not isinstance(model, str) or not TOKEN.fullmatch(model)):
+        errors.append(f"{field}.model: {model!r} must be one path or model id without spaces")
+    extra = speculative.get("options") or {}
+    if not isinstance(extra, dict):
+        errors.append(f"{field}.options: must be a mapping of further speculative-config keys")
+    else:
+        clashing = sorted(set(extra) & {"method", "num_speculative_tokens", "model"})
+        if clashing:
+            errors.append(f"{field}.options: {', '.join(clashing)} belong in speculative itself, not in options")
+    return errors
+
+
+def normalised_flag(argument: str) -> str | None:
+    """The long flag an argument names as vLLM's parser reads it (``_`` for ``-``, ``=value`` dropped), or None."""
+    if not argument.startswith("--"):
+        return None
+    return "--" + argument[2:].split("=", 1)[0].replace("_", "-")
+
+
+def owned_flag(argument: str) -> str | None:
+    """The flag the role owns that ``argument`` would set: exactly, or as a prefix argparse would expand."""
+    if not argument.startswith("--") and any(argument.startswith(short) for short in OWNED_SHORT_FLAGS):
+        return "--quantization"
+    flag = normalised_flag(argument)
+    if flag is None or flag == "--":
+        return None
+    if flag in OWNED_FLAGS:
+        return flag
+    expanded = sorted(owned for owned in OWNED_FLAGS if owned.startswith(flag))
+    return expanded[0] if expanded else None
+
+
+def extra_args_problems(field: str, extra: t.Any) -> list[str]:
+    if not isinstance(extra, list) or not all(isinstance(argument, str) for argument in extra):
+        return [f"{field}: must be a list of strings"]
+    errors = []
+    for argument in extra:
+        if CONTROL.search(argument):
+            errors.append(f"{field}: {argument!r} contains a control character (a newline would split the unit's command line)")
+            continue
+        flag = owned_flag(argument)
+        if flag:
+            shown = argument.split("=", 1)[0] + ("=..." if "=" in argument else "")
+            errors.append(
+                f"{field}: {shown!r} would set {flag}, which the role sets from the instance's keys "
+                "(api_key, bind_addresses, port, served_model_names and the key table); set the key instead"
+            )
+    return errors
+
+
+def env_problems(field: str, env: t.Any) -> list[str]:
+    if not isinstance(env, dict):
+        return [f"{field}: must be a mapping of NAME: value"]
+    errors = []
+    for name, value in env.items():
+        if not isinstance(name, str) or not ENV_NAME.fullmatch(name):
+            errors.append(f"{field}: {name!r} is not an environment variable name (letters, digits, underscores, not starting with a digit)")
+        elif name in OWNED_ENV:
+            errors.append(f"{field}: {name} is set by the role ({'the api_key' if name == 'VLLM_API_KEY' else 'from the plan'}); "
+                          "it may not be replaced through env")
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+            errors.append(f"{field}.{name}: {value!r} must be a string or a number")
+        elif CONTROL.search(str(value)):
+            errors.append(f"{field}.{name}: contains a newline or control character, which would add lines to the env file")
+    return errors
+
+
+def merged_instances(instances: t.Any, defaults: t.Mapping[str, t.Any], image: str) -> tuple[list[dict[str, t.Any]], list[str]]:
+    """Each instance over the defaults (and vllm_image), with the structural problems of the list."""
+    if not isinstance(instances, list):
+        return [], ["vllm_instances: must be a list of mappings"]
+    if not isinstance(defaults, dict):
+        return [], ["vllm_instance_defaults: must be a mapping of instance keys"]
+    errors = [f"vllm_instance_defaults.{name}: unknown key{closest(name, KEYS_BY_NAME)}" for name in defaults if name not in KEYS_BY_NAME]
+    errors += [f"vllm_instance_defaults.{name}: set per instance, not as a default" for name in ("name",) if name in defaults]
+    merged = []
+    for index, instance in enumerate(instances):
+        if not isinstance(instance, dict):
+            errors.append(f"vllm_instances[{index}]: must be a mapping of instance keys")
+            continue
+        base = {"image": image, "state": "present"} if image else {"state": "present"}
+        merged.append({**base, **defaults, **instance, "_index": index, "_own": set(instance)})
+    return merged, errors
+
+
+def instance_problems(instance: t.Mapping[str, t.Any], options: t.Mapping[str, t.Any]) -> list[str]:
+    where = f"vllm_instances[{instance['_index']}]" + (f" ({instance['name']})" if isinstance(instance.get("name"), str) else "")
+    errors = [f"{where}.{name}: unknown key{closest(name, KEYS_BY_NAME)}" for name in sorted(instance["_own"]) if name not in KEYS_BY_NAME]
+    if instance.get("state") == "absent":
+        return errors + check_value(where, KEYS_BY_NAME["name"], instance.get("name"), options)
+    for key in INSTANCE_KEYS:
+        value = instance.get(key.name)
+        if value is None:
+            if key.required:
+                errors.append(f"{where}.{key.name}: missing; {key.doc}")
+            continue
+        errors += check_value(where, key, value, options)
+    if instance.get("enable_auto_tool_choice") and not instance.get("tool_call_parser"):
+        errors.append(f"{where}.enable_auto_tool_choice is true without tool_call_parser; vLLM refuses to start. "
+                      "Set tool_call_parser (for example gemma4) or turn auto tool choice off")
+    return errors
+
+
+def host_problems(present: t.Sequence[t.Mapping[str, t.Any]], options: t.Mapping[str, t.Any]) -> list[str]:
+    """Problems across one host's instances: the shared memory pool, unique names and ports, LAN binds."""
+    errors: list[str] = []
+    gmus = [i.get("gpu_memory_utilization") for i in present]
+    if gmus and all(isinstance(g, (int, float)) and not isinstance(g, bool) and 0 < g < 1 for g in gmus):
+        total = round(sum(gmus), 4)
+        if total > options["gmu_cap"]:
+            listed = " + ".join(f"{i.get('name')} {i.get('gpu_memory_utilization')}" for i in present)
+            errors.append(
+                f"vllm_instances: gpu_memory_utilization adds up to {total} ({listed}), over this hardware class's cap "
+                f"of {options['gmu_cap']} (vllm_gmu_cap); each fraction is a share of the whole unified pool. Lower them"
+            )
+    served = [name for i in present if isinstance(i.get("served_model_names"), list) for name in i["served_model_names"]]
+    for field, values in (("name", [i.get("name") for i in present]), ("port", [i.get("port") for i in present]),
+                          ("served_model_names", served)):
+        repeated = sorted({str(v) for v in values if values.count(v) > 1})
+        if repeated:
+            errors.append(f"vllm_instances: {field} {', '.join(repeated)} used more than once on this host; a client or gateway "
+                          "could not tell the instances apart")
+    for instance in present:
+        addresses = [a for a in instance.get("bind_addresses") or [] if isinstance(a, str)]
+        lan = [a for a in addresses if a not in LOOPBACK | WILDCARDS]
+        missing = [a for a in lan if a not in options["host_addresses"]]
+        if missing:
+            errors.append(
+                f"vllm_instances ({instance.get('name')}).bind_addresses: {', '.join(missing)} is not an address of this host "
+                f"(it has {', '.join(options['host_addresses']) or 'none'}); Docker would fail with 'cannot assign requested address'"
+            )
+        elif lan and not options["wait_online_enabled"]:
+            errors.append(
+                f"vllm_instances ({instance.get('name')}).bind_addresses: {', '.join(lan)} is a LAN address, which needs "
+                "the wait_online role on this host so Docker starts after the address exists (seed 000's LAN-bind race)"
+            )
+    return errors
+
+
+def serve_args(instance: t.Mapping[str, t.Any]) -> list[str]:
+    """Arguments after ``vllm serve`` (the image's entrypoint), rendered from the key table."""
+    args = [instance["model"], "--host", "0.0.0.0", "--port", str(CONTAINER_PORT)]
+    for key in INSTANCE_KEYS:
+        value = instance.get(key.name)
+        if key.flag is None or value is None or value == "":
+            continue
+        if key.kind == "tokens":
+            args += [key.flag, *value]
+        elif key.kind == "switch":
+            args += [key.flag] if value else []
+        elif key.kind == "speculative":
+            config = speculative_config(value)
+            args += [key.flag, json.dumps(config, sort_keys=True, separators=(",", ":"))] if config else []
+        else:
+            args += [key.flag, str(value)]
+    return args + list(instance.get("extra_args") or [])
+
+
+def published_ports(instance: t.Mapping[str, t.Any]) -> list[str]:
+    """docker --publish values: the host port on each bind address."""
+    return [f"{f'[{a}]' if ':' in a else a}:{instance['port']}:{CONTAINER_PORT}" for a in instance["bind_addresses"]]
+
+
+def endpoint_url(address: str, port: int) -> str:
+    """The URL the host reaches the endpoint on: a wildcard bind is reached on loopback."""
+    if address in WILDCARDS:
+        address = "127.0.0.1" if address == "0.0.0.0" else "::1"
+    return f"http://[{address}]:{port}" if ":" in address else f"http://{address}:{port}"
+
+
+def env_file(api_key: str, environment: t.Mapping[str, t.Any]) -> str:
+    """The instance's env file (Docker's --env-file format: NAME=value, taken literally to the end of the line)."""
+    lines = ["# Managed by Ansible (sparkfleet.vllm.vllm); holds the API key, mode 0600.", f"VLLM_API_KEY={api_key}"]
+    lines += [f"{name}={environment[name]}" for name in sorted(environment)]
+    return "\n".join(lines) + "\n"
+
+
+def config_hash(run: t.Sequence[str], env_text: str) -> str:
+    """What a container was started with; a running container with another hash is drift."""
+    digest = hashlib.sha256(json.dumps({"run": list(run), "env": env_text}, sort_keys=True).encode())
+    return digest.hexdigest()[:16]
+
+
+def instance_plan(instance: t.Mapping[str, t.Any], start_after: list[str], options: t.Mapping[str, t.Any]) -> tuple[dict[str, t.Any], str]:
+    """(public plan, env file text) of one valid instance."""
+    name = instance["name"]
+    unit, container = f"sparkfleet-vllm-{name}.service", f"vllm-{name}"
+    config_dir = options["config_dir"]
+    image = run_image(instance["image"], options["registry_mirror"])
+    environment = {**options["env"], **(instance.get("env") or {})}
+    env_text = env_file(instance["api_key"], environment)
+    timeout = instance.get("health_timeout") or options["health_timeout"]
+    run = ["/usr/bin/docker", "run", "--name", container, "--ipc=host", "--env-file", f"{config_dir}/{name}.env"]
+    for publication in published_ports(instance):
+        run += ["--publish", publication]
+    run += ["--volume", f"{options['models_dir']}:/models:ro"]
+    run += [argument for cache, target in CACHE_MOUNTS for argument in ("--volume", f"{options['cache_dir']}/{cache}:{target}")]
+    run += ["--gpus", "all"] if options["gpus"] else []
+    args = serve_args(instance)
+    digest = config_hash([*run, image, *args], env_text)
+    run += ["--label", f"{INSTANCE_LABEL}={name}", "--label", f"{CONFIG_HASH_LABEL}={digest}", image, *args]
+    url = endpoint_url(instance["bind_addresses"][0], instance["port"])
+    speculative = speculative_config(instance.get("speculative"))
+    plan = {
+        "name": name,
+        "unit": unit,
+        "container": container,
+        "url": url,
+        "container_url": f"http://127.0.0.1:{CONTAINER_PORT}",
+        "image": instance["image"],
+        "run_image": image,
+        "serve_args": args,
+        "docker_run": run,
+        "env_names": ["VLLM_API_KEY", *sorted(environment)],
+        "port": instance["port"],
+        "bind_addresses": list(instance["bind_addresses"]),
+        "published_ports": published_ports(instance),
+        "served_names": list(instance["served_model_names"]),
+        "model": instance["served_model_names"][0],
+        "weights": instance["model"],
+        "weights_host_path": host_path(instance["model"], options["models_dir"]),
+        "gpu_memory_utilization": instance["gpu_memory_utilization"],
+        "start_after": start_after,
+        "health_timeout": timeout,
+        "config_hash": digest,
+        "launch_check": {
+            "path": host_path(instance["model"], options["models_dir"]),
+            "max_model_len": instance.get("max_model_len"),
+            "speculative_method": speculative["method"] if speculative else None,
+            "allow_drafter_on_base_model": bool(instance.get("allow_drafter_on_base_model")),
+        },
+    }
+    readiness = ["/usr/bin/python3", options["readiness_script"], "--container", container, "--url", url,
+                 "--env-file", f"{config_dir}/{name}.env", "--timeout", str(timeout), *[f"--served-name={n}" for n in plan["served_names"]]]
+    plan["unit_file"] = unit_file(plan, readiness, options)
+    return plan, env_text
+
+
+def unit_file(plan: t.Mapping[str, t.Any], readiness: t.Sequence[str], options: t.Mapping[str, t.Any]) -> str:
+    """The systemd unit owning the instance's container. It starts after the instances declared
+    before it have passed their readiness wait, so instances sharing one memory pool never profile
+    memory at once (seed 000); its automatic restarts are bounded, because on GB10 a crash loop
+    leaks unified memory until the box needs a power cycle."""
+    container = plan["container"]
+    return "\n".join([
+        "# Managed by Ansible (sparkfleet.vllm.vllm): the unit owns the container of instance " + plan["name"] + ".",
+        "[Unit]",
+        f"Description=vLLM instance {plan['name']} (sparkfleet.vllm)",
+        "Requires=docker.service",
+        "Wants=network-online.target",
+        "After=" + " ".join(["docker.service", "network-online.target", *plan["start_after"]]),
+        f"StartLimitIntervalSec={options['start_limit_interval']}",
+        f"StartLimitBurst={options['start_limit_burst']}",
+        "",
+        "[Service]",
+        "Type=simple",
+        "ExecStartPre=-" + exec_line(["/usr/bin/docker", "rm", "--force", container]),
+        "ExecStart=" + exec_line(plan["docker_run"]),
+        "ExecStartPost=" + exec_line(readiness),
+        "ExecStop=" + exec_line(["/usr/bin/docker", "stop", "--time", "30", container]),
+        "Restart=on-failure",
+        f"RestartSec={options['restart_delay']}",
+        f"TimeoutStartSec={plan['health_timeout'] + 60}",
+        "TimeoutStopSec=60",
+        "",
+        "[Install]",
+        "WantedBy=multi-user.target",
+        "",
+    ])
+
+
+DEFAULT_OPTIONS: dict[str, t.Any] = {
+    "image": "",
+    "allow_floating_tag": False,
+    "allow_wildcard_bind": False,
+    "registry_mirror": "",
+    "gmu_cap": 0.85,
+    "gpus": True,
+    "models_dir": "/srv/models",
+    "cache_dir": "/var/cache/sparkfleet/vllm",
+    "config_dir": "/etc/sparkfleet/vllm",
+    "env": {},
+    "health_timeout": 1200,
+    "host_addresses": [],
+    "wait_online_enabled": False,
+    "readiness_script": "/usr/local/libexec/sparkfleet/vllm_readiness.py",
+    "start_limit_interval": 1800,
+    "start_limit_burst": 3,
+    "restart_delay": 10,
+}
+
+
+def option_problems(options: t.Mapping[str, t.Any]) -> list[str]:
+    errors = env_problems("vllm_env", options["env"])
+    cap = options["gmu_cap"]
+    if isinstance(cap, bool) or not isinstance(cap, (int, float)) or not 0 < cap <= 1:
+        errors.append(f"vllm_gmu_cap: {cap!r} must be a fraction between 0 and 1")
+    for name in ("models_dir", "cache_dir", "config_dir"):
+        value = options[name]
+        if not isinstance(value, str) or not value.startswith("/") or not TOKEN.fullmatch(value.lstrip("/") or "x"):
+            errors.append(f"vllm_{name}: {value!r} must be an absolute path without spaces")
+    for name in ("start_limit_interval", "start_limit_burst", "restart_delay", "health_timeout"):
+        if not is_int(options[name]) or options[name] < 1:
+            errors.append(f"vllm_{name}: {options[name]!r} must be a whole number of at least 1")
+    if is_int(options["start_limit_interval"]) and is_int(options["restart_delay"]) and is_int(options["start_limit_burst"]) \
+            and options["start_limit_interval"] < options["restart_delay"] * options["start_limit_burst"]:
+        errors.append(
+            f"vllm_start_limit_interval: {options['start_limit_interval']} s is shorter than vllm_start_limit_burst x "
+            f"vllm_restart_delay ({options['start_limit_burst']} x {options['restart_delay']} s), so the limit could never trip "
+            "and a crashing engine would restart forever. Raise the interval"
+        )
+    mirror = options["registry_mirror"]
+    if mirror and not TOKEN.fullmatch(mirror):
+        errors.append(f"vllm_registry_mirror: {mirror!r} must be host[:port] without spaces")
+    return errors
+
+
+def build_plan(instances: t.Any, defaults: t.Any, **given: t.Any) -> dict[str, t.Any]:
+    """The plan of one host: ``instances`` (planned, in start order), ``absent`` (names to remove),
+    ``errors`` (every problem; when there is any, nothing else is filled in) and ``env_files``
+    (name -> env file text, the only part holding secrets)."""
+    unknown = set(given) - set(DEFAULT_OPTIONS)
+    if unknown:
+        raise TypeError(f"unknown plan options: {', '.join(sorted(unknown))}")
+    options = {**DEFAULT_OPTIONS, **given}
+    options["gmu_cap"] = float(options["gmu_cap"]) if is_int(options["gmu_cap"]) else options["gmu_cap"]
+    merged, errors = merged_instances(instances, defaults, options["image"])
+    errors += option_problems(options)
+    for instance in merged:
+        errors += instance_problems(instance, options)
+    present = [i for i in merged if i.get("state") != "absent"]
+    errors += host_problems(present, options)
+    plan: dict[str, t.Any] = {"instances": [], "absent": [], "errors": errors, "env_files": {}}
+    if errors:
+        return plan
+    for instance in present:
+        public, env_text = instance_plan(instance, [i["unit"] for i in plan["instances"]], options)
+        plan["instances"].append(public)
+        plan["env_files"][public["name"]] = env_text
+    plan["absent"] = [i["name"] for i in merged if i.get("state") == "absent"]
+    return plan
+
+
+def public_plan(plan: t.Mapping[str, t.Any]) -> dict[str, t.Any]:
+    """The plan without the env files (what may be logged or written to a world-readable file)."""
+    return {key: value for key, value in plan.items() if key != "env_files"}
+
+
+def key_table_markdown() -> str:
+    """The README's table of instance keys, generated from the key table."""
+    rows = ["| key | type | flag | meaning |", "|---|---|---|---|"]
+    for key in INSTANCE_KEYS:
+        kind = f"one of {', '.join(key.choices)}" if key.choices else key.kind
+        required = " (required)" if key.required else ""
+        rows.append(f"| `{key.name}` | {kind}{required} | {f'`{key.flag}`' if key.flag else '-'} | {key.doc} |")
+    return "\n".join(rows)

@@ -1,0 +1,53 @@
+"""Wait until a vLLM instance serves; run by the instance's systemd unit (ExecStartPost), so the
+next instance starts only after this one is ready, and at every boot.
+
+The verdict is sparkfleet.vllm's plugins/module_utils/_vllm_health.py, which the vllm role
+installs beside this file: the boot path and the health gate judge alike. This file only
+supplies the HTTP call and docker inspect. Exits 0 once ready, 1 with the reason otherwise.
+"""
+
+import argparse
+import http.client
+import os
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _vllm_health import Reply, container_snapshot, exception_reply, parse_env_file, wait_until_ready  # noqa: E402
+
+
+def get(url, api_key, timeout=5):
+    request = urllib.request.Request(url, headers={"Authorization": "Bearer " + api_key} if api_key else {})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return Reply(response.status, response.read().decode("utf-8", "replace"))
+    except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as error:
+        return exception_reply(error)
+
+
+def inspect(container):
+    completed = subprocess.run(["docker", "inspect", container], capture_output=True, text=True, check=False)
+    return container_snapshot(completed.stdout) if completed.returncode == 0 else None
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--container", required=True)
+    parser.add_argument("--url", required=True)
+    parser.add_argument("--env-file", required=True)
+    parser.add_argument("--timeout", type=float, required=True)
+    parser.add_argument("--served-name", action="append", required=True)
+    args = parser.parse_args(argv)
+    with open(args.env_file, encoding="utf-8") as handle:
+        api_key = parse_env_file(handle.read()).get("VLLM_API_KEY")
+    url = args.url.rstrip("/") + "/v1/models"
+    result = wait_until_ready(lambda: get(url, api_key), lambda: inspect(args.container), args.served_name, args.timeout)
+    print(f"{args.container}: {result['reason']} after {result['elapsed']} s", file=sys.stderr)
+    return 0 if result["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

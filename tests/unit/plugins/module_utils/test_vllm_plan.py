@@ -1,0 +1,292 @@
+"""The plan of a host: one key table, every guard, the rendering the role and the modules read."""
+
+import json
+import re
+import shlex
+
+import pytest
+
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_instance import (
+    parse_image_reference,
+    pull_reference,
+    pull_repository,
+    run_image,
+)
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_plan import (
+    INSTANCE_KEYS,
+    OWNED_FLAGS,
+    build_plan,
+    key_table_markdown,
+    owned_flag,
+    public_plan,
+)
+
+DIGEST = "sha256:" + "ab" * 32
+IMAGE = f"registry.local:5000/vllm-cpu:0.32.0@{DIGEST}"
+KEY = "k" * 32
+
+
+def instance(**overrides):
+    spec = dict(name="llm", model="/models/tiny-llama", served_model_names=["tiny"], port=8001, api_key=KEY)
+    spec.update(overrides)
+    return spec
+
+
+DEFAULTS = {"bind_addresses": ["127.0.0.1"], "gpu_memory_utilization": 0.5}
+
+
+def plan(*instances, defaults=None, **options):
+    options.setdefault("image", IMAGE)
+    return build_plan(list(instances) or [instance()], DEFAULTS if defaults is None else defaults, **options)
+
+
+def errors(*instances, **options):
+    return plan(*instances, **options)["errors"]
+
+
+def only_error(*instances, **options):
+    found = errors(*instances, **options)
+    assert len(found) == 1, found
+    return found[0]
+
+
+def test_a_good_instance_has_no_problems_and_a_full_plan():
+    result = plan(instance())
+    assert result["errors"] == [] and result["absent"] == []
+    llm = result["instances"][0]
+    assert (llm["unit"], llm["container"], llm["url"]) == ("sparkfleet-vllm-llm.service", "vllm-llm", "http://127.0.0.1:8001")
+    assert (llm["served_names"], llm["model"], llm["weights"], llm["weights_host_path"]) == (["tiny"], "tiny", "/models/tiny-llama", "/srv/models/tiny-llama")
+    assert llm["run_image"] == f"registry.local:5000/vllm-cpu@{DIGEST}"
+    assert llm["env_names"] == ["VLLM_API_KEY"] and llm["start_after"] == []
+    assert re.fullmatch(r"[0-9a-f]{16}", llm["config_hash"])
+
+
+def test_the_key_never_reaches_the_public_plan():
+    result = plan(instance(env={"HF_HUB_OFFLINE": "1"}))
+    assert KEY not in json.dumps(public_plan(result))
+    assert result["env_files"]["llm"].splitlines()[1:] == [f"VLLM_API_KEY={KEY}", "HF_HUB_OFFLINE=1"]
+
+
+@pytest.mark.parametrize(
+    ("image", "pinned"),
+    [
+        (f"vllm/vllm-openai@{DIGEST}", True),
+        (f"vllm/vllm-openai:v0.33.0@{DIGEST}", True),
+        (f"172.17.0.1:5000/sparkfleet/vllm-cpu:0.32.0@{DIGEST}", True),
+        ("vllm/vllm-openai:latest", False),
+        ("vllm/vllm-openai@sha256:abc", False),
+        (f"vllm/vllm-openai@{DIGEST}\n", False),
+    ],
+)
+def test_image_must_be_pinned_by_digest(image, pinned):
+    assert (parse_image_reference(image) is not None) is pinned
+    assert (errors(instance(image=image)) == []) is pinned
+
+
+def test_floating_tag_needs_the_explicit_opt_out():
+    assert errors(instance(image="vllm/vllm-openai:v1"), allow_floating_tag=True) == []
+    assert "vllm_allow_floating_tag" in only_error(instance(image="vllm/vllm-openai:v1"))
+
+
+def test_unknown_keys_are_refused_with_the_closest_name():
+    assert "max_model_length: unknown key; did you mean max_model_len?" in only_error(instance(max_model_length=4096))
+    assert "vllm_instance_defaults.gpu_memory_utilisation: unknown key; did you mean gpu_memory_utilization?" in errors(
+        defaults={**DEFAULTS, "gpu_memory_utilisation": 0.5})[0]
+    assert "speculative.num_tokens: unknown key" in only_error(instance(speculative={"method": "ngram", "num_speculative_tokens": 2, "num_tokens": 2}))
+
+
+@pytest.mark.parametrize(
+    ("key", "why"),
+    [("", "shorter than 16"), (None, "missing"), ("tiny-key", "shorter than 16"), (" " * 16, "whitespace"),
+     ("a" * 15 + "\n", "whitespace"), ("a" * 16 + "\nVLLM_HOST=x", "whitespace"), ("a" * 10 + " " + "b" * 10, "whitespace"),
+     ("a" * 16 + "\x00", "non-printable")],
+)
+def test_api_key_printable_without_whitespace_and_long(key, why):
+    error = only_error(instance(api_key=key))
+    assert "api_key" in error and why in error
+    assert key is None or not key.strip() or key.strip() not in error, "the key itself never appears in an error"
+
+
+def test_env_may_not_replace_the_key_or_break_the_file():
+    assert "VLLM_API_KEY is set by the role" in only_error(instance(env={"VLLM_API_KEY": "x" * 20}))
+    assert "not an environment variable name" in only_error(instance(env={"BAD NAME": "1"}))
+    assert "newline" in only_error(instance(env={"HF_HUB_OFFLINE": "1\nVLLM_API_KEY=x"}))
+    assert "must be a string or a number" in only_error(instance(env={"X": {"nested": 1}}))
+    assert "vllm_env: VLLM_API_KEY is set by the role" in only_error(instance(), env={"VLLM_API_KEY": "y" * 20})
+
+
+@pytest.mark.parametrize(
+    ("argument", "flag"),
+    [("--api-key=x", "--api-key"), ("--api_key=secret", "--api-key"), ("--api-k", "--api-key"), ("--api_k", "--api-key"),
+     ("--host", "--host"), ("--ho=0.0.0.0", "--host"), ("--port=1", "--port"), ("--served_model_name", "--served-model-name"),
+     ("--gpu-memory-util=0.9", "--gpu-memory-utilization"), ("--config=x.yaml", "--config"), ("-q", "--quantization"),
+     ("-qfp8", "--quantization"), ("--uds=/tmp/s", "--uds"), ("--max-model", "--max-model-len")],
+)
+def test_extra_args_cannot_set_what_the_role_owns(argument, flag):
+    assert owned_flag(argument) == flag
+    error = only_error(instance(extra_args=[argument]))
+    assert f"would set {flag}" in error
+    assert "secret" not in error, "a value given with = is not echoed"
+
+
+@pytest.mark.parametrize("argument", ["--seed", "0", "--enable-prefix-caching", "--max-loras=2", "--disable-log-requests", "-tp"])
+def test_extra_args_that_the_role_does_not_own_pass(argument):
+    assert owned_flag(argument) is None
+    assert errors(instance(extra_args=[argument])) == []
+
+
+def test_extra_args_with_a_newline_are_refused():
+    assert "control character" in only_error(instance(extra_args=["--seed\n0"]))
+
+
+def test_every_flag_of_the_key_table_is_owned():
+    assert {key.flag for key in INSTANCE_KEYS if key.flag} <= OWNED_FLAGS
+
+
+@pytest.mark.parametrize("address", ["0.0.0.0", "::"])
+def test_wildcard_bind_needs_the_opt_in_and_says_what_it_exposes(address):
+    error = only_error(instance(bind_addresses=[address]))
+    assert "every interface" in error and "vllm_allow_wildcard_bind" in error
+    result = plan(instance(bind_addresses=[address]), allow_wildcard_bind=True)
+    assert result["errors"] == [] and result["instances"][0]["url"] in ("http://127.0.0.1:8001", "http://[::1]:8001")
+
+
+@pytest.mark.parametrize("names", [["two words"], ["$HOME"], ["-x"], ["a;b"], [""], []])
+def test_served_names_are_single_plain_words(names):
+    assert "served_model_names" in only_error(instance(served_model_names=names))
+
+
+def test_model_and_parser_values_are_single_words():
+    assert "model" in only_error(instance(model="/models/x y"))
+    assert "reasoning_parser" in only_error(instance(reasoning_parser="--api-key"))
+
+
+def test_repeated_names_ports_and_served_names_are_refused():
+    found = errors(instance(), instance(name="other", port=8002, served_model_names=["tiny"]), gmu_cap=1.0)
+    assert any("served_model_names tiny used more than once" in e for e in found)
+    found = errors(instance(), instance(served_model_names=["x"]), gmu_cap=1.0)
+    assert any("name llm used more than once" in e for e in found) and any("port 8001" in e for e in found)
+
+
+@pytest.mark.parametrize("value", [0, 1, 1.5, -0.1, True, "0.5"])
+def test_memory_fraction_range(value):
+    assert "gpu_memory_utilization" in only_error(instance(gpu_memory_utilization=value))
+
+
+def test_gmu_sum_over_the_cap_is_refused_with_the_numbers():
+    found = errors(instance(name="emb", port=8002, served_model_names=["e"], gpu_memory_utilization=0.12), instance(), gmu_cap=0.6)
+    assert len(found) == 1 and "0.62" in found[0] and "emb 0.12 + llm 0.5" in found[0] and "0.6" in found[0]
+
+
+def test_lan_address_must_exist_and_needs_wait_online():
+    lan = instance(bind_addresses=["127.0.0.1", "192.0.2.10"])
+    assert "is not an address of this host" in only_error(lan, host_addresses=["127.0.0.1", "10.0.0.5"], wait_online_enabled=True)
+    assert "wait_online" in only_error(lan, host_addresses=["127.0.0.1", "192.0.2.10"])
+    assert errors(lan, host_addresses=["127.0.0.1", "192.0.2.10"], wait_online_enabled=True) == []
+
+
+@pytest.mark.parametrize("bad", [{"max_model_len": 0}, {"max_num_seqs": -1}, {"port": 70000}, {"port": True}, {"enforce_eager": "yes"},
+                                 {"runner": "fast"}, {"name": "Bad_Name"}, {"name": "x\n"}, {"health_timeout": 0}])
+def test_values_out_of_range_are_refused(bad):
+    assert next(iter(bad)) in only_error(instance(**bad))
+
+
+def test_auto_tool_choice_without_parser_is_refused():
+    assert "tool_call_parser" in only_error(instance(enable_auto_tool_choice=True))
+    assert errors(instance(enable_auto_tool_choice=True, tool_call_parser="gemma4")) == []
+
+
+def test_speculative_guards_and_zero_means_off():
+    assert "num_speculative_tokens" in only_error(instance(speculative={"method": "ngram", "num_speculative_tokens": -1}))
+    assert "speculative.model" in only_error(instance(speculative={"method": "mtp", "num_speculative_tokens": 4}))
+    assert "belong in speculative itself" in only_error(instance(speculative={"method": "ngram", "num_speculative_tokens": 2,
+                                                                              "options": {"num_speculative_tokens": 9}}))
+    off = plan(instance(speculative={"method": "mtp", "num_speculative_tokens": 0}))
+    assert off["errors"] == [] and "--speculative-config" not in off["instances"][0]["serve_args"]
+
+
+def test_rendered_arguments_follow_the_key_table():
+    args = plan(instance(max_model_len=2048, enforce_eager=True, dtype="float32", extra_args=["--seed", "0"],
+                         speculative={"method": "ngram", "num_speculative_tokens": 3, "options": {"prompt_lookup_max": 3}}))["instances"][0]["serve_args"]
+    assert args[:7] == ["/models/tiny-llama", "--host", "0.0.0.0", "--port", "8000", "--served-model-name", "tiny"]
+    assert "--enforce-eager" in args and args[args.index("--dtype") + 1] == "float32"
+    assert json.loads(args[args.index("--speculative-config") + 1]) == {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}
+    assert args[-2:] == ["--seed", "0"] and KEY not in " ".join(args)
+
+
+def test_docker_run_owns_the_container_and_carries_the_hash():
+    llm = plan(instance(), gpus=True, models_dir="/srv/models", cache_dir="/var/cache/sv")["instances"][0]
+    run = llm["docker_run"]
+    assert run[:8] == ["/usr/bin/docker", "run", "--name", "vllm-llm", "--ipc=host", "--env-file", "/etc/sparkfleet/vllm/llm.env", "--publish"]
+    assert "/srv/models:/models:ro" in run and "/var/cache/sv/vllm:/root/.cache/vllm" in run and run[run.index("--gpus") + 1] == "all"
+    assert f"sparkfleet.vllm.config-hash={llm['config_hash']}" in run
+    assert run[run.index(llm["run_image"]) + 1:] == llm["serve_args"]
+    assert "--gpus" not in plan(instance(), gpus=False)["instances"][0]["docker_run"]
+
+
+def test_config_hash_follows_every_setting_and_the_key():
+    base = plan(instance())["instances"][0]["config_hash"]
+    assert plan(instance())["instances"][0]["config_hash"] == base
+    for changed in (instance(api_key="z" * 32), instance(max_model_len=1024), instance(env={"X": "1"}), instance(port=9000)):
+        assert plan(changed)["instances"][0]["config_hash"] != base
+    assert plan(instance(), image=f"other/image@{DIGEST}")["instances"][0]["config_hash"] != base
+
+
+def test_start_order_and_absent_instances():
+    result = plan(instance(name="emb", port=8002, served_model_names=["e"], gpu_memory_utilization=0.1),
+                  instance(gpu_memory_utilization=0.5), {"name": "old", "state": "absent"})
+    assert [i["name"] for i in result["instances"]] == ["emb", "llm"]
+    assert result["instances"][1]["start_after"] == ["sparkfleet-vllm-emb.service"]
+    assert result["absent"] == ["old"]
+    assert "After=docker.service network-online.target sparkfleet-vllm-emb.service" in result["instances"][1]["unit_file"]
+
+
+def unit_line(unit_file, prefix):
+    return next(line for line in unit_file.splitlines() if line.startswith(prefix))[len(prefix):]
+
+
+def test_unit_quotes_every_value_for_systemd_and_bounds_restarts():
+    llm = plan(instance(extra_args=["--override-generation-config", '{"temperature": 0.6, "x": "$HOME 100%"}']),
+               start_limit_interval=900, start_limit_burst=2, restart_delay=15)["instances"][0]
+    unit = llm["unit_file"]
+    # systemd reads a double-quoted word with C escapes, $$ for $ and %% for %: shlex after undoing those gives the argv back.
+    exec_start = unit_line(unit, "ExecStart=")
+    assert shlex.split(exec_start.replace("$$", "$").replace("%%", "%")) == llm["docker_run"]
+    assert "StartLimitIntervalSec=900" in unit and "StartLimitBurst=2" in unit and "RestartSec=15" in unit
+    assert "Restart=on-failure" in unit
+    post = shlex.split(unit_line(unit, "ExecStartPost="))
+    assert post[post.index("--env-file") + 1] == "/etc/sparkfleet/vllm/llm.env" and "--served-name=tiny" in post
+    assert KEY not in unit
+
+
+def test_a_start_limit_that_could_never_trip_is_refused():
+    assert "could never trip" in only_error(instance(), start_limit_interval=20, start_limit_burst=3, restart_delay=10)
+    assert "vllm_start_limit_burst" in only_error(instance(), start_limit_burst=0)
+
+
+def test_every_error_at_once_and_no_plan_then():
+    result = plan(instance(api_key="short", port=0, served_model_names=["a b"]))
+    assert len(result["errors"]) == 3 and result["instances"] == [] and result["env_files"] == {}
+
+
+def test_key_table_markdown_lists_every_key():
+    table = key_table_markdown()
+    for key in INSTANCE_KEYS:
+        assert f"| `{key.name}` |" in table
+
+
+def test_mirror_moves_the_repository_and_keeps_the_digest():
+    assert pull_repository("vllm/vllm-openai") == "vllm/vllm-openai"
+    assert pull_repository("vllm/vllm-openai", "mirror.lan:5000") == "mirror.lan:5000/vllm/vllm-openai"
+    assert pull_repository("127.0.0.1:5000/sparkfleet/vllm-cpu", "172.17.0.1:5000") == "172.17.0.1:5000/sparkfleet/vllm-cpu"
+    assert run_image(f"vllm/vllm-openai:v0.33.0@{DIGEST}", "mirror.lan:5000") == f"mirror.lan:5000/vllm/vllm-openai@{DIGEST}"
+    assert run_image("vllm/vllm-openai:v1") == "vllm/vllm-openai:v1"
+
+
+def test_pull_reference_pulls_by_tag_when_the_pin_names_one():
+    assert pull_reference(f"r.lan:5000/vllm:v1@{DIGEST}") == {
+        "image": f"r.lan:5000/vllm:v1@{DIGEST}", "repository": "r.lan:5000/vllm", "tag": "v1", "digest": DIGEST,
+        "run": f"r.lan:5000/vllm@{DIGEST}"}
+    assert pull_reference(f"vllm@{DIGEST}")["tag"] is None
+    floating = pull_reference("r.lan:5000/vllm:v1")
+    assert (floating["repository"], floating["tag"], floating["digest"]) == ("r.lan:5000/vllm", "v1", None)

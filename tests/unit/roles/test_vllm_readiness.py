@@ -1,0 +1,65 @@
+"""The units' readiness wait, laid out as the vllm role installs it, run as systemd runs it, against a local HTTP server."""
+
+import http.server
+import json
+import pathlib
+import shutil
+import subprocess
+import sys
+import threading
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[3]
+
+
+@pytest.fixture
+def installed(tmp_path):
+    shutil.copy(ROOT / "roles" / "vllm" / "files" / "vllm_readiness.py", tmp_path)
+    shutil.copy(ROOT / "plugins" / "module_utils" / "_vllm_health.py", tmp_path)
+    (tmp_path / "llm.env").write_text("# Managed\nVLLM_API_KEY=" + "k" * 20 + "\n")
+    return tmp_path
+
+
+def serve(status, body=b""):
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            wanted = "Bearer " + "k" * 20
+            code = status if self.headers.get("Authorization") == wanted else 401
+            self.send_response(code)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def wait(installed, server, timeout="20"):
+    return subprocess.run(
+        [sys.executable, str(installed / "vllm_readiness.py"), "--container", "vllm-absent-in-this-test", "--url",
+         f"http://127.0.0.1:{server.server_port}", "--env-file", str(installed / "llm.env"), "--timeout", timeout, "--served-name=tiny"],
+        capture_output=True, text=True, check=False, timeout=60,
+    )
+
+
+def test_ready_when_the_model_is_listed(installed):
+    server = serve(200, json.dumps({"data": [{"id": "tiny"}]}).encode())
+    try:
+        result = wait(installed, server)
+    finally:
+        server.shutdown()
+    assert result.returncode == 0 and "ready" in result.stderr
+
+
+def test_a_refused_key_fails_at_once(installed):
+    (installed / "llm.env").write_text("VLLM_API_KEY=" + "z" * 20 + "\n")
+    server = serve(200, b"{}")
+    try:
+        result = wait(installed, server, timeout="300")
+    finally:
+        server.shutdown()
+    assert result.returncode == 1 and "refuses the API key" in result.stderr and "after 0" in result.stderr
