@@ -108,7 +108,8 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._nvidia_driver imp
 def run_checked(module, args, what):
     rc, out, err = module.run_command(args, environ_update={"LC_ALL": "C"})
     if rc != 0:
-        module.fail_json(msg=f"{what} failed (rc={rc}): {err.strip() or out.strip()}", rc=rc, stdout=out, stderr=err)
+        reason = f"{what} failed (rc={rc}): {err.strip() or out.strip()}"
+        module.fail_json(msg=reason, ok=False, reasons=[reason], rc=rc, stdout=out, stderr=err)
     return out
 
 

@@ -61,6 +61,15 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+ok:
+  description: Whether it succeeded.
+  returned: always
+  type: bool
+reasons:
+  description: Why it failed; empty when it succeeded (the result shape every module of the collection shares).
+  returned: always
+  type: list
+  elements: str
 files:
   description: Paths of the report files.
   returned: always
@@ -151,10 +160,11 @@ def main():
     )
     params = module.params
     if params["plot"] and pyplot is None:
-        module.fail_json(msg=missing_required_lib("matplotlib"))
+        module.fail_json(msg=missing_required_lib("matplotlib"), ok=False, reasons=[missing_required_lib("matplotlib")])
     runs = [r for r in params["bench"].get("runs", []) if not r.get("reasons")]
     if not runs:
-        module.fail_json(msg="bench: no recorded run to report; pass the registered result of a vllm_bench that succeeded")
+        reason = "bench: no recorded run to report; pass the registered result of a vllm_bench that succeeded"
+        module.fail_json(msg=reason, ok=False, reasons=[reason])
     report = {
         "title": params["title"],
         "runner": params["bench"].get("runner"),
@@ -186,7 +196,7 @@ def main():
             os.makedirs(params["dest"], exist_ok=True)
             with open(path, "wb") as handle:
                 handle.write(content)
-    module.exit_json(changed=changed, files=files, markdown=markdown)
+    module.exit_json(changed=changed, ok=True, reasons=[], files=files, markdown=markdown)
 
 
 if __name__ == "__main__":

@@ -58,6 +58,11 @@ ok:
   description: Whether the metrics were read.
   returned: always
   type: bool
+reasons:
+  description: Why they could not be read (an unreachable server, a reply that is not vLLM's Prometheus text); empty on success.
+  returned: always
+  type: list
+  elements: str
 url:
   description: The endpoint read.
   returned: always
@@ -100,10 +105,11 @@ def main():
         supports_check_mode=True,
     )
     if text_string_to_metric_families is None:
-        module.fail_json(msg=missing_required_lib("prometheus_client"))
+        module.fail_json(msg=missing_required_lib("prometheus_client"), ok=False, reasons=[missing_required_lib("prometheus_client")])
     params = module.params
     if not 0 < params["coverage"] <= 1:
-        module.fail_json(msg=f"coverage: {params['coverage']} must be a share between 0 and 1, for example 0.99")
+        reason = f"coverage: {params['coverage']} must be a share between 0 and 1, for example 0.99"
+        module.fail_json(msg=reason, ok=False, reasons=[reason])
     try:
         endpoint = resolve(params)
     except ValueError as error:

@@ -109,7 +109,8 @@ def main():
         try:
             config = json.loads(config_text)
         except ValueError:
-            module.fail_json(msg=f"{where}.model: {params['path']}/config.json is not JSON; the staged copy is damaged", ok=False, reasons=[])
+            module.fail_json(msg=f"{where}.model: {params['path']}/config.json is not JSON; the staged copy is damaged", ok=False,
+                         reasons=[f"{where}.model: {params['path']}/config.json is not JSON; the staged copy is damaged"])
         recorded = read_json(os.path.join(params["path"], MANIFEST)) or {}
         facts = model_facts(config, read_text(os.path.join(params["path"], "README.md")), recorded.get("repo"))
     instance = {

@@ -99,6 +99,15 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+ok:
+  description: Whether it succeeded.
+  returned: always
+  type: bool
+reasons:
+  description: Why it failed; empty when it succeeded (the result shape every module of the collection shares).
+  returned: always
+  type: list
+  elements: str
 path:
   description: The staged directory.
   returned: always
@@ -301,7 +310,8 @@ def main():
     entry = {"repo": params["repo"], "revision": params["revision"], "name": name, "include": params["include"]}
     errors = validate_models("model", [entry], params["allow_branch"])
     if errors:
-        module.fail_json(msg="vllm_model_stage refused: " + "; ".join(e.replace("model[0]", "model") for e in errors))
+        errors = [e.replace("model[0]", "model") for e in errors]
+        module.fail_json(msg="vllm_model_stage refused: " + "; ".join(errors), ok=False, reasons=errors)
     dest = os.path.join(params["models_dir"], name)
     partial = os.path.join(params["models_dir"], PARTIAL_PREFIX + name)
     recorded = read_json(os.path.join(dest, MANIFEST))
@@ -309,19 +319,19 @@ def main():
     if recorded and (recorded.get("repo"), recorded.get("revision")) == (params["repo"], params["revision"]):
         damaged = verify(recorded, scan(dest, params["verify"] == "full"), params["verify"] == "full")
         if not damaged:
-            module.exit_json(changed=False, path=dest, manifest=recorded, damaged=[])
+            module.exit_json(changed=False, ok=True, reasons=[], path=dest, manifest=recorded, damaged=[])
     if damaged:
         module.warn(f"{params['repo']} in {dest} is damaged ({'; '.join(damaged)}); staging it again")
     if module.check_mode:
-        module.exit_json(changed=True, path=dest, damaged=damaged)
+        module.exit_json(changed=True, ok=True, reasons=[], path=dest, damaged=damaged)
     try:
         if params["source"]:
             recorded = copy_from_source(module, params, name, dest, partial)
         else:
             recorded = stage(module, params, name, dest, partial)
     except StageFailure as error:
-        module.fail_json(msg=str(error), path=dest, damaged=damaged)
-    module.exit_json(changed=True, path=dest, manifest=recorded, damaged=damaged)
+        module.fail_json(msg=str(error), ok=False, reasons=[str(error)], path=dest, damaged=damaged)
+    module.exit_json(changed=True, ok=True, reasons=[], path=dest, manifest=recorded, damaged=damaged)
 
 
 if __name__ == "__main__":
