@@ -109,9 +109,10 @@ INSTANCE_KEYS: tuple[Key, ...] = (
 )
 KEYS_BY_NAME = {key.name: key for key in INSTANCE_KEYS}
 # Flags the role sets: from the key table, plus the ones it always renders. vLLM also reads a
-# whole argument set from --config, and -q is --quantization's short form.
+# whole argument set from --config; its short forms are -q (--quantization) and -sc
+# (--speculative-config) in vLLM 0.32.
 OWNED_FLAGS = frozenset({key.flag for key in INSTANCE_KEYS if key.flag} | {"--host", "--port", "--api-key", "--model", "--config", "--uds"})
-OWNED_SHORT_FLAGS = frozenset({"-q"})
+OWNED_SHORT_FLAGS = {"-q": "--quantization", "-sc": "--speculative-config"}
 
 
 def closest(name: str, known: t.Iterable[str]) -> str:
@@ -236,23 +237,33 @@ def speculative_problems(field: str, speculative: t.Any) -> list[str]:
 
 
 def normalised_flag(argument: str) -> str | None:
-    """The long flag an argument names as vLLM's parser reads it (``_`` for ``-``, ``=value`` dropped), or None."""
+    """The long flag an argument names as vLLM's parser reads it (``_`` for ``-``, ``=value`` and
+    ``.field`` of a JSON flag dropped), or None for a value."""
     if not argument.startswith("--"):
         return None
-    return "--" + argument[2:].split("=", 1)[0].replace("_", "-")
+    return "--" + argument[2:].split("=", 1)[0].split(".", 1)[0].replace("_", "-")
 
 
 def owned_flag(argument: str) -> str | None:
-    """The flag the role owns that ``argument`` would set: exactly, or as a prefix argparse would expand."""
-    if not argument.startswith("--") and any(argument.startswith(short) for short in OWNED_SHORT_FLAGS):
-        return "--quantization"
+    """The flag the role owns that ``argument`` would set: exactly, negated (``--no-``), or as a
+    prefix argparse would expand (vLLM's parser allows abbreviations)."""
+    if argument.startswith("-") and not argument.startswith("--"):
+        name = argument.split("=", 1)[0]
+        for short, flag in OWNED_SHORT_FLAGS.items():
+            if argument.startswith(short) or (len(name) >= 2 and short.startswith(name)):
+                return flag
+        return None
     flag = normalised_flag(argument)
     if flag is None or flag == "--":
         return None
-    if flag in OWNED_FLAGS:
-        return flag
-    expanded = sorted(owned for owned in OWNED_FLAGS if owned.startswith(flag))
-    return expanded[0] if expanded else None
+    candidates = [flag] + (["--" + flag[len("--no-"):]] if flag.startswith("--no-") else [])
+    for candidate in candidates:
+        if candidate in OWNED_FLAGS:
+            return candidate
+        expanded = sorted(owned for owned in OWNED_FLAGS if owned.startswith(candidate))
+        if expanded:
+            return expanded[0]
+    return None
 
 
 def extra_args_problems(field: str, extra: t.Any) -> list[str]:

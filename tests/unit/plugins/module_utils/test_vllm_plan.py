@@ -120,7 +120,9 @@ def test_env_may_not_replace_the_key_or_break_the_file():
     [("--api-key=x", "--api-key"), ("--api_key=secret", "--api-key"), ("--api-k", "--api-key"), ("--api_k", "--api-key"),
      ("--host", "--host"), ("--ho=0.0.0.0", "--host"), ("--port=1", "--port"), ("--served_model_name", "--served-model-name"),
      ("--gpu-memory-util=0.9", "--gpu-memory-utilization"), ("--config=x.yaml", "--config"), ("-q", "--quantization"),
-     ("-qfp8", "--quantization"), ("--uds=/tmp/s", "--uds"), ("--max-model", "--max-model-len")],
+     ("-qfp8", "--quantization"), ("--uds=/tmp/s", "--uds"), ("--max-model", "--max-model-len"), ("-sc", "--speculative-config"),
+     ("-s", "--speculative-config"), ("--speculative-config.num_speculative_tokens=4", "--speculative-config"),
+     ("--no-enforce-eager", "--enforce-eager"), ("--no-trust-remote", "--trust-remote-code")],
 )
 def test_extra_args_cannot_set_what_the_role_owns(argument, flag):
     assert owned_flag(argument) == flag
@@ -129,7 +131,8 @@ def test_extra_args_cannot_set_what_the_role_owns(argument, flag):
     assert "secret" not in error, "a value given with = is not echoed"
 
 
-@pytest.mark.parametrize("argument", ["--seed", "0", "--enable-prefix-caching", "--max-loras=2", "--disable-log-requests", "-tp"])
+@pytest.mark.parametrize("argument", ["--seed", "0", "--enable-prefix-caching", "--no-enable-prefix-caching", "--max-loras=2",
+                                      "--disable-log-requests", "-tp", "2", "-O3", "--compilation-config.level=3"])
 def test_extra_args_that_the_role_does_not_own_pass(argument):
     assert owned_flag(argument) is None
     assert errors(instance(extra_args=[argument])) == []
