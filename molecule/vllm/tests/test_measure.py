@@ -175,7 +175,9 @@ def test_check_mode_sends_no_load(serve, documents):
         ("vllm_bench", {"instance": "first", "label": "bad", "documents_dir": "/nowhere"}, ["documents_dir: /nowhere is not a folder"]),
         ("vllm_bench", {"instance": "missing", "label": "bad"}, ["missing.json does not exist"]),
         ("vllm_bench", {"instance": "first", "label": "bad", "dataset": "random", "prefix_cache": "reset", "concurrencies": [1]},
-         ["reset_prefix_cache answered 404", "VLLM_SERVER_DEV_MODE=1"]),
+         ["reset_prefix_cache answered HTTP 404", "VLLM_SERVER_DEV_MODE=1"]),
+        ("vllm_bench", {"instance": "first", "label": "../escape"}, ["label: '../escape' must be a plain name"]),
+        ("vllm_correctness", {"instance": "first", "label": ".."}, ["label: '..' must be a plain name"]),
     ],
 )
 def test_bad_input_is_refused_with_the_fix(serve, name, args, fragments):
@@ -192,3 +194,11 @@ def test_bench_playbook_without_an_instance_is_refused(serve):
     result = playbook("bench.yml")
     assert_refused(result, "bench.yml needs bench_instance")
     assert measurement_state(serve) == before
+
+
+def test_bench_playbook_refuses_a_label_that_is_a_path(serve, tmp_path):
+    before = measurement_state(serve)
+    result = playbook("bench.yml", "-e", json.dumps({"bench_instance": "first", "bench_label": "../../etc", "bench_dataset": "random",
+                                                     "bench_report_dir": str(tmp_path)}))
+    assert_refused(result, "must be plain names", "Nothing was measured")
+    assert measurement_state(serve) == before and not list(tmp_path.iterdir())
