@@ -109,8 +109,8 @@ def main():
         try:
             config = json.loads(config_text)
         except ValueError:
-            module.fail_json(msg=f"{where}.model: {params['path']}/config.json is not JSON; the staged copy is damaged", ok=False,
-                         reasons=[f"{where}.model: {params['path']}/config.json is not JSON; the staged copy is damaged"])
+            reason = f"{where}.model: {params['path']}/config.json is not JSON; the staged copy is damaged"
+            module.fail_json(msg=reason, ok=False, reasons=[reason])
         recorded = read_json(os.path.join(params["path"], MANIFEST)) or {}
         facts = model_facts(config, read_text(os.path.join(params["path"], "README.md")), recorded.get("repo"))
     instance = {
