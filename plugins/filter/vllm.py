@@ -15,7 +15,7 @@ description:
   - Returns the plan of every instance (unit, container, URL, run image, argv, environment names, ports, served names,
     weights, start-after list, launch checks, config hash and unit file), the names to remove, every error at once,
     and the env files (the only part holding secrets; use it under no_log).
-  - The same file provides C(vllm_pull_reference), C(vllm_run_image), C(meminfo), C(vllm_admission_problem) and
+  - The same file provides C(vllm_drift) (why a running instance differs from its plan), C(vllm_pull_reference), C(vllm_run_image), C(meminfo), C(vllm_admission_problem) and
     C(vllm_models_problems).
 author: sparkfleet.vllm contributors (@sparkfleet)
 positional: _input
@@ -100,11 +100,15 @@ _value:
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._memory import admission_problem, parse_meminfo
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_instance import pull_reference, run_image
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_models import validate_models
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_plan import build_plan
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_plan import build_plan, drift_reasons
 
 
 def vllm_plan(instances, defaults, **options):
     return build_plan(instances, defaults, **options)
+
+
+def vllm_drift(plan, files_changed, unit_state, container=None):
+    return drift_reasons(plan, bool(files_changed), unit_state or None, container or None)
 
 
 def vllm_models_problems(models, allow_branch=False):
@@ -119,6 +123,7 @@ class FilterModule:
     def filters(self):
         return {
             "vllm_plan": vllm_plan,
+            "vllm_drift": vllm_drift,
             "vllm_pull_reference": pull_reference,
             "vllm_run_image": run_image,
             "meminfo": parse_meminfo,

@@ -577,6 +577,28 @@ def build_plan(instances: t.Any, defaults: t.Any, **given: t.Any) -> dict[str, t
     return plan
 
 
+def drift_reasons(plan: t.Mapping[str, t.Any], files_changed: bool, unit_state: str | None,
+                  container: t.Mapping[str, t.Any] | None) -> list[str]:
+    """Why the running instance differs from its plan (empty: it runs the plan). ``container`` is
+    Docker's inspect data of the instance's container, None when there is none. Catches files
+    written by an interrupted run, a stopped unit and a container changed or started by hand."""
+    reasons = ["its settings files changed"] if files_changed else []
+    if unit_state != "active":
+        reasons.append(f"its unit is {unit_state or 'missing'}")
+    if not container:
+        return reasons + ["no container runs"]
+    config = container.get("Config") or {}
+    running_hash = (config.get("Labels") or {}).get(CONFIG_HASH_LABEL)
+    if running_hash != plan["config_hash"]:
+        reasons.append(f"its container runs config {running_hash or 'none'}, the plan is {plan['config_hash']}")
+    if config.get("Image") != plan["run_image"]:
+        reasons.append(f"its container runs image {config.get('Image')}, the plan is {plan['run_image']}")
+    status = (container.get("State") or {}).get("Status")
+    if status != "running":
+        reasons.append(f"its container is {status}")
+    return reasons
+
+
 def public_plan(plan: t.Mapping[str, t.Any]) -> dict[str, t.Any]:
     """The plan without the env files (what may be logged or written to a world-readable file)."""
     return {key: value for key, value in plan.items() if key != "env_files"}

@@ -16,6 +16,7 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_plan import 
     INSTANCE_KEYS,
     OWNED_FLAGS,
     build_plan,
+    drift_reasons,
     key_table_markdown,
     owned_flag,
     public_plan,
@@ -293,3 +294,40 @@ def test_pull_reference_pulls_by_tag_when_the_pin_names_one():
     assert pull_reference(f"vllm@{DIGEST}")["tag"] is None
     floating = pull_reference("r.lan:5000/vllm:v1")
     assert (floating["repository"], floating["tag"], floating["digest"]) == ("r.lan:5000/vllm", "v1", None)
+
+
+def running(llm, **changes):
+    container = {"Config": {"Labels": {"sparkfleet.vllm.config-hash": llm["config_hash"]}, "Image": llm["run_image"]},
+                 "State": {"Status": "running"}}
+    for path, value in changes.items():
+        section, key = path.split("__")
+        container[section][key] = value
+    return container
+
+
+def test_an_instance_running_its_plan_has_no_drift():
+    llm = plan(instance())["instances"][0]
+    assert drift_reasons(llm, False, "active", running(llm)) == []
+
+
+@pytest.mark.parametrize(
+    ("files_changed", "unit", "changes", "fragment"),
+    [
+        (True, "active", {}, "its settings files changed"),
+        (False, "inactive", {}, "its unit is inactive"),
+        (False, "failed", {}, "its unit is failed"),
+        (False, "active", {"Config__Labels": {}}, "its container runs config none"),
+        (False, "active", {"Config__Labels": {"sparkfleet.vllm.config-hash": "0123456789abcdef"}}, "runs config 0123456789abcdef, the plan is"),
+        (False, "active", {"Config__Image": "other/image@sha256:" + "cd" * 32}, "its container runs image other/image"),
+        (False, "active", {"State__Status": "exited"}, "its container is exited"),
+    ],
+)
+def test_drift_names_what_differs_from_the_plan(files_changed, unit, changes, fragment):
+    llm = plan(instance())["instances"][0]
+    reasons = drift_reasons(llm, files_changed, unit, running(llm, **changes))
+    assert len(reasons) == 1 and fragment in reasons[0]
+
+
+def test_no_container_is_drift():
+    llm = plan(instance())["instances"][0]
+    assert drift_reasons(llm, False, None, None) == ["its unit is missing", "no container runs"]
