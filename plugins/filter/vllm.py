@@ -15,7 +15,8 @@ description:
   - Returns the plan of every instance (unit, container, URL, run image, argv, environment names, ports, served names,
     weights, start-after list, launch checks, config hash and unit file), the names to remove, every error at once,
     and the env files (the only part holding secrets; use it under no_log).
-  - The same file provides C(vllm_drift) (why a running instance differs from its plan), C(vllm_pull_reference), C(vllm_run_image), C(meminfo), C(vllm_admission_problem) and
+  - The same file provides C(vllm_drift) (why a running instance differs from its plan),
+    C(vllm_pull_reference), C(vllm_run_image), C(meminfo), C(vllm_admission_problem) and
     C(vllm_models_problems).
 author: sparkfleet.vllm contributors (@sparkfleet)
 positional: _input
