@@ -103,7 +103,8 @@ def container_failure(baseline: t.Mapping[str, t.Any] | None, current: t.Mapping
 
     A container that was replaced (another Id) or restarted counts as failed: its first
     start did not survive, and waiting longer only hides that. Before the container was
-    ever seen (``baseline`` None), its absence means it is not created yet.
+    ever seen (``baseline`` None), its absence means it is not created yet; a baseline taken
+    while it was only created has no start yet, so its first start is no restart.
     """
     if current is None:
         return None if baseline is None else "the container is gone"
@@ -114,6 +115,8 @@ def container_failure(baseline: t.Mapping[str, t.Any] | None, current: t.Mapping
         return None
     if current["id"] != baseline["id"]:
         return "the container was replaced (its start failed and it was started again)"
+    if baseline["status"] == "created":
+        return None
     if current["restart_count"] > baseline["restart_count"]:
         return f"the container restarted ({baseline['restart_count']} -> {current['restart_count']} restarts)"
     if current["started_at"] != baseline["started_at"]:
@@ -139,12 +142,12 @@ def wait_until_ready(
         verdict, reason, served = models_verdict(fetch_models(), expected_names)
         result["served_model_names"] = served
         current = inspect() if inspect else None
-        if baseline is None:
-            # The unit may create the container after the wait started; watch it from its first sighting.
+        failure = container_failure(baseline, current) if inspect else None
+        if current and not failure and (baseline is None or baseline["status"] == "created"):
+            # The unit may create and start the container after the wait began: watch it from its first run.
             baseline = current
         if current:
             result.update(state=current["status"], restart_count=current["restart_count"])
-        failure = container_failure(baseline, current) if inspect else None
         if failure:
             verdict, reason = FAIL, failure
         if verdict == READY:

@@ -156,3 +156,19 @@ def test_error_lines_find_the_root_cause_above_the_traceback_end():
     assert error_lines(log) == ["vllm serve: error: unrecognized arguments: --no-such-flag"]
     shm = "Traceback (most recent call last):\n  File x\nRuntimeError: Insufficient space in /dev/shm\nRuntimeError: Engine core initialization failed."
     assert error_lines(shm)[0] == "RuntimeError: Insufficient space in /dev/shm"
+
+
+def test_a_container_seen_created_then_started_is_no_restart():
+    """The units' readiness wait starts right after docker run forks: it often sees the container only created."""
+    created = container_snapshot(inspect_json(status="created", started_at="0001-01-01T00:00:00Z"))
+    started = container_snapshot(inspect_json(status="running", started_at="2026-11-29T09:00:05Z"))
+    assert container_failure(created, started) is None
+    states = iter([created, created, started, started, container_snapshot(inspect_json(status="running", started_at="2026-11-29T09:03:00Z"))])
+    replies = iter([Reply(None, "", "refused", True)] * 4 + [Reply(200, MODELS)])
+    clock = Clock()
+    result = wait_until_ready(lambda: next(replies), lambda: next(states), ["tiny"], timeout=60, clock=clock, sleep=clock.sleep)
+    assert not result["ok"] and "start time changed" in result["reason"], "a restart after the first start is still caught"
+    states = iter([created, created, started, started, started])
+    replies = iter([Reply(None, "", "refused", True)] * 3 + [Reply(200, MODELS)])
+    result = wait_until_ready(lambda: next(replies), lambda: next(states), ["tiny"], timeout=60, clock=clock, sleep=clock.sleep)
+    assert result["ok"]
