@@ -308,7 +308,8 @@ def merged_instances(instances: t.Any, defaults: t.Mapping[str, t.Any], image: s
     if not isinstance(defaults, dict):
         return [], ["vllm_instance_defaults: must be a mapping of instance keys"]
     errors = [f"vllm_instance_defaults.{name}: unknown key{closest(name, KEYS_BY_NAME)}" for name in defaults if name not in KEYS_BY_NAME]
-    errors += [f"vllm_instance_defaults.{name}: set per instance, not as a default" for name in ("name",) if name in defaults]
+    if "name" in defaults:
+        errors.append("vllm_instance_defaults.name: set per instance, not as a default")
     merged = []
     for index, instance in enumerate(instances):
         if not isinstance(instance, dict):
@@ -597,11 +598,6 @@ def drift_reasons(plan: t.Mapping[str, t.Any], files_changed: bool, unit_state: 
     if status != "running":
         reasons.append(f"its container is {status}")
     return reasons
-
-
-def public_plan(plan: t.Mapping[str, t.Any]) -> dict[str, t.Any]:
-    """The plan without the env files (what may be logged or written to a world-readable file)."""
-    return {key: value for key, value in plan.items() if key != "env_files"}
 
 
 def key_table_markdown() -> str:

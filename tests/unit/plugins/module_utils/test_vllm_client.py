@@ -9,7 +9,7 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_client impor
     resolve,
 )
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_health import Reply, parse_env_file
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_plan import build_plan, public_plan
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_plan import build_plan
 
 DIGEST = "sha256:" + "a" * 64
 
@@ -19,7 +19,7 @@ def planned():
                 "bind_addresses": ["127.0.0.1", "192.0.2.5"], "gpu_memory_utilization": 0.5}
     plan = build_plan([instance], {}, image=f"r/vllm@{DIGEST}", host_addresses=["192.0.2.5"], wait_online_enabled=True)
     assert plan["errors"] == []
-    return public_plan(plan)["instances"][0], plan["env_files"]["llm"]
+    return plan["instances"][0], plan["env_files"]["llm"]
 
 
 def test_endpoint_of_a_deployed_instance_is_read_from_its_plan():
