@@ -45,6 +45,7 @@ WILDCARDS = frozenset({"0.0.0.0", "::"})
 LOOPBACK = frozenset({"127.0.0.1", "::1"})
 SPECULATIVE_METHODS = ("mtp", "ngram", "draft_model", "eagle", "eagle3", "dflash")
 DRAFTER_METHODS = frozenset(SPECULATIVE_METHODS) - {"ngram"}
+SPECULATIVE_KEYS = ("method", "num_speculative_tokens", "model", "options")
 CONFIG_HASH_LABEL = "sparkfleet.vllm.config-hash"
 INSTANCE_LABEL = "sparkfleet.vllm.instance"
 # Environment names the role sets itself: an instance's env may never replace them.
@@ -211,8 +212,7 @@ def address_problems(field: str, value: t.Any, options: t.Mapping[str, t.Any]) -
 def speculative_problems(field: str, speculative: t.Any) -> list[str]:
     if not isinstance(speculative, dict):
         return [f"{field}: must be a mapping with method, num_speculative_tokens and model"]
-    unknown = sorted(set(speculative) - {"method", "num_speculative_tokens", "model", "options"})
-    errors = [f"{field}.{name}: unknown key{closest(name, ['method', 'num_speculative_tokens', 'model', 'options'])}" for name in unknown]
+    errors = [f"{field}.{name}: unknown key{closest(name, SPECULATIVE_KEYS)}" for name in sorted(set(speculative) - set(SPECULATIVE_KEYS))]
     tokens = speculative.get("num_speculative_tokens", 0)
     if not is_int(tokens) or tokens < 0:
         return errors + [f"{field}.num_speculative_tokens: {tokens!r} must be a whole number >= 0 (0 turns speculative decoding off)"]
@@ -230,7 +230,7 @@ def speculative_problems(field: str, speculative: t.Any) -> list[str]:
     if not isinstance(extra, dict):
         errors.append(f"{field}.options: must be a mapping of further speculative-config keys")
     else:
-        clashing = sorted(set(extra) & {"method", "num_speculative_tokens", "model"})
+        clashing = sorted(set(extra) & (set(SPECULATIVE_KEYS) - {"options"}))
         if clashing:
             errors.append(f"{field}.options: {', '.join(clashing)} belong in speculative itself, not in options")
     return errors
@@ -438,6 +438,7 @@ def instance_plan(instance: t.Mapping[str, t.Any], start_after: list[str], optio
     run += ["--label", f"{INSTANCE_LABEL}={name}", "--label", f"{CONFIG_HASH_LABEL}={digest}", image, *args]
     url = endpoint_url(instance["bind_addresses"][0], instance["port"])
     speculative = speculative_config(instance.get("speculative"))
+    weights_host_path = host_path(instance["model"], options["models_dir"])
     plan = {
         "name": name,
         "unit": unit,
@@ -455,13 +456,13 @@ def instance_plan(instance: t.Mapping[str, t.Any], start_after: list[str], optio
         "served_names": list(instance["served_model_names"]),
         "model": instance["served_model_names"][0],
         "weights": instance["model"],
-        "weights_host_path": host_path(instance["model"], options["models_dir"]),
+        "weights_host_path": weights_host_path,
         "gpu_memory_utilization": instance["gpu_memory_utilization"],
         "start_after": start_after,
         "health_timeout": timeout,
         "config_hash": digest,
         "launch_check": {
-            "path": host_path(instance["model"], options["models_dir"]),
+            "path": weights_host_path,
             "max_model_len": instance.get("max_model_len"),
             "speculative_method": speculative["method"] if speculative else None,
             "allow_drafter_on_base_model": bool(instance.get("allow_drafter_on_base_model")),
