@@ -12,9 +12,11 @@ description:
   - Validates C(vllm_instances) merged over C(vllm_instance_defaults) against the instance key table (unknown keys are
     refused with the closest known name), and the host as a whole (memory fractions against the hardware class cap,
     unique names, ports and served names, LAN addresses that must exist and need the wait_online role).
+  - Applies the hardware class (its environment, batch size and ceiling) and the model catalog entry an instance
+    names, refuses contradictions with it and the seed guards, and works out each instance's memory arithmetic.
   - Returns the plan of every instance (unit, container, URL, run image, argv, environment names, ports, served names,
-    weights, start-after list, launch checks, config hash and unit file), the names to remove, every error at once,
-    and the env files (the only part holding secrets; use it under no_log).
+    weights, start-after list, launch checks, memory arithmetic, config hash and unit file), the names to remove, every
+    error at once, the warnings, and the env files (the only part holding secrets; use it under no_log).
   - The same file provides C(vllm_drift) (why a running instance differs from its plan),
     C(vllm_pull_reference), C(vllm_run_image), C(meminfo), C(vllm_admission_problem) and
     C(vllm_models_problems).
@@ -43,8 +45,26 @@ options:
     description: Registry the images are pulled through.
     type: str
   gmu_cap:
-    description: Highest sum of gpu_memory_utilization for the host's hardware class.
+    description: Highest sum of gpu_memory_utilization; null takes the hardware class's ceiling, above it is refused.
     type: float
+  hardware_class:
+    description: The host's hardware class (C(sparkfleet_hardware_class)); its env, batch size and ceiling apply.
+    type: str
+  hardware_overrides:
+    description: C(sparkfleet_hardware_overrides).
+    type: dict
+  catalog_extra:
+    description: Further model catalog entries (C(vllm_catalog_extra)).
+    type: dict
+  memory_total_bytes:
+    description: The host's memory pool (C(spark_facts) C(memory.pool_bytes)); null uses the class's figure.
+    type: int
+  vllm_version:
+    description: The vLLM release of the image, for the catalog's known-broken combinations.
+    type: str
+  drop_caches:
+    description: Drop the page cache before each launch; null takes the class's setting.
+    type: bool
   gpus:
     description: Give the containers the GPUs.
     type: bool
@@ -64,11 +84,11 @@ options:
     description: Default seconds of the health gate.
     type: int
   host_addresses:
-    description: The host's IP addresses.
+    description: The host's IP addresses; null when only the inventory is checked (the LAN checks are skipped).
     type: list
     elements: str
   wait_online_enabled:
-    description: Whether Docker on this host is ordered after network-online.target.
+    description: Whether Docker on this host is ordered after network-online.target; null when unknown.
     type: bool
   readiness_script:
     description: Path of the readiness wait on the host.
@@ -94,7 +114,8 @@ EXAMPLES = r"""
 RETURN = r"""
 _value:
   description: C(instances) (the plan of each instance to run, in start order), C(absent) (names declared absent),
-    C(errors) (every problem, each naming the variable to fix; when any, the rest is empty) and C(env_files).
+    C(errors) (every problem, each naming the variable to fix; when any, the rest is empty), C(warnings),
+    C(hardware_class), C(gmu_cap) (the effective cap) and C(env_files).
   type: dict
 """
 

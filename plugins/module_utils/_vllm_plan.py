@@ -25,7 +25,16 @@ import json
 import re
 import typing as t
 
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._hardware_classes import resolve_class
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._model_catalog import CATALOG, VERSION, catalog_problems
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._systemd import exec_line
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_guards import (
+    GIB,
+    catalog_defaults,
+    catalog_findings,
+    memory_report,
+    setting_findings,
+)
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_instance import (
     CONTAINER_PORT,
     parse_image_reference,
@@ -75,6 +84,8 @@ INSTANCE_KEYS: tuple[Key, ...] = (
     Key("name", "name", "Lower-case letters, digits and dashes; names the unit `sparkfleet-vllm-NAME.service` and the container `vllm-NAME`.", required=True),
     Key("state", "choice", "`present`, or `absent` to stop and remove the instance (an instance left out of the list is removed too).",
         choices=("present", "absent"), default="present"),
+    Key("catalog", "catalog", "A model catalog entry (docs/catalog.md): brings the weights path and the entry's settings, "
+        "and its limits are checked (context, drafter size, modalities, known-broken combinations, memory)."),
     Key("image", "image", "The image, `repo[:tag]@sha256:<64 hex>`; default `vllm_image`."),
     Key("model", "token", "The weights: a path under `/models` (the staged `vllm_models_dir`) or a model id.", required=True),
     Key("served_model_names", "tokens", "Names clients use (`--served-model-name`); unique across the host's instances.",
@@ -99,6 +110,10 @@ INSTANCE_KEYS: tuple[Key, ...] = (
     Key("tool_call_parser", "token", "Tool-call parser name; needed by `enable_auto_tool_choice`.", flag="--tool-call-parser"),
     Key("runner", "choice", "`auto`, `generate`, `pooling` or `draft`.", flag="--runner", choices=("auto", "generate", "pooling", "draft")),
     Key("enable_auto_tool_choice", "switch", "Let the model choose tools (needs `tool_call_parser`).", flag="--enable-auto-tool-choice"),
+    Key("language_model_only", "switch", "Serve text only: drops a multimodal model's encoder and its 4096-token floor.",
+        flag="--language-model-only"),
+    Key("prefix_caching", "tristate", "true or false renders `--enable-prefix-caching` or `--no-enable-prefix-caching`; "
+        "unset keeps vLLM's default.", flag="--enable-prefix-caching"),
     Key("enforce_eager", "switch", "No CUDA graphs (slow; for tests and debugging).", flag="--enforce-eager"),
     Key("trust_remote_code", "switch", "Run the checkpoint's own Python code.", flag="--trust-remote-code"),
     Key("speculative", "speculative", "`method`, `num_speculative_tokens` (0 turns it off), `model` for drafter methods, `options`.",
@@ -107,12 +122,17 @@ INSTANCE_KEYS: tuple[Key, ...] = (
     Key("env", "env", "Environment added to `vllm_env`; never `VLLM_API_KEY` or another name the role owns."),
     Key("health_timeout", "positive", "Seconds the gate waits for this instance; default `vllm_health_timeout`."),
     Key("allow_drafter_on_base_model", "bool", "Accept a drafter on a model that is not instruction-tuned."),
+    Key("allow_load_time_quantization", "bool", "Accept `quantization` converting an unquantized checkpoint while it loads "
+        "on a unified pool (seed 000: the load spike got the engine OOM-killed)."),
+    Key("typical_prompt_tokens", "positive", "Prompt size your clients send (vllm_metrics_info's workload.prompt_tokens_bound); "
+        "with speculative decoding, max_num_batched_tokens below it warns."),
 )
 KEYS_BY_NAME = {key.name: key for key in INSTANCE_KEYS}
 # Flags the role sets: from the key table, plus the ones it always renders. vLLM also reads a
 # whole argument set from --config; its short forms are -q (--quantization) and -sc
 # (--speculative-config) in vLLM 0.32.
-OWNED_FLAGS = frozenset({key.flag for key in INSTANCE_KEYS if key.flag} | {"--host", "--port", "--api-key", "--model", "--config", "--uds"})
+OWNED_FLAGS = frozenset({key.flag for key in INSTANCE_KEYS if key.flag}
+                        | {"--host", "--port", "--api-key", "--model", "--config", "--uds"})
 OWNED_SHORT_FLAGS = {"-q": "--quantization", "-sc": "--speculative-config"}
 
 
@@ -163,7 +183,11 @@ def check_value(where: str, key: Key, value: t.Any, options: t.Mapping[str, t.An
     elif kind == "fraction":
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
             return [f"{field}: {value!r} must be a fraction between 0 and 1 of the whole memory pool"]
-    elif kind in ("switch", "bool"):
+    elif kind == "catalog":
+        if value not in options["catalog"]:
+            return [f"{field}: {value!r} is not a catalog entry{closest(str(value), options['catalog'])} "
+                    "(docs/catalog.md lists them; vllm_catalog_extra adds your own)"]
+    elif kind in ("switch", "bool", "tristate"):
         if not isinstance(value, bool):
             return [f"{field}: {value!r} must be true or false"]
     elif kind == "api_key":
@@ -222,8 +246,8 @@ def speculative_problems(field: str, speculative: t.Any) -> list[str]:
     if method not in SPECULATIVE_METHODS:
         errors.append(f"{field}.method: {method!r} is not one of {', '.join(SPECULATIVE_METHODS)}")
     model = speculative.get("model")
-    if method in DRAFTER_METHODS and not model:
-        errors.append(f"{field}.model: method {method} needs the drafter model path")
+    if method in DRAFTER_METHODS - {"mtp"} and not model:
+        errors.append(f"{field}.model: method {method} needs the drafter model path (mtp alone may use the target's own head)")
     if model is not None and (not isinstance(model, str) or not TOKEN.fullmatch(model)):
         errors.append(f"{field}.model: {model!r} must be one path or model id without spaces")
     extra = speculative.get("options") or {}
@@ -301,8 +325,10 @@ def env_problems(field: str, env: t.Any) -> list[str]:
     return errors
 
 
-def merged_instances(instances: t.Any, defaults: t.Mapping[str, t.Any], image: str) -> tuple[list[dict[str, t.Any]], list[str]]:
-    """Each instance over the defaults (and vllm_image), with the structural problems of the list."""
+def merged_instances(instances: t.Any, defaults: t.Mapping[str, t.Any], image: str,
+                     catalog: t.Mapping[str, t.Mapping[str, t.Any]]) -> tuple[list[dict[str, t.Any]], list[str]]:
+    """Each instance over the defaults (and vllm_image) and the catalog entry it names, with the
+    structural problems of the list. The instance's own keys always win."""
     if not isinstance(instances, list):
         return [], ["vllm_instances: must be a list of mappings"]
     if not isinstance(defaults, dict):
@@ -316,7 +342,12 @@ def merged_instances(instances: t.Any, defaults: t.Mapping[str, t.Any], image: s
             errors.append(f"vllm_instances[{index}]: must be a mapping of instance keys")
             continue
         base = {"image": image, "state": "present"} if image else {"state": "present"}
-        merged.append({**base, **defaults, **instance, "_index": index, "_own": set(instance)})
+        entry = catalog.get(instance.get("catalog") or defaults.get("catalog"))  # type: ignore[arg-type]
+        brought = catalog_defaults({**defaults, **instance}, entry) if entry else {}
+        combined = {**base, **defaults, **brought, **instance, "_index": index, "_own": set(instance)}
+        if "speculative" in brought:
+            combined["speculative"] = brought["speculative"]
+        merged.append(combined)
     return merged, errors
 
 
@@ -339,7 +370,8 @@ def instance_problems(instance: t.Mapping[str, t.Any], options: t.Mapping[str, t
 
 
 def host_problems(present: t.Sequence[t.Mapping[str, t.Any]], options: t.Mapping[str, t.Any]) -> list[str]:
-    """Problems across one host's instances: the shared memory pool, unique names and ports, LAN binds."""
+    """Problems across one host's instances: the shared memory pool, unique names and ports, LAN binds
+    (those only when the host's addresses are known: not when only the inventory is checked)."""
     errors: list[str] = []
     gmus = [i.get("gpu_memory_utilization") for i in present]
     if gmus and all(isinstance(g, (int, float)) and not isinstance(g, bool) and 0 < g < 1 for g in gmus):
@@ -357,6 +389,8 @@ def host_problems(present: t.Sequence[t.Mapping[str, t.Any]], options: t.Mapping
         if repeated:
             errors.append(f"vllm_instances: {field} {', '.join(repeated)} used more than once on this host; a client or gateway "
                           "could not tell the instances apart")
+    if options["host_addresses"] is None:
+        return errors
     for instance in present:
         addresses = [a for a in instance.get("bind_addresses") or [] if isinstance(a, str)]
         lan = [a for a in addresses if a not in LOOPBACK | WILDCARDS]
@@ -385,6 +419,8 @@ def serve_args(instance: t.Mapping[str, t.Any]) -> list[str]:
             args += [key.flag, *value]
         elif key.kind == "switch":
             args += [key.flag] if value else []
+        elif key.kind == "tristate":
+            args += [key.flag if value else "--no-" + key.flag[2:]]
         elif key.kind == "speculative":
             config = speculative_config(value)
             args += [key.flag, json.dumps(config, sort_keys=True, separators=(",", ":"))] if config else []
@@ -418,13 +454,14 @@ def config_hash(run: t.Sequence[str], env_text: str) -> str:
     return digest.hexdigest()[:16]
 
 
-def instance_plan(instance: t.Mapping[str, t.Any], start_after: list[str], options: t.Mapping[str, t.Any]) -> tuple[dict[str, t.Any], str]:
+def instance_plan(instance: t.Mapping[str, t.Any], start_after: list[str], options: t.Mapping[str, t.Any],
+                  memory: dict[str, t.Any] | None) -> tuple[dict[str, t.Any], str]:
     """(public plan, env file text) of one valid instance."""
     name = instance["name"]
     unit, container = f"sparkfleet-vllm-{name}.service", f"vllm-{name}"
     config_dir = options["config_dir"]
     image = run_image(instance["image"], options["registry_mirror"])
-    environment = {**options["env"], **(instance.get("env") or {})}
+    environment = {**options["hardware"]["env"], **options["env"], **(instance.get("env") or {})}
     env_text = env_file(instance["api_key"], environment)
     timeout = instance.get("health_timeout") or options["health_timeout"]
     run = ["/usr/bin/docker", "run", "--name", container, "--ipc=host", "--env-file", f"{config_dir}/{name}.env"]
@@ -458,6 +495,9 @@ def instance_plan(instance: t.Mapping[str, t.Any], start_after: list[str], optio
         "weights": instance["model"],
         "weights_host_path": weights_host_path,
         "gpu_memory_utilization": instance["gpu_memory_utilization"],
+        "catalog": instance.get("catalog"),
+        "memory": memory,
+        "drop_caches": options["drop_caches"],
         "start_after": start_after,
         "health_timeout": timeout,
         "config_hash": digest,
@@ -512,7 +552,13 @@ DEFAULT_OPTIONS: dict[str, t.Any] = {
     "allow_floating_tag": False,
     "allow_wildcard_bind": False,
     "registry_mirror": "",
-    "gmu_cap": 0.85,
+    "gmu_cap": None,
+    "hardware_class": "dgx_spark",
+    "hardware_overrides": {},
+    "catalog_extra": {},
+    "memory_total_bytes": None,
+    "vllm_version": "",
+    "drop_caches": None,
     "gpus": True,
     "models_dir": "/srv/models",
     "cache_dir": "/var/cache/sparkfleet/vllm",
@@ -529,10 +575,19 @@ DEFAULT_OPTIONS: dict[str, t.Any] = {
 
 
 def option_problems(options: t.Mapping[str, t.Any]) -> list[str]:
-    errors = env_problems("vllm_env", options["env"])
-    cap = options["gmu_cap"]
+    errors = env_problems("vllm_env", options["env"]) + env_problems("sparkfleet_hardware_overrides.env", options["hardware"]["env"])
+    cap, ceiling = options["gmu_cap"], options["hardware"]["gmu_ceiling"]
     if isinstance(cap, bool) or not isinstance(cap, (int, float)) or not 0 < cap <= 1:
-        errors.append(f"vllm_gmu_cap: {cap!r} must be a fraction between 0 and 1")
+        errors.append(f"vllm_gmu_cap: {cap!r} must be a fraction between 0 and 1, or unset for the class's ceiling")
+    elif cap > ceiling:
+        errors.append(f"vllm_gmu_cap: {cap} is above the {options['hardware_class']} class's ceiling of {ceiling} "
+                      f"({options['hardware']['sources'].get('gmu_ceiling', 'see docs/hardware')}). Lower it, or override "
+                      "sparkfleet_hardware_overrides.gmu_ceiling if you measured this box higher")
+    version = options["vllm_version"]
+    if version and not (isinstance(version, str) and VERSION.fullmatch(version)):
+        errors.append(f"vllm_version: {version!r} must be the image's vLLM release such as 0.32.0, or empty")
+    if not isinstance(options["drop_caches"], bool):
+        errors.append(f"vllm_drop_caches: {options['drop_caches']!r} must be true or false, or unset for the class's setting")
     for name in ("models_dir", "cache_dir", "config_dir"):
         value = options[name]
         if not isinstance(value, str) or not value.startswith("/") or not TOKEN.fullmatch(value.lstrip("/") or "x"):
@@ -561,22 +616,61 @@ def build_plan(instances: t.Any, defaults: t.Any, **given: t.Any) -> dict[str, t
     if unknown:
         raise TypeError(f"unknown plan options: {', '.join(sorted(unknown))}")
     options = {**DEFAULT_OPTIONS, **given}
+    plan: dict[str, t.Any] = {"instances": [], "absent": [], "errors": [], "warnings": [], "env_files": {},
+                              "hardware_class": options["hardware_class"]}
+    hardware = resolve_class(options["hardware_class"], options["hardware_overrides"])
+    extra_problems = catalog_problems(options["catalog_extra"])
+    plan["errors"] = hardware["errors"] + extra_problems
+    if plan["errors"]:
+        return plan
+    options["hardware"] = hardware["values"]
+    options["catalog"] = {**CATALOG, **options["catalog_extra"]}
+    options["gmu_cap"] = options["hardware"]["gmu_ceiling"] if options["gmu_cap"] in (None, "") else options["gmu_cap"]
     options["gmu_cap"] = float(options["gmu_cap"]) if is_int(options["gmu_cap"]) else options["gmu_cap"]
-    merged, errors = merged_instances(instances, defaults, options["image"])
+    options["drop_caches"] = options["hardware"]["drop_caches"] if options["drop_caches"] in (None, "") else options["drop_caches"]
+    plan["gmu_cap"] = options["gmu_cap"]
+    merged, errors = merged_instances(instances, defaults, options["image"], options["catalog"])
     errors += option_problems(options)
+    memories: dict[int, dict[str, t.Any] | None] = {}
     for instance in merged:
-        errors += instance_problems(instance, options)
+        problems = instance_problems(instance, options)
+        if not problems and instance.get("state") != "absent":
+            if instance.get("max_num_batched_tokens") is None and options["hardware"]["max_num_batched_tokens"]:
+                instance["max_num_batched_tokens"] = options["hardware"]["max_num_batched_tokens"]
+            problems, warnings, memories[instance["_index"]] = instance_findings(instance, options)
+            plan["warnings"] += warnings
+        errors += problems
     present = [i for i in merged if i.get("state") != "absent"]
     errors += host_problems(present, options)
-    plan: dict[str, t.Any] = {"instances": [], "absent": [], "errors": errors, "env_files": {}}
+    plan["errors"] = errors
     if errors:
         return plan
     for instance in present:
-        public, env_text = instance_plan(instance, [i["unit"] for i in plan["instances"]], options)
+        public, env_text = instance_plan(instance, [i["unit"] for i in plan["instances"]], options, memories.get(instance["_index"]))
         plan["instances"].append(public)
         plan["env_files"][public["name"]] = env_text
     plan["absent"] = [i["name"] for i in merged if i.get("state") == "absent"]
     return plan
+
+
+def instance_findings(instance: dict[str, t.Any], options: t.Mapping[str, t.Any]) -> tuple[list[str], list[str], dict[str, t.Any] | None]:
+    """The seed guards, the catalog's limits and the memory arithmetic of one well-formed instance:
+    (errors, warnings, memory report or None when the class has no GPU or the model no entry)."""
+    where = f"vllm_instances[{instance['_index']}] ({instance['name']})"
+    hardware = options["hardware"]
+    mnbt = instance.get("max_num_batched_tokens")
+    entry_id = instance.get("catalog")
+    entry = options["catalog"].get(entry_id) if entry_id else None
+    errors, warnings = setting_findings(where, instance, entry, hardware, mnbt)
+    if not entry:
+        return errors, warnings, None
+    found_errors, found_warnings = catalog_findings(where, instance, entry_id, entry, options["catalog"], mnbt, options["vllm_version"])
+    errors, warnings = errors + found_errors, warnings + found_warnings
+    pool = options["memory_total_bytes"] or (hardware["pool_gib"] or 0) * GIB
+    if not hardware["gpu"] or not pool:
+        return errors, warnings, None
+    report, memory_errors, memory_warnings = memory_report(where, instance, entry, pool, mnbt)
+    return errors + memory_errors, warnings + memory_warnings, report
 
 
 def drift_reasons(plan: t.Mapping[str, t.Any], files_changed: bool, unit_state: str | None,

@@ -39,9 +39,22 @@ def test_readme_lists_every_variable(role):
         assert f"| `{name}` |" in section, f"README's {role} section does not list {name}"
 
 
-def test_readme_key_table_is_the_generated_one():
+def generated_between(path, marker):
+    return path.read_text().split(f"<!-- {marker}: begin -->\n")[1].split(f"\n<!-- {marker}: end -->")[0]
+
+
+def test_generated_documentation_is_current():
+    """The README's key table, docs/catalog.md's table and the page of every class and catalog entry
+    are generated from the data (scripts/render_docs); a stale page would mislead an operator."""
+    from ansible_collections.sparkfleet.vllm.plugins.module_utils._hardware_classes import CLASSES, class_page
+    from ansible_collections.sparkfleet.vllm.plugins.module_utils._model_catalog import CATALOG, catalog_page, catalog_table_markdown
     from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_plan import key_table_markdown
 
-    readme = (ROOT / "README.md").read_text()
-    table = readme.split("<!-- instance keys: begin -->\n")[1].split("\n<!-- instance keys: end -->")[0]
-    assert table == key_table_markdown(), "regenerate the README's instance key table from _vllm_plan.key_table_markdown()"
+    stale = "is stale: run scripts/render_docs"
+    assert generated_between(ROOT / "README.md", "instance keys") == key_table_markdown(), f"README's key table {stale}"
+    assert generated_between(ROOT / "docs" / "catalog.md", "catalog table") == catalog_table_markdown(), f"docs/catalog.md {stale}"
+    for folder, names, render in (("hardware", CLASSES, class_page), ("catalog", CATALOG, catalog_page)):
+        pages = {path.stem for path in (ROOT / "docs" / folder).glob("*.md")}
+        assert pages == set(names), f"docs/{folder} {stale}"
+        for name in names:
+            assert (ROOT / "docs" / folder / f"{name}.md").read_text() == render(name), f"docs/{folder}/{name}.md {stale}"

@@ -36,7 +36,9 @@ DEFAULTS = {"bind_addresses": ["127.0.0.1"], "gpu_memory_utilization": 0.5}
 
 
 def plan(*instances, defaults=None, **options):
+    """The plan on the lab's class unless a test names another (no class env, no class batch size)."""
     options.setdefault("image", IMAGE)
+    options.setdefault("hardware_class", "cpu_lab")
     return build_plan(list(instances) or [instance()], DEFAULTS if defaults is None else defaults, **options)
 
 
@@ -131,7 +133,7 @@ def test_extra_args_cannot_set_what_the_role_owns(argument, flag):
     assert "secret" not in error, "a value given with = is not echoed"
 
 
-@pytest.mark.parametrize("argument", ["--seed", "0", "--enable-prefix-caching", "--no-enable-prefix-caching", "--max-loras=2",
+@pytest.mark.parametrize("argument", ["--seed", "0", "--max-loras=2",
                                       "--disable-log-requests", "-tp", "2", "-O3", "--compilation-config.level=3"])
 def test_extra_args_that_the_role_does_not_own_pass(argument):
     assert owned_flag(argument) is None
@@ -201,7 +203,8 @@ def test_auto_tool_choice_without_parser_is_refused():
 
 def test_speculative_guards_and_zero_means_off():
     assert "num_speculative_tokens" in only_error(instance(speculative={"method": "ngram", "num_speculative_tokens": -1}))
-    assert "speculative.model" in only_error(instance(speculative={"method": "mtp", "num_speculative_tokens": 4}))
+    assert "speculative.model" in only_error(instance(speculative={"method": "dflash", "num_speculative_tokens": 4}))
+    assert errors(instance(speculative={"method": "mtp", "num_speculative_tokens": 2})) == [], "mtp may use the target's own head"
     assert "belong in speculative itself" in only_error(instance(speculative={"method": "ngram", "num_speculative_tokens": 2,
                                                                               "options": {"num_speculative_tokens": 9}}))
     off = plan(instance(speculative={"method": "mtp", "num_speculative_tokens": 0}))

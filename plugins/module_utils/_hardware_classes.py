@@ -1,0 +1,240 @@
+# Copyright: sparkfleet.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Hardware classes as data: what a kind of box can take, and where each value comes from.
+
+Private to the collection. A host names its class with ``sparkfleet_hardware_class`` (a group
+variable, as on a real fleet) and may override single values with
+``sparkfleet_hardware_overrides``. ``resolve_class`` returns the values and every problem at
+once; the instance plan and the preflight read the values, nothing else repeats them.
+"""
+
+from __future__ import annotations
+
+import typing as t
+
+GB10_ENV_SOURCE = (
+    "seed 002: MAX_JOBS=2 and FLASHINFER_NVCC_THREADS=1 stop FlashInfer's JIT from spawning 20-32 compiler processes "
+    "that OOM-kill the box; VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1 makes vLLM estimate rather than capture CUDA "
+    "graphs while profiling (the Founders Edition's num_gpu_blocks=0 OOM)"
+)
+GB10_LEFT_OUT = {
+    "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True": "seed 002's A/B on a Founders Edition: OOM crash at 0.85 "
+    "(exit 255). Seed 000 ran it at 0.55 on a shared box without harm; add it to vllm_env only at low utilisation",
+    "VLLM_MARLIN_USE_ATOMIC_ADD=1": "seed 002's A/B: 46.2 against 47.5 tok/s and it needed 0.84 to boot; seed 000 pairs it "
+    "with --moe-backend marlin, so add it with that backend",
+    "VLLM_USE_FLASHINFER_SAMPLER=0": "seed 002's A/B: 47.3 against 47.5 tok/s, within noise",
+}
+
+# Every class has every field; ``sources`` says where each value comes from.
+CLASSES: dict[str, dict[str, t.Any]] = {
+    "dgx_spark": {
+        "title": "NVIDIA DGX Spark (Founders Edition), GB10",
+        "board": "dgx_spark",
+        "gpu": True,
+        "unified_memory": True,
+        "compute_capability": "12.1",
+        "pool_gib": 121.69,
+        "gmu_ceiling": 0.85,
+        "max_num_batched_tokens": 32768,
+        "free_memory_baseline_gib": 99.0,
+        "shm_size_ceiling_gib": 64,
+        "driver_branch": "580",
+        "production": True,
+        "drop_caches": True,
+        "power_wedge_check": False,
+        "min_free_disk_gib": 170,
+        "env": {"MAX_JOBS": "2", "FLASHINFER_NVCC_THREADS": "1", "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS": "1"},
+        "left_out_env": GB10_LEFT_OUT,
+        "sources": {
+            "pool_gib": "seed 002 and 004: 121.69 GiB CUDA-visible of the 128 GB; /proc/meminfo MemTotal says the same",
+            "gmu_ceiling": "seed 002: 0.85 validated on a clean boot; 0.90 fails vLLM's request_memory() check with ~99 GiB free",
+            "max_num_batched_tokens": "seed 001: swept 4096/8192/32768; 32768 keeps p99 ITL low, 4096 buys 7-14 % on dense "
+            "models at 5-15x worse p99 ITL",
+            "free_memory_baseline_gib": "seed 002: ~99 GiB free after a clean boot on the Founders Edition; less means "
+            "crash-loop residue that only a reboot clears",
+            "shm_size_ceiling_gib": "seed 002's TP=2 launch: --shm-size 64g",
+            "driver_branch": "seed 000: 580; 590 had a CUDA-graph deadlock on GB10",
+            "drop_caches": "seed 002: flush the page cache before every launch on the unified pool",
+            "min_free_disk_gib": "seed 002: ~170 GB for models and build",
+            "env": GB10_ENV_SOURCE,
+        },
+    },
+    "asus_gx10": {
+        "title": "ASUS Ascent GX10, GB10",
+        "board": "asus_gx10",
+        "gpu": True,
+        "unified_memory": True,
+        "compute_capability": "12.1",
+        "pool_gib": 121.69,
+        "gmu_ceiling": 0.87,
+        "max_num_batched_tokens": 32768,
+        "free_memory_baseline_gib": 103.0,
+        "shm_size_ceiling_gib": 64,
+        "driver_branch": "580",
+        "production": True,
+        "drop_caches": True,
+        "power_wedge_check": True,
+        "min_free_disk_gib": 170,
+        "env": {"MAX_JOBS": "2", "FLASHINFER_NVCC_THREADS": "1", "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS": "1"},
+        "left_out_env": GB10_LEFT_OUT,
+        "sources": {
+            "pool_gib": "seed 002: the same GB10 SoC, 121.69 GiB CUDA-visible",
+            "gmu_ceiling": "seed 002's node table: 0.87 on the GX10 (0.90 fails: 106.0 GiB free < 109.46 desired)",
+            "max_num_batched_tokens": "seed 001 (same SoC as the Spark)",
+            "free_memory_baseline_gib": "seed 002: ~103+ GiB free at a clean boot on the GX10",
+            "shm_size_ceiling_gib": "seed 002's TP=2 launch: --shm-size 64g",
+            "driver_branch": "seed 000: 580 on GB10",
+            "drop_caches": "seed 002: flush the page cache before every launch",
+            "power_wedge_check": "seed 002: the GX10's USB-C power-delivery firmware wedge pins the GPU under 1 GHz and "
+            "15 W under load; OOM kills, sleep/wake and crash loops trigger it",
+            "min_free_disk_gib": "seed 002: ~170 GB for models and build",
+            "env": GB10_ENV_SOURCE + "; the GX10 tolerates their absence, they cost nothing there",
+        },
+    },
+    "rtx_pro_6000": {
+        "title": "NVIDIA RTX PRO 6000 Blackwell (96 GB), discrete",
+        "board": "any",
+        "gpu": True,
+        "unified_memory": False,
+        "compute_capability": "12.0",
+        "pool_gib": 95.0,
+        "gmu_ceiling": 0.92,
+        "max_num_batched_tokens": 32768,
+        "free_memory_baseline_gib": None,
+        "shm_size_ceiling_gib": 32,
+        "driver_branch": None,
+        "production": True,
+        "drop_caches": False,
+        "power_wedge_check": False,
+        "min_free_disk_gib": 100,
+        "env": {},
+        "left_out_env": {
+            "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True": "no seed measured it on a discrete card; vLLM's own "
+            "allocator settings apply",
+        },
+        "sources": {
+            "pool_gib": "seed 001: a 96 GB card; the total nvidia-smi reports on the host is used whenever it is known",
+            "gmu_ceiling": "seed 001: 0.92 verified safe for Gemma 4 under 8k prompts at 64 concurrent; higher can OOM "
+            "after the KV cache is allocated",
+            "max_num_batched_tokens": "seed 001: lowering it bought at most 2.6 % here",
+            "shm_size_ceiling_gib": "sized for a workstation; the containers share the host's /dev/shm (--ipc=host)",
+            "driver_branch": "seed 001: a recent driver; the 580 pin is a GB10 lesson",
+            "min_free_disk_gib": "seed 001: the five Gemma 4 checkpoints with their drafters",
+        },
+    },
+    "rtx_5090": {
+        "title": "NVIDIA RTX 5090 (32 GB), discrete",
+        "board": "any",
+        "gpu": True,
+        "unified_memory": False,
+        "compute_capability": "12.0",
+        "pool_gib": 31.84,
+        "gmu_ceiling": 0.92,
+        "max_num_batched_tokens": 8192,
+        "free_memory_baseline_gib": None,
+        "shm_size_ceiling_gib": 16,
+        "driver_branch": None,
+        "production": True,
+        "drop_caches": False,
+        "power_wedge_check": False,
+        "min_free_disk_gib": 60,
+        "env": {},
+        "left_out_env": {
+            "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True": "no seed measured it on a discrete card",
+        },
+        "sources": {
+            "pool_gib": "seed 001: 32,607 MiB",
+            "gmu_ceiling": "seed 001: 0.92; usage peaked at 31,092 of 32,607 MiB with MTP",
+            "max_num_batched_tokens": "seed 001: the stock 32768 does not start the 26B-A4B at full context on 32 GB; "
+            "8192 leaves 10.92 GiB of KV cache",
+            "shm_size_ceiling_gib": "sized for a workstation",
+            "min_free_disk_gib": "seed 001: one model with its drafter",
+        },
+    },
+    "cpu_lab": {
+        "title": "The local lab: systemd containers running vLLM's CPU build",
+        "board": "any",
+        "gpu": False,
+        "unified_memory": True,
+        "compute_capability": None,
+        "pool_gib": None,
+        "gmu_ceiling": 0.9,
+        "max_num_batched_tokens": None,
+        "free_memory_baseline_gib": None,
+        "shm_size_ceiling_gib": 2,
+        "driver_branch": None,
+        "production": False,
+        "drop_caches": False,
+        "power_wedge_check": False,
+        "min_free_disk_gib": 1,
+        "env": {},
+        "left_out_env": {},
+        "sources": {
+            "gmu_ceiling": "the lab's instances take 0.1 each; the CPU build sizes its KV cache by block count",
+            "production": "eager mode is how the CPU build starts fast; no CUDA graphs exist to lose",
+            "drop_caches": "a container cannot write /proc/sys/vm/drop_caches",
+            "shm_size_ceiling_gib": "vLLM's CPU build needs about 160 MiB of /dev/shm",
+        },
+    },
+}
+
+FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
+    "gmu_ceiling": ((float, int), "highest sum of gpu_memory_utilization on the host"),
+    "max_num_batched_tokens": ((int, type(None)), "max_num_batched_tokens of instances that set none"),
+    "free_memory_baseline_gib": ((float, int, type(None)), "memory available after a clean boot; less means residue"),
+    "shm_size_ceiling_gib": ((int, float), "largest /dev/shm a container may ask for"),
+    "pool_gib": ((float, int, type(None)), "memory the GPU sees, when the host cannot report it"),
+    "driver_branch": ((str, type(None)), "the NVIDIA driver branch the host must run"),
+    "production": ((bool,), "warn about debugging settings such as enforce_eager"),
+    "drop_caches": ((bool,), "drop the page cache right before each launch"),
+    "power_wedge_check": ((bool,), "judge the clock and power under load against the power-delivery wedge"),
+    "min_free_disk_gib": ((int, float), "free disk the models directory needs besides the staged checkpoints"),
+    "env": ((dict,), "environment every instance gets"),
+}
+OVERRIDABLE = tuple(FIELDS)
+
+
+def resolve_class(name: t.Any, overrides: t.Any = None) -> dict[str, t.Any]:
+    """``{"name", "values", "errors"}``: the class's values with the inventory's overrides."""
+    if not isinstance(name, str) or name not in CLASSES:
+        return {"name": name, "values": {}, "errors": [
+            f"sparkfleet_hardware_class: {name!r} is not a hardware class; set it (a group variable) to one of "
+            f"{', '.join(CLASSES)}"]}
+    overrides = {} if overrides is None else overrides
+    if not isinstance(overrides, dict):
+        return {"name": name, "values": {}, "errors": ["sparkfleet_hardware_overrides: must be a mapping of class values"]}
+    errors = []
+    for key, value in overrides.items():
+        if key not in FIELDS:
+            errors.append(f"sparkfleet_hardware_overrides.{key}: not a value a class has; overridable: {', '.join(OVERRIDABLE)}")
+        elif (isinstance(value, bool) and bool not in FIELDS[key][0]) or not isinstance(value, FIELDS[key][0]):
+            errors.append(f"sparkfleet_hardware_overrides.{key}: {value!r} has the wrong type ({FIELDS[key][1]})")
+    values = {**CLASSES[name], **({} if errors else overrides)}
+    ceiling = values["gmu_ceiling"]
+    if not errors and not 0 < ceiling <= 1:
+        errors.append(f"sparkfleet_hardware_overrides.gmu_ceiling: {ceiling!r} must be a fraction between 0 and 1")
+    return {"name": name, "values": values if not errors else {}, "errors": errors}
+
+
+def class_page(name: str) -> str:
+    """The documentation page of one class, generated from the data (docs/hardware/NAME.md)."""
+    values = CLASSES[name]
+    lines = [f"# Hardware class `{name}`", "", values["title"] + ".", "",
+             "Generated from `plugins/module_utils/_hardware_classes.py`; select it with "
+             f"`sparkfleet_hardware_class: {name}` and override single values with `sparkfleet_hardware_overrides`.", "",
+             "| value | setting | where it comes from |", "|---|---|---|"]
+    for key in ("board", "gpu", "unified_memory", "compute_capability", *FIELDS):
+        if key == "env":
+            continue
+        shown = values[key]
+        lines.append(f"| `{key}` | `{shown}` | {values['sources'].get(key, FIELDS[key][1] if key in FIELDS else '')} |")
+    lines += ["", "## Environment", ""]
+    if values["env"]:
+        lines += [f"- `{k}={v}`" for k, v in values["env"].items()]
+        lines += ["", values["sources"].get("env", "")]
+    else:
+        lines.append("None beyond `vllm_env`.")
+    if values["left_out_env"]:
+        lines += ["", "Left out on purpose:", ""]
+        lines += [f"- `{k}`: {reason}" for k, reason in values["left_out_env"].items()]
+    return "\n".join(lines) + "\n"

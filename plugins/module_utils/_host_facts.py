@@ -1,0 +1,207 @@
+# Copyright: sparkfleet.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""What a serving host is, read from the files and tools it has. Private to the collection.
+
+Every function here parses text a host produced (DMI, os-release, nvidia-smi's CSV, /proc,
+fstab, docker info, systemctl show); the spark_facts module only gathers the text. On a GB10
+nvidia-smi reports its memory as [N/A] (NVIDIA's known issue): the unified pool is read from
+/proc/meminfo, which is also what vLLM's total is there (121.69 GiB).
+"""
+
+from __future__ import annotations
+
+import csv
+import fnmatch
+import io
+import json
+import re
+import typing as t
+
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._memory import parse_meminfo
+
+# What nvidia-smi is asked, in this order; its CSV header names the columns with units.
+GPU_QUERY = ("index", "name", "driver_version", "compute_cap", "memory.total", "memory.free", "clocks.sm", "power.draw",
+             "utilization.gpu")
+NVIDIA_SMI_ARGS = ["--query-gpu=" + ",".join(GPU_QUERY), "--format=csv"]
+SLEEP_TARGETS = ("sleep.target", "suspend.target", "hibernate.target", "hybrid-sleep.target")
+# Processes expected to hold the GPU's device nodes (seed 002: nvidia-persistenced is).
+EXPECTED_HOLDERS = frozenset({"nvidia-persistenced"})
+LOADED_UTILIZATION = 50.0
+# Seed 002: a wedged GX10 runs at 611-708 MHz and under 15 W at 90 %+ utilisation (healthy: 2400-2600 MHz, 35-45 W).
+WEDGE_CLOCK_MHZ = 1000.0
+WEDGE_POWER_W = 15.0
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+
+
+def board(dmi: t.Mapping[str, str | None]) -> dict[str, t.Any]:
+    """The board from /sys/class/dmi/id (sys_vendor, product_name, board_vendor, board_name, bios_version)."""
+    vendor = (dmi.get("sys_vendor") or dmi.get("board_vendor") or "").strip()
+    product = (dmi.get("product_name") or dmi.get("board_name") or "").strip()
+    text = f"{vendor} {product} {dmi.get('board_name') or ''}".lower()
+    if "gx10" in text and "asus" in text:
+        kind = "asus_gx10"
+    elif "nvidia" in vendor.lower() and ("spark" in text or "dgx" in text):
+        kind = "dgx_spark"
+    elif vendor or product:
+        kind = "other"
+    else:
+        kind = "unknown"
+    return {"kind": kind, "vendor": vendor or None, "product": product or None, "bios_version": (dmi.get("bios_version") or "").strip() or None}
+
+
+def parse_os_release(text: str) -> dict[str, str | None]:
+    values = {}
+    for line in text.splitlines():
+        name, separator, value = line.partition("=")
+        if separator:
+            values[name.strip()] = value.strip().strip('"')
+    return {"id": values.get("ID"), "version_id": values.get("VERSION_ID"), "pretty_name": values.get("PRETTY_NAME")}
+
+
+def number(text: str | None) -> float | None:
+    """A figure from an nvidia-smi cell ('2411 MHz', '11.17 W', '0 %'), or None for [N/A] and the like."""
+    match = _NUMBER.search(text or "") if text and "N/A" not in text and "Not Supported" not in text else None
+    return float(match.group()) if match else None
+
+
+def parse_gpu_query(text: str) -> list[dict[str, t.Any]]:
+    """The GPUs from ``nvidia-smi NVIDIA_SMI_ARGS`` (CSV with a header)."""
+    rows = list(csv.reader(io.StringIO(text.strip()), skipinitialspace=True))
+    if not rows:
+        return []
+    header = [column.split(" [")[0].strip() for column in rows[0]]
+    gpus = []
+    for row in rows[1:]:
+        cells = dict(zip(header, (cell.strip() for cell in row), strict=False))
+        if not cells.get("name"):
+            continue
+        driver = cells.get("driver_version") or None
+        memory_total = number(cells.get("memory.total"))
+        gpus.append({
+            "index": int(number(cells.get("index")) or 0),
+            "name": cells["name"],
+            "driver_version": driver,
+            "driver_branch": driver.split(".")[0] if driver and driver[0].isdigit() else None,
+            "compute_capability": cells.get("compute_cap") if number(cells.get("compute_cap")) is not None else None,
+            "memory_total_mib": memory_total,
+            "memory_free_mib": number(cells.get("memory.free")),
+            "memory_reported": memory_total is not None,
+            "sm_clock_mhz": number(cells.get("clocks.sm")),
+            "power_draw_w": number(cells.get("power.draw")),
+            "utilization_percent": number(cells.get("utilization.gpu")),
+        })
+    return gpus
+
+
+def memory(gpus: t.Sequence[t.Mapping[str, t.Any]], meminfo: t.Mapping[str, int]) -> dict[str, t.Any]:
+    """The memory vLLM's utilisation is a fraction of: the GPU's own on a discrete card; the system's
+    on a unified pool (GB10 reports [N/A]) and on a host without a GPU."""
+    discrete = [gpu for gpu in gpus if gpu["memory_reported"]]
+    if discrete:
+        gpu = discrete[0]
+        return {"source": "nvidia-smi", "unified": False, "pool_bytes": int(gpu["memory_total_mib"] * 2**20),
+                "available_bytes": int((gpu["memory_free_mib"] or 0) * 2**20),
+                "system_total_bytes": meminfo.get("MemTotal"), "system_available_bytes": meminfo.get("MemAvailable")}
+    return {"source": "/proc/meminfo", "unified": bool(gpus), "pool_bytes": meminfo.get("MemTotal"),
+            "available_bytes": meminfo.get("MemAvailable"),
+            "system_total_bytes": meminfo.get("MemTotal"), "system_available_bytes": meminfo.get("MemAvailable")}
+
+
+def parse_swaps(text: str) -> list[dict[str, t.Any]]:
+    """Active swap from /proc/swaps (sizes in KiB)."""
+    active = []
+    for line in text.splitlines()[1:]:
+        fields = line.split()
+        if len(fields) >= 4:
+            active.append({"device": fields[0], "size_kib": int(fields[2]), "used_kib": int(fields[3])})
+    return active
+
+
+def fstab_swaps(text: str) -> list[str]:
+    """Swap entries an /etc/fstab activates at boot (commented lines do not count)."""
+    entries = []
+    for line in text.splitlines():
+        fields = line.split("#", 1)[0].split()
+        if len(fields) >= 3 and fields[2] == "swap" and "noauto" not in (fields[3].split(",") if len(fields) > 3 else []):
+            entries.append(fields[0])
+    return entries
+
+
+def device_holders(processes: t.Iterable[tuple[int, str, t.Sequence[str]]], patterns: t.Sequence[str]) -> list[dict[str, t.Any]]:
+    """Processes other than the expected ones holding a device node matching ``patterns``;
+    ``processes`` is (pid, command name, paths of its open files), as /proc/PID/fd reads."""
+    holders = []
+    for pid, command, paths in processes:
+        held = sorted({path for path in paths if any(fnmatch.fnmatch(path, pattern) for pattern in patterns)})
+        if held and command not in EXPECTED_HOLDERS:
+            holders.append({"pid": pid, "command": command, "paths": held})
+    return sorted(holders, key=lambda holder: holder["pid"])
+
+
+def parse_docker_info(text: str | None) -> dict[str, t.Any]:
+    """``docker info --format '{{json .}}'``: the engine, its runtimes and whether NVIDIA's is one."""
+    if not text:
+        return {"present": False, "version": None, "runtimes": [], "default_runtime": None, "nvidia_runtime": False}
+    try:
+        info = json.loads(text)
+    except ValueError:
+        return {"present": False, "version": None, "runtimes": [], "default_runtime": None, "nvidia_runtime": False,
+                "error": "docker info did not answer with JSON"}
+    runtimes = sorted((info.get("Runtimes") or {}).keys())
+    return {"present": bool(info.get("ServerVersion")), "version": info.get("ServerVersion"), "runtimes": runtimes,
+            "default_runtime": info.get("DefaultRuntime"), "architecture": info.get("Architecture"),
+            "nvidia_runtime": "nvidia" in runtimes}
+
+
+def parse_unit_states(text: str) -> dict[str, str]:
+    """``systemctl show --property=Id,LoadState,UnitFileState UNITS``: unit -> masked, static, enabled, not-found..."""
+    states: dict[str, str] = {}
+    for block in text.strip().split("\n\n"):
+        values = dict(line.split("=", 1) for line in block.splitlines() if "=" in line)
+        if values.get("Id"):
+            load = values.get("LoadState", "")
+            states[values["Id"]] = "masked" if load == "masked" else ("not-found" if load == "not-found" else values.get("UnitFileState") or load)
+    return states
+
+
+def power_state(gpus: t.Sequence[t.Mapping[str, t.Any]]) -> dict[str, t.Any]:
+    """Seed 002's power-delivery wedge: under load, an SM clock under 1 GHz with under 15 W."""
+    if not gpus:
+        return {"loaded": False, "wedge_suspected": False, "reason": "no GPU"}
+    gpu = gpus[0]
+    utilization, clock, power = gpu["utilization_percent"], gpu["sm_clock_mhz"], gpu["power_draw_w"]
+    loaded = utilization is not None and utilization >= LOADED_UTILIZATION
+    figures = f"{clock} MHz, {power} W at {utilization} % utilisation"
+    if not loaded:
+        return {"loaded": False, "wedge_suspected": False, "reason": f"not under load ({figures}); the wedge shows only under load"}
+    wedged = clock is not None and power is not None and clock < WEDGE_CLOCK_MHZ and power < WEDGE_POWER_W
+    reason = (f"{figures}: the power-delivery wedge (seed 002); a 90-120 s AC cold drain clears it"
+              if wedged else f"{figures}: clock and power follow the load")
+    return {"loaded": True, "wedge_suspected": wedged, "reason": reason}
+
+
+def summarise(dmi: t.Mapping[str, str | None], os_release: str, architecture: str, gpu_text: str | None, gpu_error: str | None,
+              meminfo_text: str, swaps_text: str, fstab_text: str, holders: list[dict[str, t.Any]], docker_text: str | None,
+              disk: t.Mapping[str, t.Any], units_text: str) -> dict[str, t.Any]:
+    """The host's facts from what spark_facts gathered."""
+    gpus = parse_gpu_query(gpu_text) if gpu_text else []
+    first = gpus[0] if gpus else {}
+    return {
+        "board": board(dmi),
+        "os": parse_os_release(os_release),
+        "architecture": architecture,
+        "gpu": {
+            "present": bool(gpus), "count": len(gpus), "name": first.get("name"), "driver_version": first.get("driver_version"),
+            "driver_branch": first.get("driver_branch"), "compute_capability": first.get("compute_capability"),
+            "memory_reported": first.get("memory_reported"), "sm_clock_mhz": first.get("sm_clock_mhz"),
+            "power_draw_w": first.get("power_draw_w"), "utilization_percent": first.get("utilization_percent"),
+            "detail": "no GPU: nvidia-smi " + (gpu_error or "reported none") if not gpus else None,
+        },
+        "memory": memory(gpus, parse_meminfo(meminfo_text)),
+        "swap": {"active": parse_swaps(swaps_text), "fstab": fstab_swaps(fstab_text)},
+        "device_holders": holders,
+        "docker": parse_docker_info(docker_text),
+        "disk": dict(disk),
+        "sleep_targets": parse_unit_states(units_text),
+        "power": power_state(gpus),
+    }

@@ -1,0 +1,168 @@
+# Copyright: sparkfleet.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Is this host fit to serve its plan? The preflight verdict, from the host's facts, its hardware
+class and its instance plan. Private to the collection.
+
+Each check passes, fails, warns, or is ``remedied``: it fails now, but a role that runs later in
+the same play fixes it (site.yml turns swap off; a standalone preflight changes nothing, so
+there it fails). The verdict names every failing check at once.
+"""
+
+from __future__ import annotations
+
+import re
+import typing as t
+
+GIB = 1024**3
+ARCHITECTURES = {"aarch64": "arm64", "arm64": "arm64", "x86_64": "amd64", "amd64": "amd64"}
+# The first driver branch of each CUDA release (NVIDIA's CUDA toolkit release notes).
+CUDA_DRIVER_BRANCH = {"12.8": 570, "12.9": 575, "13.0": 580, "13.1": 590}
+_CUDA_REQUIREMENT = re.compile(r"cuda>=(\d+\.\d+)")
+_CUDA_VERSION = re.compile(r"^(\d+\.\d+)")
+
+
+def check(name: str, ok: bool, detail: str, remedy: str | None = None, remedies: t.Collection[str] = (),
+          warn_only: bool = False) -> dict[str, t.Any]:
+    if ok:
+        status = "pass"
+    elif warn_only:
+        status = "warn"
+    elif remedy and remedy in remedies:
+        status = "remedied"
+        detail = f"{detail}; the {remedy} role fixes it in this run"
+    else:
+        status = "fail"
+    return {"name": name, "status": status, "detail": detail}
+
+
+def image_cuda(inspect: t.Mapping[str, t.Any]) -> str | None:
+    """The CUDA release an image needs, from its labels or environment (NVIDIA_REQUIRE_CUDA, CUDA_VERSION)."""
+    config = inspect.get("Config") or {}
+    values = {**dict(line.split("=", 1) for line in config.get("Env") or [] if "=" in line), **(config.get("Labels") or {})}
+    requirement = _CUDA_REQUIREMENT.search(values.get("NVIDIA_REQUIRE_CUDA", "") or values.get("com.nvidia.cuda.require", ""))
+    if requirement:
+        return requirement.group(1)
+    version = _CUDA_VERSION.match(values.get("CUDA_VERSION", "") or values.get("com.nvidia.cuda.version", ""))
+    return version.group(1) if version else None
+
+
+def image_checks(images: t.Sequence[t.Mapping[str, t.Any]], facts: t.Mapping[str, t.Any]) -> list[dict[str, t.Any]]:
+    """Each image (``{"ref", "inspect"}``, inspect None when not pulled yet) against the host."""
+    checks = []
+    host_arch = ARCHITECTURES.get(facts["architecture"], facts["architecture"])
+    branch = facts["gpu"]["driver_branch"]
+    for image in images:
+        inspect = image.get("inspect")
+        name = f"image {image['ref']}"
+        if not inspect:
+            checks.append(check(name, True, "not on the host yet; checked again after the pull, before any launch"))
+            continue
+        arch = inspect.get("Architecture")
+        if arch and ARCHITECTURES.get(arch, arch) != host_arch:
+            checks.append(check(name, False, f"built for {arch}, the host is {facts['architecture']}; pull the {host_arch} image"))
+            continue
+        cuda = image_cuda(inspect)
+        if not cuda or not branch:
+            checks.append(check(name, True, f"{arch or 'unknown'} image; " + ("needs CUDA " + cuda if cuda else "declares no CUDA release")
+                                + ("" if branch else ", the host has no NVIDIA driver")))
+            continue
+        known = sorted(CUDA_DRIVER_BRANCH, key=lambda v: tuple(map(int, v.split("."))))
+        needed = CUDA_DRIVER_BRANCH.get(cuda) or (CUDA_DRIVER_BRANCH[known[-1]] + 1
+                                                  if tuple(map(int, cuda.split("."))) > tuple(map(int, known[-1].split("."))) else 0)
+        checks.append(check(name, int(branch) >= needed,
+                            f"needs CUDA {cuda} (driver branch {needed} or later); the host runs {facts['gpu']['driver_version']}"
+                            + ("" if int(branch) >= needed else ": the engine would fail at startup. Pin an image built for "
+                               f"CUDA {max((v for v in known if CUDA_DRIVER_BRANCH[v] <= int(branch)), default='?')}")))
+    return checks
+
+
+def preflight(facts: t.Mapping[str, t.Any], hardware_class: str, hardware: t.Mapping[str, t.Any],
+              instances: t.Sequence[t.Mapping[str, t.Any]], images: t.Sequence[t.Mapping[str, t.Any]] = (),
+              missing_weights_gib: float = 0.0, min_free_disk_gib: float | None = None,
+              remedies: t.Collection[str] = ()) -> dict[str, t.Any]:
+    """The verdict: ``ok``, ``checks`` (name, status pass/fail/warn/remedied, detail) and ``reasons`` (the failures)."""
+    checks = []
+    board = facts["board"]
+    wanted_board = hardware["board"]
+    checks.append(check("board", wanted_board == "any" or board["kind"] == wanted_board,
+                        f"{board['kind']} ({board['vendor'] or '?'} {board['product'] or '?'}); sparkfleet_hardware_class is "
+                        f"{hardware_class}" + ("" if wanted_board == "any" or board["kind"] == wanted_board
+                                               else f", which is a {wanted_board} board. Fix the host's group")))
+    gpu = facts["gpu"]
+    if hardware["gpu"]:
+        checks.append(check("gpu", gpu["present"], f"{gpu['name']}, compute capability {gpu['compute_capability']}"
+                            if gpu["present"] else f"{gpu['detail']}; the {hardware_class} class serves on a GPU"))
+        if gpu["present"] and hardware["compute_capability"]:
+            checks.append(check("compute capability", gpu["compute_capability"] == hardware["compute_capability"],
+                                f"{gpu['compute_capability']}, the class expects {hardware['compute_capability']}"))
+    else:
+        checks.append(check("gpu", True, "no GPU expected (the CPU build)" + (f"; {gpu['detail']}" if gpu["detail"] else "")))
+    if hardware["driver_branch"]:
+        checks.append(check("driver branch", gpu["driver_branch"] == hardware["driver_branch"],
+                            f"{gpu['driver_version'] or 'none'}; the class needs branch {hardware['driver_branch']} "
+                            f"({hardware['sources'].get('driver_branch', '')})"))
+    swap = facts["swap"]
+    swap_parts = [f"active: {', '.join(s['device'] for s in swap['active'])}" if swap["active"] else "",
+                  f"in /etc/fstab: {', '.join(swap['fstab'])} (returns at boot)" if swap["fstab"] else ""]
+    checks.append(check("swap off", not swap["active"] and not swap["fstab"],
+                        "; ".join(p for p in swap_parts if p) or "no swap active or configured",
+                        remedy="swap", remedies=remedies))
+    checks += memory_checks(facts, hardware, instances)
+    holders = [h for h in facts["device_holders"] if not h.get("container")]
+    checks.append(check("device holders", not holders,
+                        "; ".join(f"pid {h['pid']} ({h['command']}) holds {', '.join(h['paths'])}" for h in holders)
+                        + ": stop them (a stale container: docker rm; what persists: reboot, seed 002)" if holders
+                        else "only nvidia-persistenced and the instances' own engines hold the device nodes"))
+    need = (hardware["min_free_disk_gib"] if min_free_disk_gib is None else min_free_disk_gib) + missing_weights_gib
+    free = facts["disk"]["free_bytes"] / GIB
+    checks.append(check("free disk", free >= need,
+                        f"{free:.2f} GiB free at {facts['disk']['path']}, need {need:.2f} GiB"
+                        + (f" ({missing_weights_gib:.2f} GiB of checkpoints still to stage)" if missing_weights_gib else "")))
+    if instances:
+        docker = facts["docker"]
+        checks.append(check("docker", docker["present"], f"Docker {docker['version']}" if docker["present"]
+                            else "no Docker engine answers; the instances run as containers"))
+        if hardware["gpu"]:
+            checks.append(check("nvidia container runtime", docker["nvidia_runtime"],
+                                f"runtimes: {', '.join(docker['runtimes']) or 'none'}"
+                                + ("" if docker["nvidia_runtime"] else "; install the NVIDIA Container Toolkit and run "
+                                   "nvidia-ctk runtime configure --runtime=docker")))
+    if hardware["gpu"]:
+        states = facts["sleep_targets"]
+        awake = sorted(unit for unit, state in states.items() if state not in ("masked", "not-found"))
+        checks.append(check("sleep targets masked", not awake,
+                            f"{', '.join(f'{u} is {states[u]}' for u in awake)}: sleep/wake triggers the power-delivery wedge "
+                            "(seed 002)" if awake else "sleep, suspend and hibernate are masked",
+                            remedy="headless", remedies=remedies))
+    if hardware["power_wedge_check"]:
+        power = facts["power"]
+        checks.append(check("power delivery", not power["wedge_suspected"], power["reason"]))
+    checks += image_checks(images, facts)
+    failures = [f"{c['name']}: {c['detail']}" for c in checks if c["status"] == "fail"]
+    return {"ok": not failures, "checks": checks, "reasons": failures,
+            "warnings": [f"{c['name']}: {c['detail']}" for c in checks if c["status"] == "warn"],
+            "lines": [f"{c['status'].upper()} {c['name']}: {c['detail']}" for c in checks]}
+
+
+def memory_checks(facts: t.Mapping[str, t.Any], hardware: t.Mapping[str, t.Any],
+                  instances: t.Sequence[t.Mapping[str, t.Any]]) -> list[dict[str, t.Any]]:
+    memory = facts["memory"]
+    pool, available = memory["pool_bytes"], memory["available_bytes"]
+    if not pool or available is None:
+        return [check("memory", False, f"{memory['source']} reports no total or available memory")]
+    running = facts["docker"].get("instance_containers") or []
+    planned = sum(i["gpu_memory_utilization"] for i in instances)
+    if running:
+        return [check("memory for the plan", True, f"{len(running)} instance(s) already run and hold their share; each "
+                      "launch is checked against the memory available at that moment")]
+    checks = [check("memory for the plan", available >= planned * pool,
+                    f"{available / GIB:.2f} GiB available of {pool / GIB:.2f} GiB ({memory['source']}); the plan takes "
+                    f"{planned:.2f} of it, {planned * pool / GIB:.2f} GiB"
+                    + ("" if available >= planned * pool else ": stop what holds memory, drop caches, or lower the fractions"))]
+    baseline = hardware["free_memory_baseline_gib"]
+    if baseline and hardware["gpu"]:
+        checks.append(check("clean-boot baseline", available / GIB >= baseline,
+                            f"{available / GIB:.2f} GiB available, a clean boot of this class leaves about {baseline} GiB"
+                            + ("" if available / GIB >= baseline else "; after failed launches residue stays until a reboot "
+                               "(seed 002 lesson 11)"), warn_only=True))
+    return checks

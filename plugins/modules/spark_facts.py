@@ -1,0 +1,179 @@
+#!/usr/bin/python
+# Copyright: sparkfleet.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: spark_facts
+short_description: Read what a serving host is (board, GPU, driver, unified memory, swap, device holders, Docker)
+version_added: 0.3.0
+description:
+  - Reads, and never changes, the facts the preflight and the instance plan need. The board from DMI (DGX Spark
+    Founders Edition, ASUS GX10, other), the OS release, the CPU architecture, the NVIDIA driver version and branch,
+    the GPU's name and compute capability, its SM clock, power draw and utilisation (seed 002's power-delivery wedge
+    shows as a clock under 1 GHz and under 15 W while loaded).
+  - Memory is read where it really is. nvidia-smi reports C([N/A]) for memory on a GB10, so on a unified pool the
+    total and the available memory come from C(/proc/meminfo); on a discrete card from nvidia-smi.
+  - Swap that is active (C(/proc/swaps)) or comes back at boot (C(/etc/fstab)); the processes other than
+    nvidia-persistenced that hold the GPU's device nodes, each marked with the collection's container it runs in,
+    if any; Docker's version and whether the NVIDIA runtime is configured; the running instance containers; the
+    free disk at the models directory; the state of the sleep and suspend targets.
+  - A host without a GPU (the CPU lab) is reported as such, with the nvidia-smi error, rather than failing.
+  - All parsing is in the collection's private module_utils C(_host_facts), tested on recorded real outputs.
+author: sparkfleet.vllm contributors (@sparkfleet)
+options:
+  models_dir:
+    description: Directory whose free disk is reported (its nearest existing parent when it does not exist yet).
+    type: path
+    default: /srv/models
+  device_nodes:
+    description: Glob patterns of the device nodes whose holders are reported.
+    type: list
+    elements: str
+    default: ['/dev/nvidia*']
+attributes:
+  check_mode:
+    support: full
+    details: Reads only; the same facts in check mode.
+  diff_mode:
+    support: none
+  idempotent:
+    support: full
+notes:
+  - Reading other processes' open files needs root, as does reading the holders of the device nodes.
+"""
+
+EXAMPLES = r"""
+- name: Read the host's facts
+  sparkfleet.vllm.spark_facts:
+    models_dir: /srv/models
+  register: spark
+
+- name: Show the unified pool
+  ansible.builtin.debug:
+    msg: "{{ (spark.facts.memory.pool_bytes / 1024**3) | round(2) }} GiB, {{ spark.facts.gpu.name or 'no GPU' }}"
+"""
+
+RETURN = r"""
+ok:
+  description: True; the module only fails when it cannot read the host at all.
+  returned: always
+  type: bool
+reasons:
+  description: Empty; present for the collection's common result shape.
+  returned: always
+  type: list
+  elements: str
+facts:
+  description:
+    - C(board) (kind dgx_spark, asus_gx10, other or unknown; vendor, product, bios_version), C(os), C(architecture).
+    - C(gpu) (present, count, name, driver_version, driver_branch, compute_capability, memory_reported, sm_clock_mhz,
+      power_draw_w, utilization_percent, detail when there is none).
+    - C(memory) (source, unified, pool_bytes, available_bytes, system_total_bytes, system_available_bytes).
+    - C(swap) (active, fstab), C(device_holders) (pid, command, paths, container), C(docker) (present, version,
+      runtimes, default_runtime, architecture, nvidia_runtime, instance_containers), C(disk) (path, free_bytes,
+      total_bytes), C(sleep_targets) (unit -> state), C(power) (loaded, wedge_suspected, reason).
+  returned: always
+  type: dict
+"""
+
+import glob
+import os
+import platform
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_facts import (
+    NVIDIA_SMI_ARGS,
+    SLEEP_TARGETS,
+    device_holders,
+    summarise,
+)
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_plan import INSTANCE_LABEL
+
+DMI_FIELDS = ("sys_vendor", "product_name", "board_vendor", "board_name", "bios_version")
+
+
+def read(path):
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            return handle.read()
+    except OSError:
+        return ""
+
+
+def open_files():
+    """(pid, command, paths of its open files) of every process readable."""
+    for fd_dir in glob.glob("/proc/[0-9]*/fd"):
+        pid = int(fd_dir.split("/")[2])
+        paths = []
+        try:
+            for entry in os.listdir(fd_dir):
+                try:
+                    paths.append(os.readlink(os.path.join(fd_dir, entry)))
+                except OSError:
+                    continue
+        except OSError:
+            continue
+        yield pid, read(f"/proc/{pid}/comm").strip(), paths
+
+
+def disk(models_dir):
+    path = models_dir
+    while not os.path.isdir(path) and path != "/":
+        path = os.path.dirname(path) or "/"
+    stats = os.statvfs(path)
+    return {"path": path, "free_bytes": stats.f_bavail * stats.f_frsize, "total_bytes": stats.f_blocks * stats.f_frsize}
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            models_dir=dict(type="path", default="/srv/models"),
+            device_nodes=dict(type="list", elements="str", default=["/dev/nvidia*"]),
+        ),
+        supports_check_mode=True,
+    )
+    nvidia_smi = module.get_bin_path("nvidia-smi")
+    gpu_text, gpu_error = None, "is not installed"
+    if nvidia_smi:
+        rc, out, err = module.run_command([nvidia_smi, *NVIDIA_SMI_ARGS])
+        gpu_text, gpu_error = (out, None) if rc == 0 else (None, (err or out).strip() or f"exited {rc}")
+    docker = module.get_bin_path("docker")
+    docker_text, containers = None, {}
+    if docker:
+        rc, out, _err = module.run_command([docker, "info", "--format", "{{json .}}"])
+        docker_text = out if rc == 0 else None
+        rc, out, _err = module.run_command([docker, "ps", "--no-trunc", "--filter", f"label={INSTANCE_LABEL}",
+                                            "--format", "{{.ID}} {{.Names}}"])
+        containers = dict(line.split(" ", 1) for line in out.splitlines() if " " in line) if rc == 0 else {}
+    holders = device_holders(open_files(), module.params["device_nodes"])
+    for holder in holders:
+        cgroup = read(f"/proc/{holder['pid']}/cgroup")
+        holder["container"] = next((name for cid, name in containers.items() if cid in cgroup), None)
+    systemctl = module.get_bin_path("systemctl")
+    units_text = ""
+    if systemctl:
+        _rc, units_text, _err = module.run_command([systemctl, "show", "--property=Id,LoadState,UnitFileState", *SLEEP_TARGETS])
+    facts = summarise(
+        dmi={name: read(f"/sys/class/dmi/id/{name}") or None for name in DMI_FIELDS},
+        os_release=read("/etc/os-release"),
+        architecture=platform.machine(),
+        gpu_text=gpu_text,
+        gpu_error=gpu_error,
+        meminfo_text=read("/proc/meminfo"),
+        swaps_text=read("/proc/swaps"),
+        fstab_text=read("/etc/fstab"),
+        holders=holders,
+        docker_text=docker_text,
+        disk=disk(module.params["models_dir"]),
+        units_text=units_text,
+    )
+    facts["docker"]["instance_containers"] = sorted(containers.values())
+    module.exit_json(changed=False, ok=True, reasons=[], facts=facts)
+
+
+if __name__ == "__main__":
+    main()
