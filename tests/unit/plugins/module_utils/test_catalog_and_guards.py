@@ -1,0 +1,196 @@
+"""Hardware classes and the model catalog as data, each catalog contradiction, each seed guard and
+the memory arithmetic, as the plan applies them."""
+
+import pytest
+
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._hardware_classes import CLASSES, resolve_class
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._model_catalog import CATALOG, catalog_problems
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_plan import build_plan
+
+DIGEST = "sha256:" + "ab" * 32
+IMAGE = f"registry.local:5000/vllm:0.32.0@{DIGEST}"
+KEY = "k" * 32
+GIB = 2**30
+# seed 000's embeddings instance: 7.56 GiB of weights, 8k context (1.12 GiB of KV for it), about
+# 1.96 GiB of CUDA graphs and activations; a fleet adds it as its own catalog entry.
+EMBEDDINGS = {"embeddings": {
+    "title": "seed 000's embeddings model", "path": "/models/embeddings", "size": "embed", "instruction_tuned": True,
+    "format": "bf16", "max_context": 8192, "modalities": ["text"], "weights_gib": 7.56, "kv_bytes_per_token": 146800,
+    "overhead_gib": 1.965, "overhead_gib_per_1k_batched": 0.0, "instance_defaults": {}, "drafters": {}, "broken": []}}
+
+
+def instance(**overrides):
+    spec = dict(name="llm", served_model_names=["chat"], port=8001, api_key=KEY, bind_addresses=["127.0.0.1"],
+                gpu_memory_utilization=0.5, max_num_seqs=8)
+    spec.update(overrides)
+    if "catalog" not in spec:
+        spec.setdefault("model", "/models/x")
+    return spec
+
+
+def plan(*instances, hardware_class="dgx_spark", **options):
+    options.setdefault("image", IMAGE)
+    options.setdefault("vllm_version", "0.32.0")
+    return build_plan(list(instances), {}, hardware_class=hardware_class, **options)
+
+
+def errors(*instances, **options):
+    return plan(*instances, **options)["errors"]
+
+
+def only_error(*instances, **options):
+    found = errors(*instances, **options)
+    assert len(found) == 1, found
+    return found[0]
+
+
+def warnings(*instances, **options):
+    result = plan(*instances, **options)
+    assert result["errors"] == [], result["errors"]
+    return result["warnings"]
+
+
+def test_the_shipped_catalog_and_classes_are_valid_data():
+    assert catalog_problems(CATALOG, "CATALOG") == []
+    for name in CLASSES:
+        assert resolve_class(name)["errors"] == [], name
+    assert set(CLASSES) == {"dgx_spark", "asus_gx10", "rtx_pro_6000", "rtx_5090", "cpu_lab"}
+
+
+def test_catalog_extra_entries_are_checked_like_the_shipped_ones():
+    bad = {"Bad Id": {"title": "x"}, "no-source": {**EMBEDDINGS["embeddings"], "path": None, "max_context": "8k"},
+           "odd-drafter": {**EMBEDDINGS["embeddings"], "drafters": {"medusa": {}}, "broken": [{"setting": "colour"}]}}
+    found = " | ".join(catalog_problems(bad))
+    for fragment in ("vllm_catalog_extra.Bad Id: ids are lower-case", "vllm_catalog_extra.Bad Id.size: missing",
+                     "no-source.max_context: '8k' has the wrong type", "no-source: give repo (a Hub id) or path",
+                     "odd-drafter.drafters.medusa: a drafter method", "odd-drafter.broken[0]: needs setting"):
+        assert fragment in found
+    assert "vllm_catalog_extra" in only_error(instance(catalog="embeddings"), catalog_extra={"e": "not a mapping"})
+
+
+def test_class_values_apply_and_overrides_are_checked():
+    spark = plan(instance(catalog="gemma-4-26b-a4b-it-nvfp4", gpu_memory_utilization=0.6))
+    llm = spark["instances"][0]
+    assert spark["gmu_cap"] == 0.85 and llm["drop_caches"] is True
+    assert {"MAX_JOBS", "FLASHINFER_NVCC_THREADS", "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS"} <= set(llm["env_names"])
+    assert "PYTORCH_CUDA_ALLOC_CONF" not in llm["env_names"], "seed 002 measured it crashing a GB10 at 0.85"
+    args = llm["serve_args"]
+    assert args[args.index("--max-num-batched-tokens") + 1] == "32768" and args[0] == "/models/gemma-4-26B-A4B-it-NVFP4"
+    assert plan(instance(), hardware_class="asus_gx10")["gmu_cap"] == 0.87
+    five = plan(instance(catalog="gemma-4-26b-a4b-it-nvfp4", gpu_memory_utilization=0.9), hardware_class="rtx_5090")
+    assert "8192" in five["instances"][0]["serve_args"] and five["instances"][0]["drop_caches"] is False
+    assert "--max-num-batched-tokens" not in plan(instance(), hardware_class="cpu_lab")["instances"][0]["serve_args"]
+    own = plan(instance(max_num_batched_tokens=16384), hardware_overrides={"max_num_batched_tokens": 4096})
+    assert "16384" in own["instances"][0]["serve_args"]
+    assert "4096" in plan(instance(), hardware_overrides={"max_num_batched_tokens": 4096})["instances"][0]["serve_args"]
+
+
+def test_a_cap_above_the_class_ceiling_and_bad_classes_are_refused():
+    message = only_error(instance(), hardware_class="asus_gx10", gmu_cap=0.9)
+    assert "vllm_gmu_cap: 0.9 is above the asus_gx10 class's ceiling of 0.87" in message and "seed 002" in message
+    assert errors(instance(), hardware_class="asus_gx10", gmu_cap=0.9, hardware_overrides={"gmu_ceiling": 0.9}) == []
+    assert "'gb10' is not a hardware class" in only_error(instance(), hardware_class="gb10")
+    found = " | ".join(errors(instance(), hardware_overrides={"gmu_celing": 0.9, "production": "yes", "gmu_ceiling": True}))
+    assert "gmu_celing: not a value a class has" in found and "production: 'yes' has the wrong type" in found
+    assert "gmu_ceiling: True has the wrong type" in found
+
+
+def test_catalog_entry_brings_settings_and_the_instance_overrides_them():
+    llm = plan(instance(catalog="gemma-4-31b-it-nvfp4", gpu_memory_utilization=0.8, kv_cache_dtype="auto",
+                        speculative={"method": "dflash"}))["instances"][0]
+    args = llm["serve_args"]
+    assert args[args.index("--attention-backend") + 1] == "TRITON_ATTN" and args[args.index("--kv-cache-dtype") + 1] == "auto"
+    spec = args[args.index("--speculative-config") + 1]
+    assert '"model":"/models/gemma-4-31B-it-DFlash"' in spec and '"num_speculative_tokens":8' in spec and '"attention_backend":"triton_attn"' in spec
+    assert llm["catalog"] == "gemma-4-31b-it-nvfp4"
+    assert "did you mean gemma-4-e4b-it-nvfp4?" in only_error(instance(catalog="gemma-4-e4b-it-nvfp"))
+
+
+@pytest.mark.parametrize(("settings", "fragment"), [
+    pytest.param({"catalog": "gemma-4-e2b-it-nvfp4", "max_model_len": 262144},
+                 "max_model_len: 262144 is above gemma-4-e2b-it-nvfp4's maximum context of 131072", id="context-above-the-model"),
+    pytest.param({"catalog": "gemma-4-31b-it-nvfp4", "speculative": {"method": "mtp", "model": "google/gemma-4-26B-A4B-it-assistant"}},
+                 "is the drafter of the 26b-a4b model, this instance serves gemma-4-31b-it-nvfp4 (31b)", id="drafter-of-another-size"),
+    pytest.param({"catalog": "gemma-4-12b-it-nvfp4", "speculative": {"method": "dflash", "model": "/models/gemma-4-31B-it-DFlash"}},
+                 "is the drafter of the 31b model", id="staged-drafter-of-another-size"),
+    pytest.param({"catalog": "gemma-4-26b-a4b-it-nvfp4", "speculative": {"method": "dflash", "options": {"attention_backend": "flash_attn"}}},
+                 "needs triton_attn", id="dflash-without-triton"),
+    pytest.param({"catalog": "gemma-4-26b-a4b-it-nvfp4", "attention_backend": "FLASHINFER"},
+                 "attention_backend FLASHINFER with catalog entry gemma-4-26b-a4b-it-nvfp4 is known to break", id="gemma-flashinfer"),
+    pytest.param({"catalog": "gemma-4-26b-a4b-it-nvfp4", "max_num_batched_tokens": 2048},
+                 "2048 is below 4096, the floor of a multimodal model's encoder", id="multimodal-floor"),
+    pytest.param({"catalog": "qwen3.5-122b-a10b-hybrid-int4fp8", "prefix_caching": True, "gpu_memory_utilization": 0.85},
+                 "prefix_caching True with catalog entry qwen3.5-122b-a10b-hybrid-int4fp8 is known to break", id="qwen-prefix-caching"),
+    pytest.param({"catalog": "qwen3.5-122b-a10b-hybrid-int4fp8", "speculative": {"method": "mtp", "model": "/models/other"},
+                  "gpu_memory_utilization": 0.85}, "carries its own MTP head", id="qwen-mtp-with-a-model"),
+])
+def test_catalog_contradictions_are_refused(settings, fragment):
+    assert fragment in only_error(instance(**settings))
+
+
+def test_language_model_only_lifts_the_multimodal_floor_and_versions_decide_known_breakage():
+    assert errors(instance(catalog="gemma-4-31b-it-nvfp4", gpu_memory_utilization=0.8, max_num_batched_tokens=2048,
+                           language_model_only=True)) == []
+    twelve = instance(catalog="gemma-4-12b-it-nvfp4", speculative={"method": "mtp"})
+    assert "until vLLM 0.29.0" not in " ".join(errors(twelve)) and errors(twelve) == []
+    assert "tripped CUDA graph capture" in only_error(twelve, vllm_version="0.28.1")
+    unknown = warnings(twelve, vllm_version="")
+    assert any("set vllm_version" in warning for warning in unknown)
+    assert errors(instance(catalog="qwen3.5-122b-a10b-hybrid-int4fp8", prefix_caching=True, gpu_memory_utilization=0.85),
+                  vllm_version="0.18.0") == []
+    assert "'latest' must be the image's vLLM release" in only_error(instance(), vllm_version="latest")
+
+
+def test_load_time_quantization_on_a_unified_pool_is_refused_unless_forced():
+    message = only_error(instance(catalog="gemma-4-26b-a4b-it", quantization="fp8", gpu_memory_utilization=0.6))
+    assert "quantizes the checkpoint while it loads" in message and "seed 000" in message
+    assert errors(instance(catalog="gemma-4-26b-a4b-it", quantization="fp8", gpu_memory_utilization=0.6,
+                           allow_load_time_quantization=True)) == []
+    assert "while it loads" in only_error(instance(model="/models/some-bf16", quantization="bitsandbytes"))
+    assert errors(instance(catalog="gemma-4-26b-a4b-it-nvfp4-modelopt", gpu_memory_utilization=0.6)) == [], "modelopt is the format"
+    assert errors(instance(model="/models/x", quantization="fp8"), hardware_class="rtx_pro_6000") == [], "a discrete card has room"
+
+
+def test_warnings_name_their_reason():
+    assert any("20-55 %" in w for w in warnings(instance(model="/models/x", enforce_eager=True)))
+    assert warnings(instance(model="/models/x", enforce_eager=True), hardware_class="cpu_lab") == []
+    spec = {"method": "ngram", "num_speculative_tokens": 3}
+    found = warnings(instance(model="/models/x", speculative=spec, typical_prompt_tokens=20000, max_num_batched_tokens=8192))
+    assert any("below the typical prompt of 20000 tokens" in w for w in found)
+    assert any("GGUF" in w for w in warnings(instance(model="/models/llama.Q4_K_M.gguf")))
+    unset = instance(model="/models/x")
+    del unset["max_num_seqs"]
+    assert any("max_num_seqs: unset" in w for w in warnings(unset))
+
+
+def test_memory_arithmetic_seed_000_embeddings_need_real_headroom():
+    small = instance(name="embed", catalog="embeddings", gpu_memory_utilization=0.08, max_model_len=8192)
+    message = only_error(small, catalog_extra=EMBEDDINGS)
+    assert "0.08 is too small" in message and "leaves 0.21 GiB of KV cache; one 8192-token request needs 1.12 GiB" in message
+    report = plan({**small, "gpu_memory_utilization": 0.12}, catalog_extra=EMBEDDINGS)["instances"][0]["memory"]
+    assert abs(report["kv_gib"] - 5.06) < 0.05 and report["share_gib"] == 14.6, "seed 000 measured 5.06 GiB of KV at 0.12"
+
+
+def test_memory_arithmetic_seed_002_refuses_080_and_takes_085():
+    qwen = instance(catalog="qwen3.5-122b-a10b-hybrid-int4fp8", max_model_len=262144, gpu_memory_utilization=0.80, max_num_seqs=1)
+    message = only_error(qwen, hardware_class="asus_gx10")
+    assert "0.8 is too small" in message and "Give it at least 0.84" in message
+    report = plan({**qwen, "gpu_memory_utilization": 0.85}, hardware_class="asus_gx10")["instances"][0]["memory"]
+    assert report["share_gib"] == 103.44 and report["weights_gib"] == 66.93 and report["full_length_requests"] >= 1
+
+
+def test_memory_arithmetic_uses_the_host_pool_and_warns_about_concurrency():
+    five = instance(catalog="gemma-4-26b-a4b-it-nvfp4", gpu_memory_utilization=0.92, max_num_seqs=64)
+    result = plan(five, hardware_class="rtx_5090", memory_total_bytes=32607 * 2**20)
+    memory = result["instances"][0]["memory"]
+    assert memory["share_gib"] == 29.3 and "KV cache" in memory["arithmetic"]
+    assert any("max_num_seqs is 64" in w for w in result["warnings"])
+    assert "0.5 is too small" in only_error({**five, "gpu_memory_utilization": 0.5}, hardware_class="rtx_5090",
+                                             memory_total_bytes=32607 * 2**20)
+    assert plan(instance(catalog="lab-tiny-llama", gpu_memory_utilization=0.1), hardware_class="cpu_lab")["instances"][0]["memory"] is None
+
+
+def test_inventory_only_plans_skip_what_needs_the_host():
+    lan = instance(model="/models/x", bind_addresses=["192.0.2.10"])
+    assert "not an address of this host" in only_error(lan, host_addresses=["127.0.0.1"])
+    assert errors(lan, host_addresses=None, wait_online_enabled=None) == []

@@ -1,0 +1,101 @@
+"""Host facts parsed from recorded real outputs (tests/unit/fixtures/hardware/README.md says which
+and where from: no GB10, GPU or NVIDIA driver exists on the machines this suite runs on)."""
+
+import pathlib
+
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_facts import (
+    board,
+    device_holders,
+    fstab_swaps,
+    parse_docker_info,
+    parse_gpu_query,
+    parse_os_release,
+    parse_swaps,
+    parse_unit_states,
+    power_state,
+    summarise,
+)
+
+FIXTURES = pathlib.Path(__file__).resolve().parents[2] / "fixtures" / "hardware"
+
+
+def fixture(name):
+    return (FIXTURES / name).read_text()
+
+
+def facts(gpu_text=None, gpu_error="is not installed", **overrides):
+    given = dict(dmi={}, os_release=fixture("lab-os-release.txt") if (FIXTURES / "lab-os-release.txt").exists() else "",
+                 architecture="aarch64", gpu_text=gpu_text, gpu_error=gpu_error, meminfo_text=fixture("gb10-meminfo.txt"),
+                 swaps_text="Filename\tType\tSize\tUsed\tPriority\n", fstab_text="", holders=[], docker_text=None,
+                 disk={"path": "/srv/models", "free_bytes": 500 * 2**30, "total_bytes": 900 * 2**30},
+                 units_text=fixture("lab-host-unit-states.txt"))
+    given.update(overrides)
+    return summarise(**given)
+
+
+def test_gb10_memory_is_read_from_meminfo_because_nvidia_smi_says_na():
+    gb10 = facts(gpu_text=fixture("gb10-nvidia-smi-idle.csv"), gpu_error=None)
+    gpu, memory = gb10["gpu"], gb10["memory"]
+    assert (gpu["name"], gpu["driver_version"], gpu["driver_branch"], gpu["compute_capability"]) == ("NVIDIA GB10", "580.173.02", "580", "12.1")
+    assert gpu["memory_reported"] is False and gpu["power_draw_w"] == 11.17 and gpu["utilization_percent"] == 0.0
+    assert memory["source"] == "/proc/meminfo" and memory["unified"] is True
+    # vLLM's total on a GB10 is 121.69 GiB, which is MemTotal.
+    assert round(memory["pool_bytes"] / 2**30, 2) == 121.69 and memory["available_bytes"] == 118566368 * 1024
+
+
+def test_a_discrete_card_reports_its_own_memory():
+    rtx = facts(gpu_text=fixture("rtx-5090-nvidia-smi.csv"), gpu_error=None)
+    assert rtx["memory"]["source"] == "nvidia-smi" and rtx["memory"]["unified"] is False
+    assert rtx["memory"]["pool_bytes"] == 32607 * 2**20 and rtx["gpu"]["compute_capability"] == "12.0"
+
+
+def test_a_host_without_a_gpu_is_reported_cleanly():
+    lab = facts(gpu_text=None, gpu_error="is not installed")
+    assert lab["gpu"]["present"] is False and lab["gpu"]["detail"] == "no GPU: nvidia-smi is not installed"
+    assert lab["memory"]["source"] == "/proc/meminfo" and lab["memory"]["unified"] is False
+    assert lab["power"] == {"loaded": False, "wedge_suspected": False, "reason": "no GPU"}
+
+
+def test_the_power_delivery_wedge_shows_only_under_load():
+    wedged = power_state(parse_gpu_query(fixture("gb10-nvidia-smi-wedged.csv")))
+    assert wedged["loaded"] and wedged["wedge_suspected"] and "702.0 MHz, 10.02 W" in wedged["reason"]
+    healthy = power_state(parse_gpu_query(fixture("gb10-nvidia-smi-loaded.csv")))
+    assert healthy["loaded"] and not healthy["wedge_suspected"]
+    idle = power_state(parse_gpu_query(fixture("gb10-nvidia-smi-idle.csv")))
+    assert not idle["loaded"] and not idle["wedge_suspected"] and "not under load" in idle["reason"]
+
+
+def test_boards_from_dmi():
+    assert board({"sys_vendor": "NVIDIA\n", "product_name": "DGX Spark\n"})["kind"] == "dgx_spark"
+    gx10 = board({"sys_vendor": "ASUSTeK COMPUTER INC.", "product_name": "Ascent GX10", "bios_version": "GX10DGX.0104.2026.0326.1657"})
+    assert gx10["kind"] == "asus_gx10" and gx10["bios_version"] == "GX10DGX.0104.2026.0326.1657"
+    assert board({"sys_vendor": "Dell Inc.", "product_name": "Pro Max GB10"})["kind"] == "other"
+    assert board({})["kind"] == "unknown"
+
+
+def test_os_release_and_unit_states():
+    assert parse_os_release('ID=debian\nVERSION_ID="12"\nPRETTY_NAME="Debian GNU/Linux 12 (bookworm)"\n')["version_id"] == "12"
+    states = parse_unit_states(fixture("lab-host-unit-states.txt"))
+    assert states == {"sleep.target": "static", "suspend.target": "static", "hibernate.target": "static", "hybrid-sleep.target": "masked"}
+
+
+def test_swap_active_and_swap_that_returns_at_boot():
+    active = parse_swaps("Filename\tType\tSize\tUsed\tPriority\n/swap.img  file  16777212  5242880  -2\n")
+    assert active == [{"device": "/swap.img", "size_kib": 16777212, "used_kib": 5242880}]
+    fstab = "UUID=abc / ext4 defaults 0 1\n/swap.img none swap sw 0 0\n# /old.img none swap sw 0 0\n/x none swap noauto 0 0\n"
+    assert fstab_swaps(fstab) == ["/swap.img"]
+
+
+def test_device_holders_leave_out_nvidia_persistenced():
+    processes = [(1580, "nvidia-persistenced", ["/dev/nvidia0", "/dev/nvidiactl"]),
+                 (4242, "python3", ["/dev/null", "/dev/nvidia0", "/dev/nvidia-uvm"]),
+                 (77, "bash", ["/dev/pts/0"])]
+    assert device_holders(processes, ["/dev/nvidia*"]) == [{"pid": 4242, "command": "python3", "paths": ["/dev/nvidia-uvm", "/dev/nvidia0"]}]
+
+
+def test_docker_info_from_this_machine_and_the_nvidia_runtime():
+    info = parse_docker_info(fixture("docker-info-lab-machine.json"))
+    assert info["present"] and info["version"] and info["nvidia_runtime"] is False and "runc" in info["runtimes"]
+    with_nvidia = fixture("docker-info-lab-machine.json").replace('"runc": {', '"nvidia": {"path": "nvidia-container-runtime"}, "runc": {')
+    assert parse_docker_info(with_nvidia)["nvidia_runtime"] is True
+    assert parse_docker_info(None)["present"] is False and parse_docker_info("not json")["error"]

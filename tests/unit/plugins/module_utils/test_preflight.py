@@ -1,0 +1,129 @@
+"""The preflight verdict from host facts (recorded real outputs, see fixtures/hardware/README.md),
+the hardware class and the plan: each check passing, failing with its reason, or remedied."""
+
+import json
+import pathlib
+
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._hardware_classes import resolve_class
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_facts import summarise
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._preflight import image_checks, preflight
+
+FIXTURES = pathlib.Path(__file__).resolve().parents[2] / "fixtures" / "hardware"
+GIB = 2**30
+ALL_MASKED = "\n\n".join(f"Id={unit}\nLoadState=masked\nUnitFileState=masked"
+                         for unit in ("sleep.target", "suspend.target", "hibernate.target", "hybrid-sleep.target"))
+NVIDIA_DOCKER = (FIXTURES / "docker-info-lab-machine.json").read_text().replace('"runc": {', '"nvidia": {"path": "nvidia-container-runtime"}, "runc": {')
+
+
+def gb10(**overrides):
+    given = dict(dmi={"sys_vendor": "NVIDIA", "product_name": "DGX Spark"}, os_release="", architecture="aarch64",
+                 gpu_text=(FIXTURES / "gb10-nvidia-smi-idle.csv").read_text(), gpu_error=None,
+                 meminfo_text=(FIXTURES / "gb10-meminfo.txt").read_text(), swaps_text="Filename\tType\tSize\tUsed\tPriority\n",
+                 fstab_text="", holders=[], docker_text=NVIDIA_DOCKER,
+                 disk={"path": "/srv/models", "free_bytes": 800 * GIB, "total_bytes": 3600 * GIB}, units_text=ALL_MASKED)
+    given.update(overrides)
+    facts = summarise(**given)
+    facts["docker"]["instance_containers"] = []
+    return facts
+
+
+def verdict(facts, hardware_class="dgx_spark", instances=({"gpu_memory_utilization": 0.85},), **options):
+    return preflight(facts, hardware_class, resolve_class(hardware_class)["values"], list(instances), **options)
+
+
+def status(result, name):
+    return next(check for check in result["checks"] if check["name"] == name)
+
+
+def test_a_healthy_spark_passes():
+    result = verdict(gb10())
+    assert result["ok"], result["reasons"]
+    assert {c["name"] for c in result["checks"]} >= {"board", "gpu", "driver branch", "swap off", "memory for the plan",
+                                                      "device holders", "free disk", "docker", "nvidia container runtime",
+                                                      "sleep targets masked"}
+
+
+def test_an_unhealthy_spark_fails_with_every_reason_at_once():
+    sick = gb10(swaps_text="Filename\tType\tSize\tUsed\tPriority\n/swap.img file 16777212 0 -2\n",
+                fstab_text="/swap.img none swap sw 0 0\n",
+                holders=[{"pid": 4242, "command": "python3", "paths": ["/dev/nvidia0"], "container": None}],
+                disk={"path": "/srv/models", "free_bytes": 10 * GIB, "total_bytes": 100 * GIB},
+                units_text=ALL_MASKED.replace("Id=suspend.target\nLoadState=masked\nUnitFileState=masked",
+                                              "Id=suspend.target\nLoadState=loaded\nUnitFileState=static"))
+    result = verdict(sick, instances=[{"gpu_memory_utilization": 0.99}])
+    reasons = " | ".join(result["reasons"])
+    assert not result["ok"]
+    for fragment in ("swap off: active: /swap.img; in /etc/fstab: /swap.img (returns at boot)",
+                     "memory for the plan: 113.07 GiB available of 121.69 GiB", "pid 4242 (python3) holds /dev/nvidia0",
+                     "free disk: 10.00 GiB free at /srv/models, need 170.00 GiB", "suspend.target is static"):
+        assert fragment in reasons, reasons
+
+
+def test_what_a_later_role_fixes_is_remedied_in_site_yml():
+    sick = gb10(fstab_text="/swap.img none swap sw 0 0\n", units_text="Id=sleep.target\nLoadState=loaded\nUnitFileState=static")
+    alone = verdict(sick)
+    assert [c["name"] for c in alone["checks"] if c["status"] == "fail"] == ["swap off", "sleep targets masked"]
+    in_site = verdict(sick, remedies=["swap", "headless"])
+    assert in_site["ok"] and status(in_site, "swap off")["status"] == "remedied"
+    assert "the swap role fixes it in this run" in status(in_site, "swap off")["detail"]
+
+
+def test_the_wrong_board_the_wrong_driver_and_no_gpu():
+    gx10_board = gb10(dmi={"sys_vendor": "ASUSTeK COMPUTER INC.", "product_name": "Ascent GX10"})
+    assert "which is a dgx_spark board" in status(verdict(gx10_board), "board")["detail"]
+    assert verdict(gx10_board, hardware_class="asus_gx10")["ok"]
+    new_driver = gb10(gpu_text=(FIXTURES / "gb10-nvidia-smi-idle.csv").read_text().replace("580.173.02", "590.44.01"))
+    assert status(verdict(new_driver), "driver branch")["status"] == "fail"
+    no_gpu = gb10(gpu_text=None, gpu_error="is not installed")
+    assert "gpu: no GPU: nvidia-smi is not installed; the dgx_spark class serves on a GPU" in verdict(no_gpu)["reasons"]
+
+
+def test_a_lab_host_reports_no_gpu_cleanly_and_passes():
+    lab = gb10(dmi={}, gpu_text=None, gpu_error="is not installed", docker_text=(FIXTURES / "docker-info-lab-machine.json").read_text(),
+               units_text=(FIXTURES / "lab-host-unit-states.txt").read_text(), architecture="x86_64")
+    result = verdict(lab, hardware_class="cpu_lab", instances=[{"gpu_memory_utilization": 0.1}])
+    assert result["ok"], result["reasons"]
+    assert status(result, "gpu")["detail"] == "no GPU expected (the CPU build); no GPU: nvidia-smi is not installed"
+
+
+def test_memory_is_judged_only_before_the_instances_run_and_the_baseline_warns():
+    busy = gb10(meminfo_text="MemTotal: 127600748 kB\nMemAvailable: 20000000 kB\n")
+    assert status(verdict(busy), "memory for the plan")["status"] == "fail"
+    busy["docker"]["instance_containers"] = ["vllm-chat"]
+    assert verdict(busy)["ok"]
+    residue = gb10(meminfo_text="MemTotal: 127600748 kB\nMemAvailable: 100000000 kB\n")
+    result = verdict(residue, instances=[{"gpu_memory_utilization": 0.5}])
+    assert result["ok"] and "residue stays until a reboot" in result["warnings"][0]
+
+
+def test_the_wedge_and_our_own_engines_holding_the_device():
+    wedged = gb10(dmi={"sys_vendor": "ASUSTeK COMPUTER INC.", "product_name": "Ascent GX10"},
+                  gpu_text=(FIXTURES / "gb10-nvidia-smi-wedged.csv").read_text())
+    assert "the power-delivery wedge (seed 002)" in status(verdict(wedged, hardware_class="asus_gx10"), "power delivery")["detail"]
+    ours = gb10(holders=[{"pid": 9, "command": "VLLM::EngineCor", "paths": ["/dev/nvidia0"], "container": "vllm-chat"}])
+    assert status(verdict(ours), "device holders")["status"] == "pass"
+
+
+def test_images_arch_and_cuda_against_the_driver():
+    facts = gb10()
+    cuda131 = {"Architecture": "arm64", "Config": {"Env": ["NVIDIA_REQUIRE_CUDA=cuda>=13.1 brand=tesla,driver>=590"]}}
+    cuda130 = {"Architecture": "arm64", "Config": {"Env": ["CUDA_VERSION=13.0.1"]}}
+    amd64 = {"Architecture": "amd64", "Config": {}}
+    checks = image_checks([{"ref": "new", "inspect": cuda131}, {"ref": "ok", "inspect": cuda130},
+                           {"ref": "intel", "inspect": amd64}, {"ref": "later", "inspect": None}], facts)
+    assert [c["status"] for c in checks] == ["fail", "pass", "fail", "pass"]
+    assert "needs CUDA 13.1 (driver branch 590 or later); the host runs 580.173.02" in checks[0]["detail"]
+    assert "Pin an image built for CUDA 13.0" in checks[0]["detail"]
+    assert "built for amd64, the host is aarch64" in checks[2]["detail"] and "after the pull" in checks[3]["detail"]
+    unknown = image_checks([{"ref": "future", "inspect": {"Architecture": "arm64", "Config": {"Labels": {"com.nvidia.cuda.version": "13.4.0"}}}}], facts)
+    assert unknown[0]["status"] == "fail", "a CUDA newer than the table needs a driver newer than the newest known"
+
+
+def test_the_filter_reads_looped_inspect_results():
+    from ansible_collections.sparkfleet.vllm.plugins.filter.hardware import spark_preflight
+
+    inspect = json.dumps([{"Architecture": "arm64", "Config": {"Env": ["CUDA_VERSION=13.1.0"]}}])
+    results = [{"item": "img@sha256:1", "rc": 0, "stdout": inspect}, {"item": "img@sha256:2", "rc": 1, "stdout": "[]"}, {"skipped": True}]
+    verdict_ = spark_preflight(gb10(), "dgx_spark", {}, [{"gpu_memory_utilization": 0.5}], results)
+    assert [c["status"] for c in verdict_["checks"] if c["name"].startswith("image")] == ["fail", "pass"]
+    assert spark_preflight(gb10(), "gb10")["reasons"][0].startswith("sparkfleet_hardware_class: 'gb10'")
