@@ -150,6 +150,8 @@ def memory_checks(facts: t.Mapping[str, t.Any], hardware: t.Mapping[str, t.Any],
     pool, available = memory["pool_bytes"], memory["available_bytes"]
     if not pool or available is None:
         return [check("memory", False, f"{memory['source']} reports no total or available memory")]
+    if not instances:
+        return [check("memory for the plan", True, f"no instances planned; {available / GIB:.2f} GiB available of {pool / GIB:.2f} GiB")]
     running = facts["docker"].get("instance_containers") or []
     planned = sum(i["gpu_memory_utilization"] for i in instances)
     if running:

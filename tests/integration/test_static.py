@@ -3,8 +3,11 @@
 import hashlib
 import os
 import pathlib
+import secrets
 import shutil
 import subprocess
+
+import pytest
 
 from tool_runner import ROOT, run_logged
 
@@ -52,12 +55,32 @@ def test_ansible_test_sanity():
     run_logged("ansible-test-sanity", ["ansible-test", "sanity", "--venv", "--python", "3.11", "--color", "no"], cwd=target)
 
 
-def test_hardware_class_values_reach_the_roles():
-    """group_vars per class set the role variables themselves: a gx10 host gets its own cap."""
-    import json
+EXAMPLE_INVENTORIES = ["single_spark", "single_gx10", "two_nodes", "local"]
 
-    caps = {}
-    for host in ("lab-spark-1", "lab-gx10-1"):
-        output = run_logged(f"inventory-{host}", ["ansible-inventory", "-i", "inventories/lab", "--host", host])
-        caps[host] = json.loads(output)["vllm_gmu_cap"]
-    assert caps == {"lab-spark-1": 0.85, "lab-gx10-1": 0.87}
+
+def check_inventory(inventory, *extra):
+    """playbooks/check_inventory.yml in check mode: it runs on the controller only, so example
+    inventories whose hosts do not exist are checked for real."""
+    key = secrets.token_hex(20)
+    command = ["ansible-playbook", "--check", "-i", f"inventories/{inventory}", "playbooks/check_inventory.yml",
+               "-e", f"vault_vllm_api_key={key}", *extra]
+    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False,
+                          env={**os.environ, "NO_COLOR": "1", "ANSIBLE_NOCOLOR": "1"}), key
+
+
+@pytest.mark.parametrize("inventory", EXAMPLE_INVENTORIES)
+def test_example_inventories_pass_validation(inventory):
+    result, key = check_inventory(inventory)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    assert "failed=0" in result.stdout and "unreachable=0" in result.stdout and key not in result.stdout
+
+
+def test_hardware_class_values_reach_the_plan():
+    """The class is data selected by a group variable: the GX10's ceiling holds a GX10 host, and a
+    cap above it or an unknown class is refused naming the variable."""
+    result, _key = check_inventory("two_nodes", "-e", '{"vllm_gmu_cap": 0.86}')
+    assert result.returncode != 0
+    assert "vllm_gmu_cap: 0.86 is above the dgx_spark class's ceiling of 0.85" in result.stdout
+    assert "fatal: [spark-1]" in result.stdout and "fatal: [gx10-1]" not in result.stdout, "0.86 is within the GX10's 0.87"
+    result, _key = check_inventory("local", "-e", "sparkfleet_hardware_class=gb10")
+    assert result.returncode != 0 and "sparkfleet_hardware_class: 'gb10' is not a hardware class" in result.stdout
