@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._hardware_classes import resolve_class
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._preflight import preflight
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._preflight import image_checks, preflight
 
 
 def hardware_class(name, overrides=None):
@@ -26,6 +26,13 @@ def spark_preflight(facts, hardware_class_name, overrides=None, instances=None, 
                      remedies or [])
 
 
+def vllm_image_problems(inspect, ref, facts=None):
+    if not facts or not inspect:
+        return []
+    return [f"{check['name']}: {check['detail']}" for check in image_checks([{"ref": ref, "inspect": inspect}], facts)
+            if check["status"] == "fail"]
+
+
 class FilterModule:
     def filters(self):
-        return {"hardware_class": hardware_class, "spark_preflight": spark_preflight}
+        return {"hardware_class": hardware_class, "spark_preflight": spark_preflight, "vllm_image_problems": vllm_image_problems}

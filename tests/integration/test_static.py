@@ -8,7 +8,6 @@ import shutil
 import subprocess
 
 import pytest
-
 from tool_runner import ROOT, run_logged
 
 # A stable copy per checkout, so ansible-test's venvs under tests/output are reused between runs.

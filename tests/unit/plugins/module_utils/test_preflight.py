@@ -127,3 +127,12 @@ def test_the_filter_reads_looped_inspect_results():
     verdict_ = spark_preflight(gb10(), "dgx_spark", {}, [{"gpu_memory_utilization": 0.5}], results)
     assert [c["status"] for c in verdict_["checks"] if c["name"].startswith("image")] == ["fail", "pass"]
     assert spark_preflight(gb10(), "gb10")["reasons"][0].startswith("sparkfleet_hardware_class: 'gb10'")
+
+
+def test_a_pulled_image_is_judged_before_any_launch():
+    from ansible_collections.sparkfleet.vllm.plugins.filter.hardware import vllm_image_problems
+
+    newer = {"Architecture": "arm64", "Config": {"Env": ["NVIDIA_REQUIRE_CUDA=cuda>=13.1"]}}
+    assert "needs CUDA 13.1 (driver branch 590 or later)" in vllm_image_problems(newer, "vllm@sha256:1", gb10())[0]
+    assert vllm_image_problems(newer, "vllm@sha256:1", None) == [], "no facts, nothing to judge"
+    assert vllm_image_problems({"Architecture": "arm64", "Config": {}}, "vllm@sha256:1", gb10()) == []
