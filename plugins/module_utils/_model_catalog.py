@@ -24,27 +24,34 @@ GEMMA4_BROKEN = [
     {"setting": "attention_backend", "values": ["FLASHINFER", "FLASH_ATTN"], "reason": GEMMA4_ATTENTION},
 ]
 MULTIMODAL_FLOOR = 4096
+# What every Gemma 4 NVFP4 checkpoint shares; the 26B-A4B's measured activation peak (seed 001)
+# stands in for the sizes not measured.
+GEMMA4_NVFP4 = {
+    "instruction_tuned": True,
+    "format": "nvfp4",
+    "max_context": 262144,
+    "modalities": ["text", "image"],
+    "overhead_gib": 1.13,
+    "overhead_gib_per_1k_batched": 0.14,
+    "instance_defaults": {"attention_backend": "TRITON_ATTN", "kv_cache_dtype": "fp8"},
+    "broken": GEMMA4_BROKEN,
+}
 
 CATALOG: dict[str, dict[str, t.Any]] = {
     "gemma-4-31b-it-nvfp4": {
+        **GEMMA4_NVFP4,
         "title": "Gemma 4 31B (dense), NVFP4",
         "repo": "unsloth/gemma-4-31B-it-NVFP4",
         "size": "31b",
-        "instruction_tuned": True,
-        "format": "nvfp4",
-        "max_context": 262144,
-        "modalities": ["text", "image"],
         "weights_gib": 23.55,
         "kv_bytes_per_token": 73000,
         "overhead_gib": 1.5,
         "overhead_gib_per_1k_batched": 0.2,
-        "instance_defaults": {"attention_backend": "TRITON_ATTN", "kv_cache_dtype": "fp8"},
         "drafters": {
             "dflash": {"model": "z-lab/gemma-4-31B-it-DFlash", "num_speculative_tokens": 8, "weights_gib": 2.86,
                        "options": {"attention_backend": "triton_attn"}},
             "mtp": {"model": "google/gemma-4-31B-it-assistant", "num_speculative_tokens": 2, "weights_gib": 0.88},
         },
-        "broken": GEMMA4_BROKEN,
         "sources": {
             "max_context": "seed 001's model table",
             "weights_gib": "seed 001 (RTX 5090): 23.55 GiB with the vision tower, 22.47 without",
@@ -54,24 +61,17 @@ CATALOG: dict[str, dict[str, t.Any]] = {
         },
     },
     "gemma-4-26b-a4b-it-nvfp4": {
+        **GEMMA4_NVFP4,
         "title": "Gemma 4 26B-A4B (MoE, 3.8B active), NVFP4",
         "repo": "unsloth/gemma-4-26B-A4B-it-NVFP4",
         "size": "26b-a4b",
-        "instruction_tuned": True,
-        "format": "nvfp4",
-        "max_context": 262144,
-        "modalities": ["text", "image"],
         "weights_gib": 16.13,
         "kv_bytes_per_token": 17050,
-        "overhead_gib": 1.13,
-        "overhead_gib_per_1k_batched": 0.14,
-        "instance_defaults": {"attention_backend": "TRITON_ATTN", "kv_cache_dtype": "fp8"},
         "drafters": {
             "mtp": {"model": "google/gemma-4-26B-A4B-it-assistant", "num_speculative_tokens": 2, "weights_gib": 0.9},
             "dflash": {"model": "z-lab/gemma-4-26B-A4B-it-DFlash", "num_speculative_tokens": 8, "weights_gib": 2.0,
                        "options": {"attention_backend": "triton_attn"}},
         },
-        "broken": GEMMA4_BROKEN,
         "sources": {
             "max_context": "seed 001's model table",
             "weights_gib": "seed 001 (RTX 5090): 16.13 GiB of weights",
@@ -82,22 +82,17 @@ CATALOG: dict[str, dict[str, t.Any]] = {
         },
     },
     "gemma-4-26b-a4b-it-nvfp4-modelopt": {
+        **GEMMA4_NVFP4,
         "title": "Gemma 4 26B-A4B, NVIDIA's NVFP4 (nvfp4_experts_only)",
         "repo": "nvidia/Gemma-4-26B-A4B-NVFP4",
         "size": "26b-a4b",
-        "instruction_tuned": True,
         "format": "modelopt",
-        "max_context": 262144,
-        "modalities": ["text", "image"],
         "weights_gib": 16.5,
         "kv_bytes_per_token": 17050,
-        "overhead_gib": 1.13,
-        "overhead_gib_per_1k_batched": 0.14,
         "instance_defaults": {"attention_backend": "TRITON_ATTN", "kv_cache_dtype": "fp8", "quantization": "modelopt"},
         "drafters": {
             "mtp": {"model": "google/gemma-4-26B-A4B-it-assistant", "num_speculative_tokens": 4, "weights_gib": 0.9},
         },
-        "broken": GEMMA4_BROKEN,
         "sources": {
             "repo": "seed 000 served it from /models/Gemma-4-26B-A4B-NVFP4 with --quantization modelopt; base model "
             "google/gemma-4-26B-A4B-it",
@@ -108,40 +103,28 @@ CATALOG: dict[str, dict[str, t.Any]] = {
         },
     },
     "gemma-4-26b-a4b-it": {
+        **GEMMA4_NVFP4,
         "title": "Gemma 4 26B-A4B, BF16 (unquantized)",
         "repo": "google/gemma-4-26B-A4B-it",
         "size": "26b-a4b",
-        "instruction_tuned": True,
         "format": "bf16",
-        "max_context": 262144,
-        "modalities": ["text", "image"],
         "weights_gib": 48.54,
         "kv_bytes_per_token": 17050,
-        "overhead_gib": 1.13,
-        "overhead_gib_per_1k_batched": 0.14,
-        "instance_defaults": {"attention_backend": "TRITON_ATTN", "kv_cache_dtype": "fp8"},
         "drafters": {
             "mtp": {"model": "google/gemma-4-26B-A4B-it-assistant", "num_speculative_tokens": 2, "weights_gib": 0.9},
         },
-        "broken": GEMMA4_BROKEN,
         "sources": {
             "weights_gib": "seed 000: 48.54 GiB in BF16; --quantization fp8 at load time took it to 25.69 GiB after a "
             "41 GB resident spike that the kernel OOM-killed on the shared pool",
         },
     },
     "gemma-4-12b-it-nvfp4": {
+        **GEMMA4_NVFP4,
         "title": "Gemma 4 12B (dense), NVFP4",
         "repo": "unsloth/gemma-4-12b-it-NVFP4",
         "size": "12b",
-        "instruction_tuned": True,
-        "format": "nvfp4",
-        "max_context": 262144,
-        "modalities": ["text", "image"],
         "weights_gib": 9.1,
         "kv_bytes_per_token": 18900,
-        "overhead_gib": 1.13,
-        "overhead_gib_per_1k_batched": 0.14,
-        "instance_defaults": {"attention_backend": "TRITON_ATTN", "kv_cache_dtype": "fp8"},
         "drafters": {
             "dflash": {"model": "z-lab/gemma4-12B-it-DFlash", "num_speculative_tokens": 8, "weights_gib": 1.5,
                        "options": {"attention_backend": "triton_attn"}},
@@ -159,22 +142,17 @@ CATALOG: dict[str, dict[str, t.Any]] = {
         },
     },
     "gemma-4-e4b-it-nvfp4": {
+        **GEMMA4_NVFP4,
         "title": "Gemma 4 E4B (4B effective), NVFP4",
         "repo": "unsloth/gemma-4-E4B-it-NVFP4",
         "size": "e4b",
-        "instruction_tuned": True,
-        "format": "nvfp4",
         "max_context": 131072,
         "modalities": ["text", "image", "audio"],
         "weights_gib": 5.0,
         "kv_bytes_per_token": 12300,
-        "overhead_gib": 1.13,
-        "overhead_gib_per_1k_batched": 0.14,
-        "instance_defaults": {"attention_backend": "TRITON_ATTN", "kv_cache_dtype": "fp8"},
         "drafters": {
             "mtp": {"model": "google/gemma-4-E4B-it-assistant", "num_speculative_tokens": 2, "weights_gib": 0.3},
         },
-        "broken": GEMMA4_BROKEN,
         "sources": {
             "max_context": "seed 001: the E-series max out at 131,072; vLLM refuses to start above",
             "weights_gib": "estimate",
@@ -183,22 +161,17 @@ CATALOG: dict[str, dict[str, t.Any]] = {
         },
     },
     "gemma-4-e2b-it-nvfp4": {
+        **GEMMA4_NVFP4,
         "title": "Gemma 4 E2B (2B effective), NVFP4",
         "repo": "unsloth/gemma-4-E2B-it-NVFP4",
         "size": "e2b",
-        "instruction_tuned": True,
-        "format": "nvfp4",
         "max_context": 131072,
         "modalities": ["text", "image", "audio"],
         "weights_gib": 3.5,
         "kv_bytes_per_token": 4100,
-        "overhead_gib": 1.13,
-        "overhead_gib_per_1k_batched": 0.14,
-        "instance_defaults": {"attention_backend": "TRITON_ATTN", "kv_cache_dtype": "fp8"},
         "drafters": {
             "mtp": {"model": "google/gemma-4-E2B-it-assistant", "num_speculative_tokens": 2, "weights_gib": 0.2},
         },
-        "broken": GEMMA4_BROKEN,
         "sources": {
             "max_context": "seed 001: 131,072",
             "weights_gib": "estimate",
