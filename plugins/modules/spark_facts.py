@@ -36,11 +36,10 @@ options:
 attributes:
   check_mode:
     support: full
-    details: Reads only; the same facts in check mode.
+    description: Read-only; the same facts in check mode.
   diff_mode:
     support: none
-  idempotent:
-    support: full
+    description: Changes nothing, so there is nothing to diff.
 notes:
   - Reading other processes' open files needs root, as does reading the holders of the device nodes.
 """

@@ -45,12 +45,12 @@ def generated_between(path, marker):
 
 def test_generated_documentation_is_current():
     """The README's key table, docs/catalog.md's table and the page of every class and catalog entry
-    are generated from the data (scripts/render_docs); a stale page would mislead an operator."""
+    are generated from the data (scripts/render_docs.py); a stale page would mislead an operator."""
     from ansible_collections.sparkfleet.vllm.plugins.module_utils._hardware_classes import CLASSES, class_page
     from ansible_collections.sparkfleet.vllm.plugins.module_utils._model_catalog import CATALOG, catalog_page, catalog_table_markdown
     from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_plan import key_table_markdown
 
-    stale = "is stale: run scripts/render_docs"
+    stale = "is stale: run python scripts/render_docs.py"
     assert generated_between(ROOT / "README.md", "instance keys") == key_table_markdown(), f"README's key table {stale}"
     assert generated_between(ROOT / "docs" / "catalog.md", "catalog table") == catalog_table_markdown(), f"docs/catalog.md {stale}"
     for folder, names, render in (("hardware", CLASSES, class_page), ("catalog", CATALOG, catalog_page)):

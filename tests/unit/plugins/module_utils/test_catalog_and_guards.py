@@ -185,8 +185,8 @@ def test_memory_arithmetic_uses_the_host_pool_and_warns_about_concurrency():
     memory = result["instances"][0]["memory"]
     assert memory["share_gib"] == 29.3 and "KV cache" in memory["arithmetic"]
     assert any("max_num_seqs is 64" in w for w in result["warnings"])
-    assert "0.5 is too small" in only_error({**five, "gpu_memory_utilization": 0.5}, hardware_class="rtx_5090",
-                                             memory_total_bytes=32607 * 2**20)
+    smaller = {**five, "gpu_memory_utilization": 0.5}
+    assert "0.5 is too small" in only_error(smaller, hardware_class="rtx_5090", memory_total_bytes=32607 * 2**20)
     assert plan(instance(catalog="lab-tiny-llama", gpu_memory_utilization=0.1), hardware_class="cpu_lab")["instances"][0]["memory"] is None
 
 

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Regenerate the documentation that is generated from data: the README's instance key table,
 a page per hardware class (docs/hardware/) and per catalog entry (docs/catalog/), and the
 catalog table of docs/catalog.md. tests/unit/roles/test_role_contracts.py checks they are current."""
