@@ -137,6 +137,17 @@ def counters_delta(before: t.Mapping[str, t.Any] | None, after: t.Mapping[str, t
     }
 
 
+def busy_problem(samples: Samples) -> str | None:
+    """Why measuring now would mix someone else's load into the figures (seed 002: gateway traffic made an
+    MTP-2 against MTP-3 comparison meaningless), or None when the server is idle."""
+    running = int(total(samples, "vllm:num_requests_running") or 0)
+    waiting = int(total(samples, "vllm:num_requests_waiting") or 0)
+    if running or waiting:
+        return (f"{running} requests running and {waiting} waiting that are not ours; the figures would include their load. "
+                "Drain the node from its gateway and wait for them to finish")
+    return None
+
+
 def summarize(text: str) -> dict[str, t.Any]:
     """The figures an operator reads off a vLLM server's /metrics."""
     samples = parse_samples(text)

@@ -97,6 +97,12 @@ options:
     description: Host folder under which each label's files are kept.
     type: path
     default: /var/lib/sparkfleet/bench
+  require_idle:
+    description:
+      - Refuse to start while the server has requests running or waiting that are not the benchmark's (seed 002:
+        gateway traffic made an MTP-2 against MTP-3 comparison meaningless). Drain the node first.
+    type: bool
+    default: true
 attributes:
   check_mode:
     support: partial
@@ -193,6 +199,7 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_client impor
 )
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_metrics import (
     acceptance,
+    busy_problem,
     counter_regression,
     counters_delta,
     parse_samples,
@@ -207,14 +214,18 @@ class BenchFailure(Exception):
     pass
 
 
-def counters(endpoint, timeout):
+def samples(endpoint, timeout):
     reply = http("GET", endpoint["url"] + "/metrics", None, timeout=timeout)
     if reply.status != 200:
         raise BenchFailure(f"{endpoint['url']}/metrics answered {answered(reply)}")
     try:
-        return speculative_counters(parse_samples(reply.body))
+        return parse_samples(reply.body)
     except ValueError as error:
         raise BenchFailure(f"{endpoint['url']}/metrics did not answer Prometheus text: {error}") from error
+
+
+def counters(endpoint, timeout):
+    return speculative_counters(samples(endpoint, timeout))
 
 
 def count_tokens(endpoint, text, timeout):
@@ -303,6 +314,7 @@ def main():
             models_dir=dict(type="path", default="/srv/models"),
             tokenizer=dict(type="str", no_log=False),
             results_dir=dict(type="path", default="/var/lib/sparkfleet/bench"),
+            require_idle=dict(type="bool", default=True),
         ),
         supports_check_mode=True,
     )
@@ -342,6 +354,9 @@ def main():
     result = {"changed": False, "ok": False, "runner": runner, "runs": runs, "reasons": reasons}
     try:
         discover_model(endpoint, params["timeout"])
+        busy = busy_problem(samples(endpoint, params["timeout"])) if params["require_idle"] else None
+        if busy:
+            raise BenchFailure(busy + ", or set require_idle: false")
         if params["prefix_cache"] == "reset":
             # Before anything is written: a server without dev mode refuses here, not after a dataset was built.
             reset_prefix_cache(endpoint, params["timeout"])

@@ -83,10 +83,10 @@ markdown:
 
 import io
 import json
-import os
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._files import write_changed
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_bench import markdown_table
 
 try:
@@ -182,20 +182,7 @@ def main():
     }
     if params["plot"]:
         contents["report.png"] = plot_png(params["title"], runs)
-    changed = False
-    files = []
-    for name, content in contents.items():
-        path = os.path.join(params["dest"], name)
-        files.append(path)
-        if os.path.exists(path):
-            with open(path, "rb") as handle:
-                if handle.read() == content:
-                    continue
-        changed = True
-        if not module.check_mode:
-            os.makedirs(params["dest"], exist_ok=True)
-            with open(path, "wb") as handle:
-                handle.write(content)
+    changed, files = write_changed(params["dest"], contents, module.check_mode)
     module.exit_json(changed=changed, ok=True, reasons=[], files=files, markdown=markdown)
 
 

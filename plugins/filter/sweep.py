@@ -1,0 +1,43 @@
+# Copyright: sparkfleet.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The speculative-decoding sweep for playbooks/mtp_sweep.yml; the logic is in module_utils."""
+
+from __future__ import annotations
+
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_sweep import (
+    correctness_gate,
+    instances_with,
+    plan_variants,
+    summarise_variant,
+)
+
+
+def vllm_sweep_variants(instance, draft_counts=None, variants=None):
+    return plan_variants(instance or {}, draft_counts, variants or None)
+
+
+def vllm_sweep_instances(instances, name, settings):
+    return instances_with(instances, name, settings)
+
+
+def vllm_sweep_record(variant, status, reason=None, correctness=None, baseline=None, bench=None, acceptance=None,
+                      max_changed_answers=0):
+    """One variant's record: its gate (no fewer passes than the baseline, at most max_changed_answers changed
+    greedy answers) and its figures over the repeats."""
+    record = {key: variant[key] for key in ("name", "id", "rank", "draft_count", "settings")}
+    record.update(status=status, reason=reason or None)
+    if status != "ok":
+        return {**record, "gate": {"ok": False, "reason": reason}, "summary": {}, "categories": {}}
+    gate = correctness_gate(baseline, correctness or {})
+    if gate["ok"] and len(gate["changed"]) > max_changed_answers:
+        gate.update(ok=False, reason=gate["reason"] + f"; more than {max_changed_answers} changed (greedy answers should not "
+                    "change with the draft length)")
+    summary = summarise_variant([run.get("runs") or [] for run in bench or []])
+    return {**record, "gate": gate, "summary": {str(c): entry for c, entry in summary.items()},
+            "categories": (acceptance or {}).get("categories") or {}}
+
+
+class FilterModule:
+    def filters(self):
+        return {"vllm_sweep_variants": vllm_sweep_variants, "vllm_sweep_instances": vllm_sweep_instances,
+                "vllm_sweep_record": vllm_sweep_record}

@@ -1,0 +1,144 @@
+"""The speculative-decoding sweep: variants, the correctness gate, spread, the decision and the schedule."""
+
+import pytest
+
+from ansible_collections.sparkfleet.vllm.plugins.filter.sweep import vllm_sweep_record
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_metrics import busy_problem, parse_samples
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_sweep import (
+    decide,
+    instances_with,
+    plan_variants,
+    report_markdown,
+    schedule,
+    spread,
+    summarise_variant,
+)
+
+BASE = {"name": "chat", "speculative": {"method": "mtp", "model": "/models/assistant", "num_speculative_tokens": 2}}
+OBJECTIVE = {"target_concurrency": 8, "single_stream": 1, "ttft_budget_ms": None, "noise_floor_pct": 0.0}
+
+
+def run(concurrency, throughput, tpot=10.0, ttft=100.0, acceptance=None):
+    return {"concurrency": concurrency, "output_throughput": throughput, "mean_tpot_ms": tpot, "mean_ttft_ms": ttft,
+            "mean_itl_ms": tpot, "acceptance": acceptance, "failed": 0,
+            "acceptance_per_position": [{"position": 0, "accepted": 8, "rate": 0.8}] if acceptance else None}
+
+
+def result(name, count, rank, throughputs, tpots=(10.0, 10.0), status="ok", gate_ok=True, ttft=100.0):
+    """A variant measured twice: throughputs per repeat at c=8, TPOT per repeat at c=1."""
+    repeats = [[run(1, 50.0, tpot, ttft), run(8, throughput, 20.0, ttft)] for throughput, tpot in zip(throughputs, tpots, strict=True)]
+    return {"name": name, "rank": rank, "draft_count": count, "status": status, "settings": {},
+            "gate": {"ok": gate_ok, "reason": "fewer passes" if not gate_ok else "ok"},
+            "summary": {str(c): e for c, e in summarise_variant(repeats).items()}}
+
+
+def test_draft_counts_become_ranked_variants_with_stable_ids():
+    planned = plan_variants(BASE, [4, 0, 2])
+    assert planned["errors"] == []
+    assert [(v["name"], v["draft_count"], v["rank"]) for v in planned["variants"]] == [("k0", 0, 0), ("k2", 2, 1), ("k4", 4, 2)]
+    assert planned["variants"][1]["settings"] == {"speculative": {**BASE["speculative"], "num_speculative_tokens": 2}}
+    assert planned["variants"][0]["settings"] == {"speculative": {"num_speculative_tokens": 0}}
+    assert plan_variants(BASE, [4, 0, 2])["variants"][2]["id"] == planned["variants"][2]["id"], "ids are stable across runs"
+    assert [v["name"] for v in plan_variants(BASE)["variants"]] == ["k0", "k1", "k2", "k3", "k4", "k5"]
+
+
+def test_bad_sweeps_are_refused():
+    assert "no speculative method to vary" in plan_variants({"name": "chat"}, [0, 2])["errors"][0]
+    assert "whole numbers from 0 to 16" in plan_variants(BASE, [0, "two"])["errors"][0]
+    found = plan_variants(BASE, variants=[{"name": "Big", "settings": {}}, {"name": "port", "settings": {"port": 9}},
+                                          {"name": "a", "settings": {}}, {"name": "a", "settings": {"max_num_seqs": 4}}])["errors"]
+    assert any("must be lower-case" in e for e in found) and any("port cannot change between variants" in e for e in found)
+    assert any("variant name a is used twice" in e for e in found)
+
+
+def test_named_variants_rank_by_draft_count_then_order():
+    planned = plan_variants(BASE, variants=[{"name": "mnbt16k", "settings": {"max_num_batched_tokens": 16384}},
+                                            {"name": "off", "settings": {"speculative": {"num_speculative_tokens": 0}}}])
+    assert [(v["name"], v["draft_count"]) for v in planned["variants"]] == [("off", 0), ("mnbt16k", 2)]
+
+
+def test_instances_with_overrides_only_the_swept_one():
+    instances = [{"name": "embed", "max_num_seqs": 4}, {"name": "chat", "max_num_seqs": 8}]
+    changed = instances_with(instances, "chat", {"max_num_seqs": 16})
+    assert changed == [{"name": "embed", "max_num_seqs": 4}, {"name": "chat", "max_num_seqs": 16}]
+    assert instances[1]["max_num_seqs"] == 8, "the inventory's list is not modified"
+
+
+def test_spread_is_the_range_in_percent_of_the_mean():
+    assert spread([95.0, 105.0]) == {"mean": 100.0, "min": 95.0, "max": 105.0, "spread_pct": 10.0, "n": 2}
+    assert spread([None])["mean"] is None
+
+
+def test_a_more_complex_variant_wins_only_beyond_the_spread():
+    k0 = result("k0", 0, 0, [100.0, 104.0])
+    close = result("k2", 2, 1, [105.0, 107.0])
+    clear = result("k4", 4, 2, [130.0, 131.0])
+    decision = decide([k0, close], OBJECTIVE)
+    assert decision["winner"] == "k0" and "does not beat k0 by more than the spread" in decision["reasons"][-1]
+    decision = decide([k0, close, clear], OBJECTIVE)
+    assert decision["winner"] == "k4" and any("k4: wins over k0" in r for r in decision["reasons"])
+    assert decide([k0, close], {**OBJECTIVE, "noise_floor_pct": 5.0})["winner"] == "k0"
+
+
+def test_within_the_spread_a_lower_single_stream_tpot_decides():
+    k0 = result("k0", 0, 0, [100.0, 101.0], tpots=(20.0, 20.2))
+    k2 = result("k2", 2, 1, [100.5, 101.0], tpots=(12.0, 12.1))
+    decision = decide([k0, k2], OBJECTIVE)
+    assert decision["winner"] == "k2" and "lower TPOT at concurrency 1" in decision["reasons"][-1]
+
+
+def test_failed_gated_and_slow_variants_are_out():
+    k0 = result("k0", 0, 0, [100.0, 100.0])
+    broken = result("k3", 3, 1, [0.0, 0.0], status="failed")
+    broken["reason"] = "the gate failed: engine exited"
+    wrong = result("k4", 4, 2, [200.0, 200.0], gate_ok=False)
+    slow = result("k5", 5, 3, [300.0, 300.0], ttft=5000.0)
+    decision = decide([k0, broken, wrong, slow], {**OBJECTIVE, "ttft_budget_ms": 1000})
+    assert decision["winner"] == "k0"
+    assert "k3: out, the gate failed" in decision["reasons"][0] and "k4: out, correctness gate" in decision["reasons"][1]
+    assert "over the budget of 1000 ms" in decision["reasons"][2]
+    assert decide([broken], OBJECTIVE) == {"ok": False, "winner": None,
+                                           "reasons": ["k3: out, the gate failed: engine exited", "no variant passed; the starting settings stay"]}
+
+
+def test_schedule_recommends_draft_counts_by_batch_size():
+    k2 = {**result("k2", 2, 1, [100.0, 100.0], tpots=(10.0, 10.0))}
+    k4 = {**result("k4", 4, 2, [90.0, 90.0], tpots=(7.0, 7.0))}
+    # At one stream k4 is faster (its TPOT; throughput at c=1 equal), at eight k2 has the throughput.
+    assert schedule([k2, k4], [1, 8], 64, 0.0) == [[1, 1, 4], [2, 64, 2]]
+    assert schedule([k2], [1, 8], 64, 0.0) is None
+
+
+def test_records_gate_on_passes_and_changed_answers():
+    variant = {"name": "k2", "id": "k2-abc", "rank": 1, "draft_count": 2, "settings": {}}
+    baseline = {"passed": 18, "total": 20}
+    bench = [{"runs": [run(1, 50.0, acceptance=0.6)]}, {"runs": [run(1, 54.0, acceptance=0.7)]}]
+    same = vllm_sweep_record(variant, "ok", None, {"passed": 18, "total": 20, "changed_cases": []}, baseline, bench)
+    assert same["gate"]["ok"] and same["summary"]["1"]["output_throughput"]["mean"] == 52.0
+    assert same["summary"]["1"]["acceptance"]["mean"] == pytest.approx(0.65) and same["summary"]["1"]["acceptance_per_position"] == [0.8]
+    changed = vllm_sweep_record(variant, "ok", None, {"passed": 18, "total": 20, "changed_cases": [{"id": "str-1"}]}, baseline, bench)
+    assert not changed["gate"]["ok"] and "str-1" in changed["gate"]["reason"] and "more than 0 changed" in changed["gate"]["reason"]
+    assert vllm_sweep_record(variant, "ok", None, {"passed": 18, "total": 20, "changed_cases": [{"id": "str-1"}]}, baseline, bench,
+                             max_changed_answers=1)["gate"]["ok"]
+    fewer = vllm_sweep_record(variant, "ok", None, {"passed": 17, "total": 20}, baseline, bench)
+    assert not fewer["gate"]["ok"] and "17 of 20 cases pass, the baseline 18" in fewer["gate"]["reason"]
+    failed = vllm_sweep_record(variant, "failed", "the gate failed")
+    assert failed["status"] == "failed" and failed["gate"] == {"ok": False, "reason": "the gate failed"}
+
+
+def test_report_has_a_table_per_variant_with_spread_and_categories():
+    k0 = result("k0", 0, 0, [100.0, 104.0])
+    k2 = result("k2", 2, 1, [140.0, 150.0])
+    k2["categories"] = {"code": {"requests": 2, "output_tokens": 200, "acceptance": 0.5, "mean_acceptance_length": 2.0}}
+    failed = {**result("k9", 9, 2, [0.0, 0.0], status="failed"), "reason": "engine exited"}
+    decision = decide([k0, k2, failed], OBJECTIVE)
+    text = report_markdown("lab sweep", [k0, k2, failed], decision, OBJECTIVE)
+    assert "**Winner: k2**" in text and "## k2 (draft tokens 2): ok" in text and "| 8 |" in text
+    assert "145.0 ±3.4%" in text and "| code | 2 | 200 | 50.0% | 2.00 |" in text and "Not measured: engine exited." in text
+
+
+def test_busy_servers_are_refused_for_measurement():
+    idle = parse_samples("vllm:num_requests_running{model_name=\"m\"} 0.0\nvllm:num_requests_waiting{model_name=\"m\"} 0.0\n")
+    assert busy_problem(idle) is None
+    busy = parse_samples("vllm:num_requests_running{model_name=\"m\"} 3.0\nvllm:num_requests_waiting{model_name=\"m\"} 1.0\n")
+    assert "3 requests running and 1 waiting that are not ours" in busy_problem(busy)
