@@ -27,14 +27,20 @@ def vllm_sweep_record(variant, status, reason=None, correctness=None, baseline=N
     record = {key: variant[key] for key in ("name", "id", "rank", "draft_count", "settings")}
     record.update(status=status, reason=reason or None)
     if status != "ok":
-        return {**record, "gate": {"ok": False, "reason": reason}, "summary": {}, "categories": {}}
-    gate = correctness_gate(baseline, correctness or {})
+        return {**record, "gate": {"ok": False, "reason": reason}, "summary": {}, "categories": {}, "correctness": None}
+    correctness = correctness or {}
+    if variant["rank"] and not baseline:
+        gate = {"ok": False, "passed": correctness.get("passed"), "baseline_passed": None, "changed": [],
+                "reason": "the baseline was not measured (it did not start), so there is nothing to compare with"}
+    else:
+        gate = correctness_gate(None if not variant["rank"] else baseline, correctness)
     if gate["ok"] and len(gate["changed"]) > max_changed_answers:
         gate.update(ok=False, reason=gate["reason"] + f"; more than {max_changed_answers} changed (greedy answers should not "
                     "change with the draft length)")
     summary = summarise_variant([run.get("runs") or [] for run in bench or []])
     return {**record, "gate": gate, "summary": {str(c): entry for c, entry in summary.items()},
-            "categories": (acceptance or {}).get("categories") or {}}
+            "categories": (acceptance or {}).get("categories") or {},
+            "correctness": {key: correctness.get(key) for key in ("passed", "total")}}
 
 
 class FilterModule:

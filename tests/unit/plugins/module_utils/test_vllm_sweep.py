@@ -142,3 +142,11 @@ def test_busy_servers_are_refused_for_measurement():
     assert busy_problem(idle) is None
     busy = parse_samples("vllm:num_requests_running{model_name=\"m\"} 3.0\nvllm:num_requests_waiting{model_name=\"m\"} 1.0\n")
     assert "3 requests running and 1 waiting that are not ours" in busy_problem(busy)
+
+
+def test_without_a_measured_baseline_no_variant_passes_the_gate():
+    variant = {"name": "k2", "id": "k2-abc", "rank": 1, "draft_count": 2, "settings": {}}
+    record = vllm_sweep_record(variant, "ok", None, {"passed": 20, "total": 20}, None, [])
+    assert not record["gate"]["ok"] and "nothing to compare with" in record["gate"]["reason"]
+    baseline = vllm_sweep_record({**variant, "name": "k0", "rank": 0, "draft_count": 0}, "ok", None, {"passed": 3, "total": 20}, None, [])
+    assert baseline["gate"]["ok"] and baseline["correctness"] == {"passed": 3, "total": 20}
