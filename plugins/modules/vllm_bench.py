@@ -99,8 +99,8 @@ options:
     default: /var/lib/sparkfleet/bench
   require_idle:
     description:
-      - Refuse to start while the server has requests running or waiting that are not the benchmark's (seed 002:
-        gateway traffic made an MTP-2 against MTP-3 comparison meaningless). Drain the node first.
+      - Refuse to start while the server has requests running or waiting that are not the benchmark's; in seed 002
+        gateway traffic made an MTP-2 against MTP-3 comparison meaningless. Drain the node first.
     type: bool
     default: true
 attributes:
