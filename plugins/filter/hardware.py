@@ -14,12 +14,18 @@ def hardware_class(name, overrides=None):
     return resolve_class(name, overrides)
 
 
+def inspect_object(stdout):
+    """``docker image inspect --format '{{json .}}'`` prints the object; without --format, a list of them."""
+    found = json.loads(stdout)
+    return found[0] if isinstance(found, list) else found
+
+
 def spark_preflight(facts, hardware_class_name, overrides=None, instances=None, images=None, missing_weights_gib=0.0,
                     min_free_disk_gib=None, remedies=None):
     resolved = resolve_class(hardware_class_name, overrides)
     if resolved["errors"]:
         return {"ok": False, "checks": [], "reasons": resolved["errors"], "warnings": [], "lines": resolved["errors"]}
-    inspected = [{"ref": result["item"], "inspect": json.loads(result["stdout"])[0] if result["rc"] == 0 else None}
+    inspected = [{"ref": result["item"], "inspect": inspect_object(result["stdout"]) if result["rc"] == 0 else None}
                  for result in images or [] if "rc" in result]
     return preflight(facts, hardware_class_name, resolved["values"], instances or [], inspected,
                      float(missing_weights_gib or 0), None if min_free_disk_gib in (None, "") else float(min_free_disk_gib),

@@ -122,10 +122,12 @@ def test_images_arch_and_cuda_against_the_driver():
 def test_the_filter_reads_looped_inspect_results():
     from ansible_collections.sparkfleet.vllm.plugins.filter.hardware import spark_preflight
 
-    inspect = json.dumps([{"Architecture": "arm64", "Config": {"Env": ["CUDA_VERSION=13.1.0"]}}])
-    results = [{"item": "img@sha256:1", "rc": 0, "stdout": inspect}, {"item": "img@sha256:2", "rc": 1, "stdout": "[]"}, {"skipped": True}]
+    # docker image inspect --format '{{json .}}' prints the object itself; plain inspect prints a list.
+    inspect = {"Architecture": "arm64", "Config": {"Env": ["CUDA_VERSION=13.1.0"]}}
+    results = [{"item": "img@sha256:1", "rc": 0, "stdout": json.dumps(inspect)}, {"item": "img@sha256:2", "rc": 1, "stdout": "[]"},
+               {"item": "img@sha256:3", "rc": 0, "stdout": json.dumps([inspect])}, {"skipped": True}]
     verdict_ = spark_preflight(gb10(), "dgx_spark", {}, [{"gpu_memory_utilization": 0.5}], results)
-    assert [c["status"] for c in verdict_["checks"] if c["name"].startswith("image")] == ["fail", "pass"]
+    assert [c["status"] for c in verdict_["checks"] if c["name"].startswith("image")] == ["fail", "pass", "fail"]
     assert spark_preflight(gb10(), "gb10")["reasons"][0].startswith("sparkfleet_hardware_class: 'gb10'")
 
 
