@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_sweep import (
     correctness_gate,
-    instances_with,
     plan_variants,
     summarise_variant,
 )
@@ -14,10 +13,6 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_sweep import
 
 def vllm_sweep_variants(instance, draft_counts=None, variants=None):
     return plan_variants(instance or {}, draft_counts, variants or None)
-
-
-def vllm_sweep_instances(instances, name, settings):
-    return instances_with(instances, name, settings)
 
 
 def vllm_sweep_record(variant, status, reason=None, correctness=None, baseline=None, bench=None, acceptance=None,
@@ -45,5 +40,4 @@ def vllm_sweep_record(variant, status, reason=None, correctness=None, baseline=N
 
 class FilterModule:
     def filters(self):
-        return {"vllm_sweep_variants": vllm_sweep_variants, "vllm_sweep_instances": vllm_sweep_instances,
-                "vllm_sweep_record": vllm_sweep_record}
+        return {"vllm_sweep_variants": vllm_sweep_variants, "vllm_sweep_record": vllm_sweep_record}

@@ -65,6 +65,9 @@ options:
   drop_caches:
     description: Drop the page cache before each launch; null takes the class's setting.
     type: bool
+  overrides:
+    description: C(vllm_instance_overrides), settings laid over named instances.
+    type: dict
   gpus:
     description: Give the containers the GPUs.
     type: bool

@@ -325,6 +325,22 @@ def env_problems(field: str, env: t.Any) -> list[str]:
     return errors
 
 
+def overridden(instances: t.Any, overrides: t.Any) -> tuple[t.Any, list[str]]:
+    """``vllm_instances`` with ``vllm_instance_overrides`` (instance name -> settings) laid over the named
+    instances: how the sweep relaunches one instance with a variant's settings while the inventory keeps
+    its own. The overridden keys are checked like the instance's own."""
+    if not overrides:
+        return instances, []
+    if not isinstance(overrides, dict) or not all(isinstance(v, dict) for v in overrides.values()):
+        return instances, ["vllm_instance_overrides: must map instance names to mappings of instance keys"]
+    if not isinstance(instances, list):
+        return instances, []
+    names = [i.get("name") for i in instances if isinstance(i, dict)]
+    errors = [f"vllm_instance_overrides.{name}: no instance of that name in vllm_instances{closest(str(name), [str(n) for n in names])}"
+              for name in overrides if name not in names]
+    return [{**i, **overrides.get(i.get("name"), {})} if isinstance(i, dict) else i for i in instances], errors
+
+
 def merged_instances(instances: t.Any, defaults: t.Mapping[str, t.Any], image: str,
                      catalog: t.Mapping[str, t.Mapping[str, t.Any]]) -> tuple[list[dict[str, t.Any]], list[str]]:
     """Each instance over the defaults (and vllm_image) and the catalog entry it names, with the
@@ -559,6 +575,7 @@ DEFAULT_OPTIONS: dict[str, t.Any] = {
     "memory_total_bytes": None,
     "vllm_version": "",
     "drop_caches": None,
+    "overrides": {},
     "gpus": True,
     "models_dir": "/srv/models",
     "cache_dir": "/var/cache/sparkfleet/vllm",
@@ -629,7 +646,9 @@ def build_plan(instances: t.Any, defaults: t.Any, **given: t.Any) -> dict[str, t
     options["gmu_cap"] = float(options["gmu_cap"]) if is_int(options["gmu_cap"]) else options["gmu_cap"]
     options["drop_caches"] = options["hardware"]["drop_caches"] if options["drop_caches"] in (None, "") else options["drop_caches"]
     plan["gmu_cap"] = options["gmu_cap"]
-    merged, errors = merged_instances(instances, defaults, options["image"], options["catalog"])
+    instances, errors = overridden(instances, options["overrides"])
+    merged, merge_errors = merged_instances(instances, defaults, options["image"], options["catalog"])
+    errors += merge_errors
     errors += option_problems(options)
     memories: dict[int, dict[str, t.Any] | None] = {}
     for instance in merged:

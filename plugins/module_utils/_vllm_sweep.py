@@ -84,15 +84,6 @@ def plan_variants(base: t.Mapping[str, t.Any], draft_counts: t.Any = None, varia
     return {"variants": sorted(planned, key=lambda v: v["rank"]) if not errors else [], "errors": errors}
 
 
-def instances_with(instances: t.Sequence[t.Mapping[str, t.Any]], name: str, settings: t.Mapping[str, t.Any]) -> list[dict[str, t.Any]]:
-    """The host's instances with one instance's settings overridden: what the vllm role deploys for a variant."""
-    found = [dict(instance) for instance in instances]
-    for instance in found:
-        if instance.get("name") == name:
-            instance.update(settings)
-    return found
-
-
 def spread(values: t.Sequence[float]) -> dict[str, t.Any]:
     """mean, min, max and spread (max - min, in percent of the mean) of repeated figures."""
     numbers = [v for v in values if isinstance(v, (int, float))]

@@ -194,3 +194,15 @@ def test_inventory_only_plans_skip_what_needs_the_host():
     lan = instance(model="/models/x", bind_addresses=["192.0.2.10"])
     assert "not an address of this host" in only_error(lan, host_addresses=["127.0.0.1"])
     assert errors(lan, host_addresses=None, wait_online_enabled=None) == []
+
+
+def test_overrides_lay_settings_over_named_instances_and_are_checked():
+    instances = [instance(name="embed", port=8001, served_model_names=["embed"]), instance(name="chat", port=8002, speculative={"method": "ngram", "num_speculative_tokens": 3})]
+    result = plan(*instances, overrides={"chat": {"speculative": {"num_speculative_tokens": 0}, "max_num_seqs": 4}})
+    chat = result["instances"][1]
+    assert "--speculative-config" not in chat["serve_args"] and chat["serve_args"][chat["serve_args"].index("--max-num-seqs") + 1] == "4"
+    assert "--max-num-seqs" in result["instances"][0]["serve_args"] and result["instances"][0]["serve_args"][
+        result["instances"][0]["serve_args"].index("--max-num-seqs") + 1] == "8", "the other instance keeps its own"
+    assert "vllm_instance_overrides.caht: no instance of that name in vllm_instances; did you mean chat?" in only_error(
+        *instances, overrides={"caht": {"max_num_seqs": 4}})
+    assert "max_num_seq: unknown key" in only_error(*instances, overrides={"chat": {"max_num_seq": 4}})

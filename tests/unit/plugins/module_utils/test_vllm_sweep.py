@@ -6,7 +6,6 @@ from ansible_collections.sparkfleet.vllm.plugins.filter.sweep import vllm_sweep_
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_metrics import busy_problem, parse_samples
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_sweep import (
     decide,
-    instances_with,
     plan_variants,
     report_markdown,
     schedule,
@@ -55,13 +54,6 @@ def test_named_variants_rank_by_draft_count_then_order():
     planned = plan_variants(BASE, variants=[{"name": "mnbt16k", "settings": {"max_num_batched_tokens": 16384}},
                                             {"name": "off", "settings": {"speculative": {"num_speculative_tokens": 0}}}])
     assert [(v["name"], v["draft_count"]) for v in planned["variants"]] == [("off", 0), ("mnbt16k", 2)]
-
-
-def test_instances_with_overrides_only_the_swept_one():
-    instances = [{"name": "embed", "max_num_seqs": 4}, {"name": "chat", "max_num_seqs": 8}]
-    changed = instances_with(instances, "chat", {"max_num_seqs": 16})
-    assert changed == [{"name": "embed", "max_num_seqs": 4}, {"name": "chat", "max_num_seqs": 16}]
-    assert instances[1]["max_num_seqs"] == 8, "the inventory's list is not modified"
 
 
 def test_spread_is_the_range_in_percent_of_the_mean():
