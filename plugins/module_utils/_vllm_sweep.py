@@ -246,7 +246,11 @@ def report_markdown(title: str, results: t.Sequence[t.Mapping[str, t.Any]], deci
         if result["status"] != "ok":
             lines.append(f"Not measured: {result.get('reason') or 'it did not start'}.")
             continue
-        lines += [f"Correctness: {gate.get('reason', '-')} ({'passes' if gate.get('ok') else 'fails'} the gate).", "",
+        lines.append(f"Correctness: {gate.get('reason', '-')} ({'passes' if gate.get('ok') else 'fails'} the gate).")
+        if not result["summary"]:
+            lines += ["", "Not benchmarked: the correctness gate rejected it."]
+            continue
+        lines += ["",
                   "| concurrency | mean TTFT ms | mean TPOT ms | mean ITL ms | output tok/s | acceptance | per position |",
                   "|---:|---:|---:|---:|---:|---:|---|"]
         for concurrency, entry in sorted((int(c), e) for c, e in result["summary"].items()):

@@ -14,7 +14,7 @@ import pytest
 from tool_runner import LOG_DIR, ROOT, tail
 
 # Lanes run side by side; the scenarios of one lane run one after the other.
-LANES = [["vllm"], ["default", "models"]]
+LANES = [["vllm"], ["default", "models", "sweep"]]
 SCENARIOS = [scenario for lane in LANES for scenario in lane]
 
 

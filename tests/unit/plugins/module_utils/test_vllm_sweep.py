@@ -142,3 +142,13 @@ def test_without_a_measured_baseline_no_variant_passes_the_gate():
     assert not record["gate"]["ok"] and "nothing to compare with" in record["gate"]["reason"]
     baseline = vllm_sweep_record({**variant, "name": "k0", "rank": 0, "draft_count": 0}, "ok", None, {"passed": 3, "total": 20}, None, [])
     assert baseline["gate"]["ok"] and baseline["correctness"] == {"passed": 3, "total": 20}
+
+
+def test_a_variant_the_gate_rejects_is_reported_without_figures():
+    k0 = result("k0", 0, 0, [100.0, 104.0])
+    rejected = {"name": "other", "rank": 1, "draft_count": 0, "status": "ok", "settings": {"model": "/models/other"},
+                "gate": {"ok": False, "reason": "0 of 20 cases pass, the baseline 0; 20 answers changed"}, "summary": {}}
+    decision = decide([k0, rejected], OBJECTIVE)
+    text = report_markdown("lab sweep", [k0, rejected], decision, OBJECTIVE)
+    assert decision["winner"] == "k0" and "other: out, correctness gate" in " ".join(decision["reasons"])
+    assert "(fails the gate).\n\nNot benchmarked: the correctness gate rejected it." in text

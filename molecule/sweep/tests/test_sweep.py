@@ -1,5 +1,6 @@
-"""playbooks/mtp_sweep.yml on the serving lab: instance "second" (the tiny variant model with ngram
-speculative decoding) swept over draft counts 0, 2 and 4, two repeats each, on natural text.
+"""playbooks/mtp_sweep.yml on a serving host converged like the serving lab: instance "second" (the
+tiny variant model with ngram speculative decoding) swept over draft counts 0, 2 and 4, two repeats
+each, on natural text.
 
 The first run measures every variant, decides and leaves the winner serving; the second adds a
 variant that cannot start and one with other weights, skips the three finished ones, and restores
@@ -10,11 +11,12 @@ import json
 import pathlib
 
 import pytest
-from serving_lab import KEY, SERVE, instances_json, status
+from serving_lab import KEY, instances_json, status
 from site_runner import ROOT, docker_host, playbook
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_sweep import beats, figure
 
+SERVE = "sparkfleet-molecule-sweep"
 NGRAM = {"method": "ngram", "options": {"prompt_lookup_max": 3}}
 SWEEP = {"sweep_instance": "second", "sweep_label": "lab-sweep", "sweep_repeats": 2, "sweep_concurrencies": [1, 2],
          "sweep_prompts_per_concurrency": 1, "sweep_input_tokens": 256, "sweep_output_tokens": 96,
