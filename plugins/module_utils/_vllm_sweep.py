@@ -131,7 +131,6 @@ def figure(summary: t.Mapping[t.Any, t.Any], concurrency: int, name: str) -> dic
     return entry.get(name) if entry else None
 
 
-
 def beats(challenger: t.Mapping[str, t.Any] | None, holder: t.Mapping[str, t.Any] | None, higher_is_better: bool,
           noise_floor_pct: float) -> bool:
     """Whether ``challenger`` is better than ``holder`` by more than the larger of their spreads (and the floor)."""

@@ -37,6 +37,7 @@ attributes:
   check_mode:
     support: partial
     description: In check mode nothing is sent and no acceptance is reported.
+    details: The arguments are checked and the instance resolved; no prompt is sent.
   diff_mode:
     support: none
     description: Changes nothing on the host.

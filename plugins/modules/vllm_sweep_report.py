@@ -10,8 +10,8 @@ module: vllm_sweep_report
 short_description: Decide a speculative-decoding sweep and write its decision file, report and plots
 version_added: 0.3.0
 description:
-  - Takes the per-variant records of P(sparkfleet.vllm.mtp_sweep#playbook) (status, correctness gate, figures per
-    concurrency over the repeats, acceptance per position and per category) and applies the objective
+  - Takes the per-variant records of C(playbooks/mtp_sweep.yml) (status, correctness gate, figures per
+    concurrency over the repeats, acceptance per position and per category) and applies the objective,
     highest output throughput at the target concurrency, then lowest TPOT at one stream, among the variants that
     started, passed the correctness gate and the optional TTFT budget; a more complex variant (more draft tokens)
     only wins by more than the measured spread.

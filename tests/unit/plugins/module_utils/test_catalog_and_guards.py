@@ -197,7 +197,8 @@ def test_inventory_only_plans_skip_what_needs_the_host():
 
 
 def test_overrides_lay_settings_over_named_instances_and_are_checked():
-    instances = [instance(name="embed", port=8001, served_model_names=["embed"], gpu_memory_utilization=0.2), instance(name="chat", port=8002, gpu_memory_utilization=0.4, speculative={"method": "ngram", "num_speculative_tokens": 3})]
+    instances = [instance(name="embed", port=8001, served_model_names=["embed"], gpu_memory_utilization=0.2),
+                 instance(name="chat", port=8002, gpu_memory_utilization=0.4, speculative={"method": "ngram", "num_speculative_tokens": 3})]
     result = plan(*instances, overrides={"chat": {"speculative": {"num_speculative_tokens": 0}, "max_num_seqs": 4}})
     chat = result["instances"][1]
     assert "--speculative-config" not in chat["serve_args"] and chat["serve_args"][chat["serve_args"].index("--max-num-seqs") + 1] == "4"
