@@ -1,6 +1,6 @@
-"""playbooks/mtp_sweep.yml on a serving host converged like the serving lab: instance "second" (the
+"""playbooks/mtp_sweep.yml on a serving host prepared like the serving lab: instance "second" (the
 tiny variant model with ngram speculative decoding) swept over draft counts 0, 2 and 4, two repeats
-each, on natural text.
+each at two concurrent streams, on natural text.
 
 The first run measures every variant, decides and leaves the winner serving; the second adds a
 variant that cannot start and one with other weights, skips the three finished ones, and restores
@@ -18,7 +18,7 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_sweep import
 
 SERVE = "sparkfleet-molecule-sweep"
 NGRAM = {"method": "ngram", "options": {"prompt_lookup_max": 3}}
-SWEEP = {"sweep_instance": "second", "sweep_label": "lab-sweep", "sweep_repeats": 2, "sweep_concurrencies": [1, 2],
+SWEEP = {"sweep_instance": "second", "sweep_label": "lab-sweep", "sweep_repeats": 2, "sweep_concurrencies": [2],
          "sweep_prompts_per_concurrency": 1, "sweep_input_tokens": 256, "sweep_output_tokens": 96,
          "sweep_acceptance_max_tokens": 64, "sweep_correctness_max_tokens": 16, "vllm_version": "0.32.0",
          "sweep_documents_dir": str(ROOT / "docs")}
@@ -29,7 +29,8 @@ def ngram(count):
 
 
 def sweep(report_dir, **settings):
-    extra = {**json.loads(instances_json()), **SWEEP, "sweep_report_dir": str(report_dir), **settings}
+    second = json.loads(instances_json())["vllm_instances"][1]
+    extra = {"vllm_instances": [second], **SWEEP, "sweep_report_dir": str(report_dir), **settings}
     return playbook("mtp_sweep.yml", "-e", json.dumps(extra), limit=SERVE)
 
 
@@ -70,15 +71,14 @@ def test_the_sweep_measures_every_variant_with_its_spread(first_sweep):
     assert [v["name"] for v in found["variants"]] == ["k0", "k2", "k4"]
     for variant in found["variants"]:
         assert variant["status"] == "ok" and variant["gate"]["ok"], variant
-        for concurrency in ("1", "2"):
-            throughput = variant["summary"][concurrency]["output_throughput"]
-            assert throughput["n"] == 2 and throughput["mean"] > 0 and throughput["spread_pct"] is not None
+        throughput = variant["summary"]["2"]["output_throughput"]
+        assert throughput["n"] == 2 and throughput["mean"] > 0 and throughput["spread_pct"] is not None
     k0, k2, k4 = found["variants"]
     assert k0["categories"]["code"]["acceptance"] is None, "no speculation, no acceptance"
     for variant in (k2, k4):
         assert set(variant["categories"]) == {"code", "prose", "chat", "structured"}
         assert all(c["acceptance"] is not None and c["output_tokens"] > 0 for c in variant["categories"].values())
-        assert len(variant["summary"]["1"]["acceptance_per_position"]) == variant["draft_count"]
+        assert len(variant["summary"]["2"]["acceptance_per_position"]) == variant["draft_count"]
     report = (pathlib.Path(report_dir) / SERVE / "lab-sweep" / "report.md").read_text()
     for heading in ("## k0 (draft tokens 0): ok", "## k2 (draft tokens 2): ok", "## k4 (draft tokens 4): ok", "| prose |", "±"):
         assert heading in report
@@ -95,7 +95,7 @@ def test_the_decision_follows_the_objective_and_the_winner_serves(first_sweep, s
     def wins(challenger, holder):
         by_throughput = beats(figure(challenger["summary"], 2, "output_throughput"), figure(holder["summary"], 2, "output_throughput"), True, 0)
         by_tpot = not beats(figure(holder["summary"], 2, "output_throughput"), figure(challenger["summary"], 2, "output_throughput"), True, 0) \
-            and beats(figure(challenger["summary"], 1, "mean_tpot_ms"), figure(holder["summary"], 1, "mean_tpot_ms"), False, 0)
+            and beats(figure(challenger["summary"], 2, "mean_tpot_ms"), figure(holder["summary"], 2, "mean_tpot_ms"), False, 0)
         return by_throughput or by_tpot
 
     for name, variant in variants.items():
