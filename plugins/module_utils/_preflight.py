@@ -13,10 +13,13 @@ from __future__ import annotations
 import re
 import typing as t
 
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._model_catalog import version_tuple
+
 GIB = 1024**3
 ARCHITECTURES = {"aarch64": "arm64", "arm64": "arm64", "x86_64": "amd64", "amd64": "amd64"}
 # The first driver branch of each CUDA release (NVIDIA's CUDA toolkit release notes).
 CUDA_DRIVER_BRANCH = {"12.8": 570, "12.9": 575, "13.0": 580, "13.1": 590}
+NEWEST_KNOWN_CUDA = max(CUDA_DRIVER_BRANCH, key=version_tuple)
 _CUDA_REQUIREMENT = re.compile(r"cuda>=(\d+\.\d+)")
 _CUDA_VERSION = re.compile(r"^(\d+\.\d+)")
 
@@ -66,13 +69,12 @@ def image_checks(images: t.Sequence[t.Mapping[str, t.Any]], facts: t.Mapping[str
             checks.append(check(name, True, f"{arch or 'unknown'} image; " + ("needs CUDA " + cuda if cuda else "declares no CUDA release")
                                 + ("" if branch else ", the host has no NVIDIA driver")))
             continue
-        known = sorted(CUDA_DRIVER_BRANCH, key=lambda v: tuple(map(int, v.split("."))))
-        needed = CUDA_DRIVER_BRANCH.get(cuda) or (CUDA_DRIVER_BRANCH[known[-1]] + 1
-                                                  if tuple(map(int, cuda.split("."))) > tuple(map(int, known[-1].split("."))) else 0)
+        newer = version_tuple(cuda) > version_tuple(NEWEST_KNOWN_CUDA)
+        needed = CUDA_DRIVER_BRANCH.get(cuda) or (CUDA_DRIVER_BRANCH[NEWEST_KNOWN_CUDA] + 1 if newer else 0)
         checks.append(check(name, int(branch) >= needed,
                             f"needs CUDA {cuda} (driver branch {needed} or later); the host runs {facts['gpu']['driver_version']}"
                             + ("" if int(branch) >= needed else ": the engine would fail at startup. Pin an image built for "
-                               f"CUDA {max((v for v in known if CUDA_DRIVER_BRANCH[v] <= int(branch)), default='?')}")))
+                               f"CUDA {max((v for v in CUDA_DRIVER_BRANCH if CUDA_DRIVER_BRANCH[v] <= int(branch)), key=version_tuple, default='?')}")))
     return checks
 
 

@@ -92,7 +92,8 @@ def catalog_findings(where: str, instance: t.Mapping[str, t.Any], entry_id: str,
     speculative = instance.get("speculative") if isinstance(instance.get("speculative"), dict) else {}
     drafter_model = speculative.get("model") if speculative_method(instance) else None
     if isinstance(drafter_model, str):
-        trained_for = drafter_index(catalog).get(drafter_model) or drafter_index(catalog).get(drafter_model.rstrip("/").rsplit("/", 1)[-1])
+        drafters = drafter_index(catalog)
+        trained_for = drafters.get(drafter_model) or drafters.get(drafter_model.rstrip("/").rsplit("/", 1)[-1])
         if trained_for and trained_for != entry["size"]:
             errors.append(f"{where}.speculative.model: {drafter_model} is the drafter of the {trained_for} model, this instance "
                           f"serves {entry_id} ({entry['size']}); a drafter only fits the size it was trained with. "
