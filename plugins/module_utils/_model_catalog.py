@@ -72,6 +72,18 @@ CATALOG: dict[str, dict[str, t.Any]] = {
             "dflash": {"model": "z-lab/gemma-4-26B-A4B-it-DFlash", "num_speculative_tokens": 8, "weights_gib": 2.0,
                        "options": {"attention_backend": "triton_attn"}},
         },
+        "broken": GEMMA4_BROKEN + [
+            {"setting": "enable_expert_parallel", "values": [False], "topology": "cluster",
+             "reason": "seed 001: at TP=2 each expert's NVFP4 weight is sliced to 704 rows, not a multiple of the 128-row scale "
+             "tile, and the FLASHINFER_CUTLASS MoE backend refuses to pad it (NotImplementedError at load). Set "
+             "enable_expert_parallel: true"},
+            {"setting": "speculative_method", "values": ["mtp"], "topology": "cluster",
+             "reason": "seed 001: with expert parallelism the drafter inherits it and exits with 'Number of experts in the "
+             "model must be greater than 0' on every release measured (vllm#56930 and #56936). Serve it without a drafter"},
+            {"setting": "speculative_method", "values": ["dflash"], "topology": "cluster", "broken_from": "0.30.0",
+             "reason": "seed 001: v0.30.0 copies expert parallelism into the dense drafter, which exits at start (fixed on "
+             "main by vllm#56930 after v0.30.0 was cut; v0.29.0 runs it). Pin v0.29.0, or no drafter"},
+        ],
         "sources": {
             "max_context": "seed 001's model table",
             "weights_gib": "seed 001 (RTX 5090): 16.13 GiB of weights",
@@ -260,7 +272,8 @@ OPTIONAL: dict[str, tuple[type, ...]] = {"repo": (str, type(None)), "path": (str
 DRAFTER_KEYS: dict[str, tuple[type, ...]] = {
     "model": (str, type(None)), "num_speculative_tokens": (int,), "weights_gib": (int, float), "options": (dict,),
 }
-BROKEN_SETTINGS = ("attention_backend", "prefix_caching", "speculative_method", "quantization", "moe_backend")
+BROKEN_SETTINGS = ("attention_backend", "prefix_caching", "speculative_method", "quantization", "moe_backend", "enable_expert_parallel")
+TOPOLOGIES = ("cluster",)
 ENTRY_ID = re.compile(r"[a-z0-9][a-z0-9.-]*")
 VERSION = re.compile(r"\d+(\.\d+){1,2}")
 # Checkpoint formats that are already quantized; anything else is quantized at load time by --quantization.
@@ -306,8 +319,11 @@ def broken_rule_problems(field: str, rule: t.Any) -> list[str]:
     if not isinstance(rule, dict) or rule.get("setting") not in BROKEN_SETTINGS or not isinstance(rule.get("values"), list) \
             or not isinstance(rule.get("reason"), str):
         return [f"{field}: needs setting (one of {', '.join(BROKEN_SETTINGS)}), values (a list) and reason"]
-    return [f"{field}.{key}: {rule[key]!r} is not a version such as 0.29.0" for key in ("fixed_in", "broken_from")
-            if key in rule and not (isinstance(rule[key], str) and VERSION.fullmatch(rule[key]))]
+    errors = [f"{field}.{key}: {rule[key]!r} is not a version such as 0.29.0" for key in ("fixed_in", "broken_from")
+              if key in rule and not (isinstance(rule[key], str) and VERSION.fullmatch(rule[key]))]
+    if "topology" in rule and rule["topology"] not in TOPOLOGIES:
+        errors.append(f"{field}.topology: {rule['topology']!r}; only cluster (the rule holds across nodes only), or leave it out")
+    return errors
 
 
 def version_tuple(version: str) -> tuple[int, ...]:
@@ -337,7 +353,8 @@ def catalog_table_markdown(catalog: t.Mapping[str, t.Mapping[str, t.Any]] | None
             "|---|---|---|---:|---|---:|---:|---|---|"]
     for entry_id, entry in catalog.items():
         drafters = ", ".join(f"{method} {d['num_speculative_tokens']}" for method, d in entry["drafters"].items()) or "-"
-        broken = "; ".join(f"{rule['setting']} {'/'.join(map(str, rule['values']))}" for rule in entry["broken"]) or "-"
+        broken = "; ".join(f"{rule['setting']} {'/'.join(map(str, rule['values']))}{' (cluster)' if rule.get('topology') else ''}"
+                           for rule in entry["broken"]) or "-"
         rows.append(f"| `{entry_id}` | {entry.get('repo') or entry.get('path')} | {entry['format']} | {entry['max_context']:,} | "
                     f"{', '.join(entry['modalities'])} | {entry['weights_gib']} | {entry['kv_bytes_per_token']:,} | {drafters} | {broken} |")
     return "\n".join(rows)
@@ -367,7 +384,8 @@ def catalog_page(entry_id: str) -> str:
             versions = " ".join(part for part in (
                 f"from vLLM {rule['broken_from']}" if rule.get("broken_from") else "",
                 f"until vLLM {rule['fixed_in']}" if rule.get("fixed_in") else "") if part) or "on every vLLM known"
-            lines.append(f"- `{rule['setting']}` = {', '.join(f'`{v}`' for v in rule['values'])} ({versions}): {rule['reason']}")
+            across = ", across nodes" if rule.get("topology") else ""
+            lines.append(f"- `{rule['setting']}` = {', '.join(f'`{v}`' for v in rule['values'])} ({versions}{across}): {rule['reason']}")
     else:
         lines.append("None known.")
     for key in sorted(set(entry.get("sources", {})) - {"drafters"} - set(entry)):

@@ -62,18 +62,23 @@ def setting_value(instance: t.Mapping[str, t.Any], setting: str) -> t.Any:
 
 
 def broken_findings(where: str, entry_id: str, entry: t.Mapping[str, t.Any], instance: t.Mapping[str, t.Any],
-                    vllm_version: str) -> tuple[list[str], list[str]]:
+                    vllm_version: str, cluster: bool = False) -> tuple[list[str], list[str]]:
     errors, warnings = [], []
     version = version_tuple(vllm_version) if vllm_version else None
     for rule in entry["broken"]:
+        if rule.get("topology") == "cluster" and not cluster:
+            continue
         value = setting_value(instance, rule["setting"])
+        if rule["setting"] == "enable_expert_parallel":
+            value = bool(value)
         if value is None or value not in rule["values"]:
             continue
         if version and rule.get("broken_from") and version < version_tuple(rule["broken_from"]):
             continue
         if version and rule.get("fixed_in") and version >= version_tuple(rule["fixed_in"]):
             continue
-        message = f"{where}: {rule['setting']} {value} with catalog entry {entry_id} is known to break: {rule['reason']}"
+        across = " across nodes" if rule.get("topology") == "cluster" else ""
+        message = f"{where}: {rule['setting']} {value} with catalog entry {entry_id}{across} is known to break: {rule['reason']}"
         if rule.get("fixed_in") and not version:
             warnings.append(f"{message}. Fixed in vLLM {rule['fixed_in']}; set vllm_version to the image's release to check it")
         else:
@@ -82,7 +87,8 @@ def broken_findings(where: str, entry_id: str, entry: t.Mapping[str, t.Any], ins
 
 
 def catalog_findings(where: str, instance: t.Mapping[str, t.Any], entry_id: str, entry: t.Mapping[str, t.Any],
-                     catalog: t.Mapping[str, t.Mapping[str, t.Any]], mnbt: int | None, vllm_version: str) -> tuple[list[str], list[str]]:
+                     catalog: t.Mapping[str, t.Mapping[str, t.Any]], mnbt: int | None, vllm_version: str,
+                     cluster: bool = False) -> tuple[list[str], list[str]]:
     """Contradictions between an instance and the catalog entry it names."""
     errors: list[str] = []
     max_model_len = instance.get("max_model_len")
@@ -114,7 +120,7 @@ def catalog_findings(where: str, instance: t.Mapping[str, t.Any], entry_id: str,
         errors.append(f"{where}.max_num_batched_tokens: {mnbt} is below {MULTIMODAL_FLOOR}, the floor of a multimodal model's "
                       f"encoder (seed 001: 'max_tokens_per_mm_item (2496) is larger than max_num_batched_tokens'). Raise it, "
                       "or set language_model_only: true to serve text only")
-    broken_errors, warnings = broken_findings(where, entry_id, entry, instance, vllm_version)
+    broken_errors, warnings = broken_findings(where, entry_id, entry, instance, vllm_version, cluster)
     return errors + broken_errors, warnings
 
 

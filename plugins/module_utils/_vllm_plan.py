@@ -25,6 +25,7 @@ import json
 import re
 import typing as t
 
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._cluster import NETWORK_ENV, ray_start_args, serve_cluster_args
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._hardware_classes import resolve_class
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._model_catalog import CATALOG, VERSION, catalog_problems
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._systemd import exec_line
@@ -109,6 +110,10 @@ INSTANCE_KEYS: tuple[Key, ...] = (
     Key("reasoning_parser", "token", "Reasoning parser name.", flag="--reasoning-parser"),
     Key("tool_call_parser", "token", "Tool-call parser name; needed by `enable_auto_tool_choice`.", flag="--tool-call-parser"),
     Key("runner", "choice", "`auto`, `generate`, `pooling` or `draft`.", flag="--runner", choices=("auto", "generate", "pooling", "draft")),
+    Key("tensor_parallel_size", "positive", "GPUs the model is split over; on a cluster, nodes x GPUs per node.",
+        flag="--tensor-parallel-size"),
+    Key("enable_expert_parallel", "switch", "Experts split whole across ranks instead of sliced (seed 001: the 26B-A4B's "
+        "NVFP4 experts need it at TP=2).", flag="--enable-expert-parallel"),
     Key("enable_auto_tool_choice", "switch", "Let the model choose tools (needs `tool_call_parser`).", flag="--enable-auto-tool-choice"),
     Key("language_model_only", "switch", "Serve text only: drops a multimodal model's encoder and its 4096-token floor.",
         flag="--language-model-only"),
@@ -131,9 +136,19 @@ KEYS_BY_NAME = {key.name: key for key in INSTANCE_KEYS}
 # Flags the role sets: from the key table, plus the ones it always renders. vLLM also reads a
 # whole argument set from --config; its short forms are -q (--quantization) and -sc
 # (--speculative-config) in vLLM 0.32.
+# The parallel layout is the plan's too: a cluster renders its ranks and rendezvous, and data or
+# pipeline parallelism (not planned) would reopen ports and split the model behind its back.
+PARALLEL_FLAGS = {
+    "--nnodes": "-n", "--node-rank": "-r", "--master-addr": None, "--master-port": None, "--headless": None,
+    "--distributed-executor-backend": None, "--pipeline-parallel-size": "-pp", "--data-parallel-size": "-dp",
+    "--data-parallel-rank": "-dpn", "--data-parallel-start-rank": "-dpr", "--data-parallel-size-local": "-dpl",
+    "--data-parallel-address": "-dpa", "--data-parallel-rpc-port": "-dpp", "--data-parallel-backend": "-dpb",
+    "--data-parallel-hybrid-lb": "-dph", "--data-parallel-external-lb": "-dpe", "--data-parallel-multi-port-external-lb": "-dpm",
+}
 OWNED_FLAGS = frozenset({key.flag for key in INSTANCE_KEYS if key.flag}
-                        | {"--host", "--port", "--api-key", "--model", "--config", "--uds"})
-OWNED_SHORT_FLAGS = {"-q": "--quantization", "-sc": "--speculative-config"}
+                        | {"--host", "--port", "--api-key", "--model", "--config", "--uds"} | set(PARALLEL_FLAGS))
+OWNED_SHORT_FLAGS = {"-q": "--quantization", "-sc": "--speculative-config", "-tp": "--tensor-parallel-size",
+                     "-ep": "--enable-expert-parallel", **{short: flag for flag, short in PARALLEL_FLAGS.items() if short}}
 
 
 def closest(name: str, known: t.Iterable[str]) -> str:
@@ -199,7 +214,7 @@ def check_value(where: str, key: Key, value: t.Any, options: t.Mapping[str, t.An
     elif kind == "extra_args":
         return extra_args_problems(field, value)
     elif kind == "env":
-        return env_problems(field, value)
+        return env_problems(field, value, options["owned_env"])
     return []
 
 
@@ -308,14 +323,14 @@ def extra_args_problems(field: str, extra: t.Any) -> list[str]:
     return errors
 
 
-def env_problems(field: str, env: t.Any) -> list[str]:
+def env_problems(field: str, env: t.Any, owned: t.Collection[str] = OWNED_ENV) -> list[str]:
     if not isinstance(env, dict):
         return [f"{field}: must be a mapping of NAME: value"]
     errors = []
     for name, value in env.items():
         if not isinstance(name, str) or not ENV_NAME.fullmatch(name):
             errors.append(f"{field}: {name!r} is not an environment variable name (letters, digits, underscores, not starting with a digit)")
-        elif name in OWNED_ENV:
+        elif name in owned:
             errors.append(f"{field}: {name} is set by the role ({'the api_key' if name == 'VLLM_API_KEY' else 'from the plan'}); "
                           "it may not be replaced through env")
         if isinstance(value, bool) or not isinstance(value, (str, int, float)):
@@ -342,11 +357,11 @@ def overridden(instances: t.Any, overrides: t.Any) -> tuple[t.Any, list[str]]:
 
 
 def merged_instances(instances: t.Any, defaults: t.Mapping[str, t.Any], image: str,
-                     catalog: t.Mapping[str, t.Mapping[str, t.Any]]) -> tuple[list[dict[str, t.Any]], list[str]]:
+                     catalog: t.Mapping[str, t.Mapping[str, t.Any]], variable: str = "vllm_instances") -> tuple[list[dict[str, t.Any]], list[str]]:
     """Each instance over the defaults (and vllm_image) and the catalog entry it names, with the
     structural problems of the list. The instance's own keys always win."""
     if not isinstance(instances, list):
-        return [], ["vllm_instances: must be a list of mappings"]
+        return [], [f"{variable}: must be a list of mappings"]
     if not isinstance(defaults, dict):
         return [], ["vllm_instance_defaults: must be a mapping of instance keys"]
     errors = [f"vllm_instance_defaults.{name}: unknown key{closest(name, KEYS_BY_NAME)}" for name in defaults if name not in KEYS_BY_NAME]
@@ -355,7 +370,7 @@ def merged_instances(instances: t.Any, defaults: t.Mapping[str, t.Any], image: s
     merged = []
     for index, instance in enumerate(instances):
         if not isinstance(instance, dict):
-            errors.append(f"vllm_instances[{index}]: must be a mapping of instance keys")
+            errors.append(f"{variable}[{index}]: must be a mapping of instance keys")
             continue
         base = {"image": image, "state": "present"} if image else {"state": "present"}
         entry = catalog.get(instance.get("catalog") or defaults.get("catalog"))  # type: ignore[arg-type]
@@ -367,8 +382,15 @@ def merged_instances(instances: t.Any, defaults: t.Mapping[str, t.Any], image: s
     return merged, errors
 
 
+def instance_where(instance: t.Mapping[str, t.Any], options: t.Mapping[str, t.Any]) -> str:
+    """How messages name an instance: its place in vllm_instances, or the cluster's instance."""
+    if options["cluster"]:
+        return "cluster_instance"
+    return f"vllm_instances[{instance['_index']}]" + (f" ({instance['name']})" if isinstance(instance.get("name"), str) else "")
+
+
 def instance_problems(instance: t.Mapping[str, t.Any], options: t.Mapping[str, t.Any]) -> list[str]:
-    where = f"vllm_instances[{instance['_index']}]" + (f" ({instance['name']})" if isinstance(instance.get("name"), str) else "")
+    where = instance_where(instance, options)
     errors = [f"{where}.{name}: unknown key{closest(name, KEYS_BY_NAME)}" for name in sorted(instance["_own"]) if name not in KEYS_BY_NAME]
     if instance.get("state") == "absent":
         return errors + check_value(where, KEYS_BY_NAME["name"], instance.get("name"), options)
@@ -391,11 +413,12 @@ def host_problems(present: t.Sequence[t.Mapping[str, t.Any]], options: t.Mapping
     errors: list[str] = []
     gmus = [i.get("gpu_memory_utilization") for i in present]
     if gmus and all(isinstance(g, (int, float)) and not isinstance(g, bool) and 0 < g < 1 for g in gmus):
-        total = round(sum(gmus), 4)
+        total = round(sum(gmus) + options["reserved_gmu"], 4)
         if total > options["gmu_cap"]:
             listed = " + ".join(f"{i.get('name')} {i.get('gpu_memory_utilization')}" for i in present)
+            listed += f" + this host's vllm_instances {options['reserved_gmu']}" if options["reserved_gmu"] else ""
             errors.append(
-                f"vllm_instances: gpu_memory_utilization adds up to {total} ({listed}), over this hardware class's cap "
+                f"{options['variable']}: gpu_memory_utilization adds up to {total} ({listed}), over this hardware class's cap "
                 f"of {options['gmu_cap']} (vllm_gmu_cap); each fraction is a share of the whole unified pool. Lower them"
             )
     served = [name for i in present if isinstance(i.get("served_model_names"), list) for name in i["served_model_names"]]
@@ -403,9 +426,10 @@ def host_problems(present: t.Sequence[t.Mapping[str, t.Any]], options: t.Mapping
                           ("served_model_names", served)):
         repeated = sorted({str(v) for v in values if values.count(v) > 1})
         if repeated:
-            errors.append(f"vllm_instances: {field} {', '.join(repeated)} used more than once on this host; a client or gateway "
+            errors.append(f"{options['variable']}: {field} {', '.join(repeated)} used more than once on this host; a client or gateway "
                           "could not tell the instances apart")
-    if options["host_addresses"] is None:
+    # A worker of a cluster serves no API: the address is the head's.
+    if options["host_addresses"] is None or (options["cluster"] and options["cluster"]["rank"] > 0):
         return errors
     for instance in present:
         addresses = [a for a in instance.get("bind_addresses") or [] if isinstance(a, str)]
@@ -413,20 +437,25 @@ def host_problems(present: t.Sequence[t.Mapping[str, t.Any]], options: t.Mapping
         missing = [a for a in lan if a not in options["host_addresses"]]
         if missing:
             errors.append(
-                f"vllm_instances ({instance.get('name')}).bind_addresses: {', '.join(missing)} is not an address of this host "
+                f"{options['variable']} ({instance.get('name')}).bind_addresses: {', '.join(missing)} is not an address of this host "
                 f"(it has {', '.join(options['host_addresses']) or 'none'}); Docker would fail with 'cannot assign requested address'"
             )
         elif lan and not options["wait_online_enabled"]:
             errors.append(
-                f"vllm_instances ({instance.get('name')}).bind_addresses: {', '.join(lan)} is a LAN address, which needs "
+                f"{options['variable']} ({instance.get('name')}).bind_addresses: {', '.join(lan)} is a LAN address, which needs "
                 "the wait_online role on this host so Docker starts after the address exists (seed 000's LAN-bind race)"
             )
     return errors
 
 
-def serve_args(instance: t.Mapping[str, t.Any]) -> list[str]:
-    """Arguments after ``vllm serve`` (the image's entrypoint), rendered from the key table."""
-    args = [instance["model"], "--host", "0.0.0.0", "--port", str(CONTAINER_PORT)]
+def serve_args(instance: t.Mapping[str, t.Any], cluster: t.Mapping[str, t.Any] | None = None) -> list[str]:
+    """Arguments after ``vllm serve`` (the image's entrypoint), rendered from the key table. A
+    cluster node shares the host's network (its ranks talk on many ports), so it binds the
+    instance's address itself and adds its rank and rendezvous."""
+    if cluster:
+        args = [instance["model"], "--host", instance["bind_addresses"][0], "--port", str(instance["port"])]
+    else:
+        args = [instance["model"], "--host", "0.0.0.0", "--port", str(CONTAINER_PORT)]
     for key in INSTANCE_KEYS:
         value = instance.get(key.name)
         if key.flag is None or value is None or value == "":
@@ -442,7 +471,20 @@ def serve_args(instance: t.Mapping[str, t.Any]) -> list[str]:
             args += [key.flag, json.dumps(config, sort_keys=True, separators=(",", ":"))] if config else []
         else:
             args += [key.flag, str(value)]
-    return args + list(instance.get("extra_args") or [])
+    return args + (serve_cluster_args(cluster) if cluster else []) + list(instance.get("extra_args") or [])
+
+
+def container_command(image: str, args: list[str], cluster: t.Mapping[str, t.Any] | None) -> list[str]:
+    """What follows ``docker run``'s options: the image and ``vllm serve``'s arguments; on the Ray
+    backend a worker runs only ``ray start``, and the head starts Ray before handing over to vLLM
+    (the arguments reach vLLM as positional parameters, never through the shell's parsing)."""
+    if not cluster or cluster["backend"] != "ray":
+        return [image, *args]
+    ray = ray_start_args(cluster)
+    if cluster["rank"] > 0:
+        return ["--entrypoint", "ray", image, *ray]
+    script = "ray " + " ".join(ray[:1] + [a for a in ray[1:] if a != "--block"]) + ' && exec vllm serve "$@"'
+    return ["--entrypoint", "/bin/sh", image, "-c", script, "vllm-serve", *args]
 
 
 def published_ports(instance: t.Mapping[str, t.Any]) -> list[str]:
@@ -474,21 +516,30 @@ def instance_plan(instance: t.Mapping[str, t.Any], start_after: list[str], optio
                   memory: dict[str, t.Any] | None) -> tuple[dict[str, t.Any], str]:
     """(public plan, env file text) of one valid instance."""
     name = instance["name"]
-    unit, container = f"sparkfleet-vllm-{name}.service", f"vllm-{name}"
+    cluster = options["cluster"]
+    kind = "cluster" if cluster else "vllm"
+    unit, container = f"sparkfleet-{kind}-{name}.service", f"vllm-{'cluster-' if cluster else ''}{name}"
     config_dir = options["config_dir"]
     image = run_image(instance["image"], options["registry_mirror"])
     environment = {**options["hardware"]["env"], **options["env"], **(instance.get("env") or {})}
+    if cluster:
+        environment.update({**cluster.get("node_env", {}), **cluster["network_env"]})
     env_text = env_file(instance["api_key"], environment)
     timeout = instance.get("health_timeout") or options["health_timeout"]
     run = ["/usr/bin/docker", "run", "--name", container, "--ipc=host", "--env-file", f"{config_dir}/{name}.env"]
-    for publication in published_ports(instance):
+    publications = [] if cluster else published_ports(instance)
+    for publication in publications:
         run += ["--publish", publication]
+    run += ["--network", "host"] if cluster else []
+    # Seed 002's launch: NCCL registers its buffers with the RDMA devices, which needs unlimited locked memory.
+    run += ["--device", "/dev/infiniband", "--ulimit", "memlock=-1"] if cluster and cluster["rdma"] else []
     run += ["--volume", f"{options['models_dir']}:/models:ro"]
     run += [argument for cache, target in CACHE_MOUNTS for argument in ("--volume", f"{options['cache_dir']}/{cache}:{target}")]
     run += ["--gpus", "all"] if options["gpus"] else []
-    args = serve_args(instance)
-    digest = config_hash([*run, image, *args], env_text)
-    run += ["--label", f"{INSTANCE_LABEL}={name}", "--label", f"{CONFIG_HASH_LABEL}={digest}", image, *args]
+    args = serve_args(instance, cluster)
+    command = container_command(image, args, cluster)
+    digest = config_hash([*run, *command], env_text)
+    run += ["--label", f"{INSTANCE_LABEL}={name}", "--label", f"{CONFIG_HASH_LABEL}={digest}", *command]
     url = endpoint_url(instance["bind_addresses"][0], instance["port"])
     speculative = speculative_config(instance.get("speculative"))
     weights_host_path = host_path(instance["model"], options["models_dir"])
@@ -497,7 +548,7 @@ def instance_plan(instance: t.Mapping[str, t.Any], start_after: list[str], optio
         "unit": unit,
         "container": container,
         "url": url,
-        "container_url": f"http://127.0.0.1:{CONTAINER_PORT}",
+        "container_url": url if cluster else f"http://127.0.0.1:{CONTAINER_PORT}",
         "image": instance["image"],
         "run_image": image,
         "serve_args": args,
@@ -505,7 +556,7 @@ def instance_plan(instance: t.Mapping[str, t.Any], start_after: list[str], optio
         "env_names": ["VLLM_API_KEY", *sorted(environment)],
         "port": instance["port"],
         "bind_addresses": list(instance["bind_addresses"]),
-        "published_ports": published_ports(instance),
+        "published_ports": publications,
         "served_names": list(instance["served_model_names"]),
         "model": instance["served_model_names"][0],
         "weights": instance["model"],
@@ -524,22 +575,28 @@ def instance_plan(instance: t.Mapping[str, t.Any], start_after: list[str], optio
             "allow_drafter_on_base_model": bool(instance.get("allow_drafter_on_base_model")),
         },
     }
+    plan["cluster"] = None if not cluster else {
+        "rank": cluster["rank"], "head": cluster["rank"] == 0, "nnodes": cluster["nnodes"], "backend": cluster["backend"],
+        "master_addr": cluster["master_addr"], "master_port": cluster["master_port"], "host_ip": cluster["host_ip"],
+    }
     readiness = ["/usr/bin/python3", options["readiness_script"], "--container", container, "--url", url,
                  "--env-file", f"{config_dir}/{name}.env", "--timeout", str(timeout), *[f"--served-name={n}" for n in plan["served_names"]]]
-    plan["unit_file"] = unit_file(plan, readiness, options)
+    # A worker serves no API: its unit is up once its container runs; the head's readiness covers the cluster.
+    plan["unit_file"] = unit_file(plan, readiness if not cluster or cluster["rank"] == 0 else None, options)
     return plan, env_text
 
 
-def unit_file(plan: t.Mapping[str, t.Any], readiness: t.Sequence[str], options: t.Mapping[str, t.Any]) -> str:
+def unit_file(plan: t.Mapping[str, t.Any], readiness: t.Sequence[str] | None, options: t.Mapping[str, t.Any]) -> str:
     """The systemd unit owning the instance's container. It starts after the instances declared
     before it have passed their readiness wait, so instances sharing one memory pool never profile
     memory at once (seed 000); its automatic restarts are bounded, because on GB10 a crash loop
     leaks unified memory until the box needs a power cycle."""
     container = plan["container"]
     return "\n".join([
-        "# Managed by Ansible (sparkfleet.vllm.vllm): the unit owns the container of instance " + plan["name"] + ".",
+        f"# Managed by Ansible (sparkfleet.vllm.{'cluster' if plan.get('cluster') else 'vllm'}): the unit owns the container "
+        f"of {'cluster node' if plan.get('cluster') else 'instance'} {plan['name']}.",
         "[Unit]",
-        f"Description=vLLM instance {plan['name']} (sparkfleet.vllm)",
+        f"Description=vLLM {'cluster ' + plan['name'] + ' rank ' + str(plan['cluster']['rank']) if plan.get('cluster') else 'instance ' + plan['name']} (sparkfleet.vllm)",
         "Requires=docker.service",
         "Wants=network-online.target",
         "After=" + " ".join(["docker.service", "network-online.target", *plan["start_after"]]),
@@ -550,7 +607,7 @@ def unit_file(plan: t.Mapping[str, t.Any], readiness: t.Sequence[str], options: 
         "Type=simple",
         "ExecStartPre=-" + exec_line(["/usr/bin/docker", "rm", "--force", container]),
         "ExecStart=" + exec_line(plan["docker_run"]),
-        "ExecStartPost=" + exec_line(readiness),
+        *(["ExecStartPost=" + exec_line(readiness)] if readiness else []),
         "ExecStop=" + exec_line(["/usr/bin/docker", "stop", "--time", "30", container]),
         "Restart=on-failure",
         f"RestartSec={options['restart_delay']}",
@@ -576,6 +633,8 @@ DEFAULT_OPTIONS: dict[str, t.Any] = {
     "vllm_version": "",
     "drop_caches": None,
     "overrides": {},
+    "cluster": None,
+    "reserved_gmu": 0,
     "gpus": True,
     "models_dir": "/srv/models",
     "cache_dir": "/var/cache/sparkfleet/vllm",
@@ -592,7 +651,10 @@ DEFAULT_OPTIONS: dict[str, t.Any] = {
 
 
 def option_problems(options: t.Mapping[str, t.Any]) -> list[str]:
-    errors = env_problems("vllm_env", options["env"]) + env_problems("sparkfleet_hardware_overrides.env", options["hardware"]["env"])
+    errors = env_problems("vllm_env", options["env"], options["owned_env"])
+    errors += env_problems("sparkfleet_hardware_overrides.env", options["hardware"]["env"], options["owned_env"])
+    if options["cluster"]:
+        errors += env_problems("cluster_node_env", options["cluster"].get("node_env") or {}, options["owned_env"])
     cap, ceiling = options["gmu_cap"], options["hardware"]["gmu_ceiling"]
     if isinstance(cap, bool) or not isinstance(cap, (int, float)) or not 0 < cap <= 1:
         errors.append(f"vllm_gmu_cap: {cap!r} must be a fraction between 0 and 1, or unset for the class's ceiling")
@@ -633,6 +695,8 @@ def build_plan(instances: t.Any, defaults: t.Any, **given: t.Any) -> dict[str, t
     if unknown:
         raise TypeError(f"unknown plan options: {', '.join(sorted(unknown))}")
     options = {**DEFAULT_OPTIONS, **given}
+    options["variable"] = "cluster_instance" if options["cluster"] else "vllm_instances"
+    options["owned_env"] = OWNED_ENV | set(NETWORK_ENV) if options["cluster"] else OWNED_ENV
     plan: dict[str, t.Any] = {"instances": [], "absent": [], "errors": [], "warnings": [], "env_files": {},
                               "hardware_class": options["hardware_class"]}
     hardware = resolve_class(options["hardware_class"], options["hardware_overrides"])
@@ -647,7 +711,7 @@ def build_plan(instances: t.Any, defaults: t.Any, **given: t.Any) -> dict[str, t
     options["drop_caches"] = options["hardware"]["drop_caches"] if options["drop_caches"] in (None, "") else options["drop_caches"]
     plan["gmu_cap"] = options["gmu_cap"]
     instances, errors = overridden(instances, options["overrides"])
-    merged, merge_errors = merged_instances(instances, defaults, options["image"], options["catalog"])
+    merged, merge_errors = merged_instances(instances, defaults, options["image"], options["catalog"], options["variable"])
     errors += merge_errors
     errors += option_problems(options)
     memories: dict[int, dict[str, t.Any] | None] = {}
@@ -675,7 +739,7 @@ def build_plan(instances: t.Any, defaults: t.Any, **given: t.Any) -> dict[str, t
 def instance_findings(instance: dict[str, t.Any], options: t.Mapping[str, t.Any]) -> tuple[list[str], list[str], dict[str, t.Any] | None]:
     """The seed guards, the catalog's limits and the memory arithmetic of one well-formed instance:
     (errors, warnings, memory report or None when the class has no GPU or the model no entry)."""
-    where = f"vllm_instances[{instance['_index']}] ({instance['name']})"
+    where = instance_where(instance, options)
     hardware = options["hardware"]
     mnbt = instance.get("max_num_batched_tokens")
     entry_id = instance.get("catalog")
@@ -683,7 +747,8 @@ def instance_findings(instance: dict[str, t.Any], options: t.Mapping[str, t.Any]
     errors, warnings = setting_findings(where, instance, entry, hardware, mnbt)
     if not entry:
         return errors, warnings, None
-    found_errors, found_warnings = catalog_findings(where, instance, entry_id, entry, options["catalog"], mnbt, options["vllm_version"])
+    found_errors, found_warnings = catalog_findings(where, instance, entry_id, entry, options["catalog"], mnbt, options["vllm_version"],
+                                                    bool(options["cluster"]))
     errors, warnings = errors + found_errors, warnings + found_warnings
     pool = options["memory_total_bytes"] or (hardware["pool_gib"] or 0) * GIB
     if not hardware["gpu"] or not pool:

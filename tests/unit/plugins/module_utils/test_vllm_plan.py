@@ -124,7 +124,13 @@ def test_env_may_not_replace_the_key_or_break_the_file():
      ("--gpu-memory-util=0.9", "--gpu-memory-utilization"), ("--config=x.yaml", "--config"), ("-q", "--quantization"),
      ("-qfp8", "--quantization"), ("--uds=/tmp/s", "--uds"), ("--max-model", "--max-model-len"), ("-sc", "--speculative-config"),
      ("-s", "--speculative-config"), ("--speculative-config.num_speculative_tokens=4", "--speculative-config"),
-     ("--no-enforce-eager", "--enforce-eager"), ("--no-trust-remote", "--trust-remote-code")],
+     ("--no-enforce-eager", "--enforce-eager"), ("--no-trust-remote", "--trust-remote-code"),
+     # The parallel layout: a rank, a rendezvous address or a data-parallel port is the plan's to set.
+     ("-tp", "--tensor-parallel-size"), ("-tp=2", "--tensor-parallel-size"), ("--nnodes=3", "--nnodes"), ("-n", "--nnodes"),
+     ("-r", "--node-rank"), ("--master-addr=10.0.0.9", "--master-addr"), ("--master_port", "--master-port"),
+     ("--headless", "--headless"), ("--distributed-executor", "--distributed-executor-backend"),
+     ("-pp", "--pipeline-parallel-size"), ("--data-parallel-address=0.0.0.0", "--data-parallel-address"), ("-dpa", "--data-parallel-size"),
+     ("--no-enable-expert-parallel", "--enable-expert-parallel"), ("-ep", "--enable-expert-parallel")],
 )
 def test_extra_args_cannot_set_what_the_role_owns(argument, flag):
     assert owned_flag(argument) == flag
@@ -134,7 +140,7 @@ def test_extra_args_cannot_set_what_the_role_owns(argument, flag):
 
 
 @pytest.mark.parametrize("argument", ["--seed", "0", "--max-loras=2",
-                                      "--disable-log-requests", "-tp", "2", "-O3", "--compilation-config.level=3"])
+                                      "--disable-log-requests", "-dcp", "2", "-O3", "--compilation-config.level=3"])
 def test_extra_args_that_the_role_does_not_own_pass(argument):
     assert owned_flag(argument) is None
     assert errors(instance(extra_args=[argument])) == []

@@ -1,0 +1,158 @@
+# Copyright: sparkfleet.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The fast link between cluster nodes: what the tools say about it, and whether it is fit.
+
+Private to the collection. Pure functions over the text of ``ping`` (iputils), ``ibdev2netdev``,
+``show_gids`` and nccl-tests, and over Ansible's interface facts. Seed 002's fast link carries
+NCCL between two GB10 boxes; one QSFP cable shows as two RDMA devices and both belong in
+NCCL_IB_HCA; full bandwidth needs MTU 9000; NVIDIA's 16G all_gather buffer takes ~32 GB per node
+and has frozen Sparks, so the bandwidth test's buffer is bounded.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+import typing as t
+
+GIB = 1024 ** 3
+# IPv4 and ICMP headers: a don't-fragment ping of MTU - 28 bytes of payload fills one frame.
+PING_HEADERS = 28
+PING_SUMMARY = re.compile(r"(?P<sent>\d+) packets transmitted, (?P<received>\d+) (?:packets )?received"
+                          r"(?:, \+(?P<errors>\d+) errors)?")
+PING_RTT = re.compile(r"rtt min/avg/max/mdev = [\d.]+/(?P<avg>[\d.]+)/")
+PING_TOO_LONG = re.compile(r"message too long, mtu=(?P<mtu>\d+)")
+IBDEV2NETDEV = re.compile(r"(?P<device>\S+) port (?P<port>\d+) ==> (?P<netdev>\S+) \((?P<state>\w+)\)")
+SIZE = re.compile(r"(?P<number>\d+)(?P<unit>[KMG]?)")
+NCCL_ROW = re.compile(r"^\s*(?P<size>\d+)\s+(?P<count>\d+)?\s*(?:\S+\s+){0,4}?(?P<time>[\d.]+)\s+(?P<algbw>[\d.]+)\s+(?P<busbw>[\d.]+)")
+NCCL_AVERAGE = re.compile(r"#\s*Avg bus bandwidth\s*:\s*(?P<busbw>[\d.]+)")
+
+
+def parse_ping(text: str) -> dict[str, t.Any]:
+    """iputils ping's summary: packets sent and received, loss, mean round trip, and the local
+    MTU when the kernel refused a don't-fragment packet larger than the interface carries."""
+    summary = PING_SUMMARY.search(text or "")
+    rtt = PING_RTT.search(text or "")
+    too_long = PING_TOO_LONG.search(text or "")
+    sent = int(summary["sent"]) if summary else 0
+    received = int(summary["received"]) if summary else 0
+    return {
+        "sent": sent,
+        "received": received,
+        "loss_pct": round(100.0 * (sent - received) / sent, 1) if sent else 100.0,
+        "rtt_avg_ms": float(rtt["avg"]) if rtt else None,
+        "local_mtu": int(too_long["mtu"]) if too_long else None,
+        "parsed": bool(summary),
+    }
+
+
+def ping_verdict(source: str, target: str, address: str, mtu: int, result: t.Mapping[str, t.Any]) -> str | None:
+    """Why a don't-fragment ping of a full ``mtu`` frame from ``source`` to ``target`` shows the
+    link unfit (None: fit). A frame the peer's smaller MTU drops shows as loss, not as an error."""
+    where = f"{source} -> {target} ({address}) at MTU {mtu}"
+    if not result["parsed"]:
+        return f"{where}: ping gave no summary (is {address} an address, is iputils ping installed?)"
+    if result["local_mtu"] is not None:
+        return f"{where}: the local interface carries only {result['local_mtu']} bytes; set its MTU to {mtu} (seed 002: full bandwidth needs 9000)"
+    if result["received"] < result["sent"]:
+        lost = "no reply" if result["received"] == 0 else f"{result['loss_pct']} % lost"
+        return (f"{where}: {lost} to don't-fragment pings of {mtu - PING_HEADERS} bytes; check that both ends and any switch "
+                f"carry MTU {mtu}, and that the link is up")
+    return None
+
+
+def parse_ibdev2netdev(text: str) -> list[dict[str, t.Any]]:
+    """``ibdev2netdev``: each RDMA device port, the network interface it belongs to, and whether it is up."""
+    return [
+        {"device": match["device"], "port": int(match["port"]), "netdev": match["netdev"], "up": match["state"] == "Up"}
+        for match in IBDEV2NETDEV.finditer(text or "")
+    ]
+
+
+def parse_show_gids(text: str) -> list[dict[str, t.Any]]:
+    """``show_gids``: per GID table entry the device, port, index, IPv4 address (if any), RoCE version and interface."""
+    entries = []
+    for line in (text or "").splitlines():
+        fields = line.split()
+        if len(fields) < 5 or not fields[1].isdigit() or not fields[2].isdigit():
+            continue
+        ipv4 = fields[4] if len(fields) == 7 else None
+        entries.append({"device": fields[0], "port": int(fields[1]), "index": int(fields[2]), "gid": fields[3],
+                        "ipv4": ipv4, "version": fields[-2], "netdev": fields[-1]})
+    return entries
+
+
+def rocev2_gid_index(gids: t.Sequence[t.Mapping[str, t.Any]], devices: t.Sequence[str], address: str) -> int | None:
+    """The GID index NCCL_IB_GID_INDEX needs: the RoCE v2 entry carrying the node's fast address.
+    None when the devices have no such entry (or disagree: then the index cannot be one value)."""
+    indexes = {entry["index"] for entry in gids
+               if entry["device"] in devices and entry["version"] == "v2" and entry["ipv4"] == address}
+    return indexes.pop() if len(indexes) == 1 else None
+
+
+def interface_on(facts: t.Mapping[str, t.Any], network: str) -> dict[str, t.Any] | None:
+    """The interface whose IPv4 address lies in ``network``, from Ansible's facts: name, address, MTU."""
+    subnet = ipaddress.ip_network(network, strict=False)
+    for name in facts.get("interfaces") or []:
+        interface = facts.get(name.replace("-", "_")) or {}
+        addresses = [interface.get("ipv4") or {}] + list(interface.get("ipv4_secondaries") or [])
+        for entry in addresses:
+            if entry.get("address") and ipaddress.ip_address(entry["address"]) in subnet:
+                return {"interface": name, "address": entry["address"], "mtu": interface.get("mtu")}
+    return None
+
+
+def interface_named(facts: t.Mapping[str, t.Any], name: str) -> dict[str, t.Any] | None:
+    interface = facts.get(name.replace("-", "_")) or {}
+    address = (interface.get("ipv4") or {}).get("address")
+    return {"interface": name, "address": address, "mtu": interface.get("mtu")} if address else None
+
+
+def parse_size(text: str) -> int | None:
+    """nccl-tests' size argument (``512M``, ``4G``, bytes) in bytes."""
+    match = SIZE.fullmatch(str(text).strip().upper())
+    if not match:
+        return None
+    return int(match["number"]) * {"": 1, "K": 1024, "M": 1024 ** 2, "G": GIB}[match["unit"]]
+
+
+def parse_nccl_tests(text: str) -> dict[str, t.Any]:
+    """An nccl-tests run (all_gather_perf and friends): each size's out-of-place bus bandwidth
+    in GB/s, the reported average, and whether the data came back right."""
+    rows = []
+    for line in (text or "").splitlines():
+        if line.lstrip().startswith("#"):
+            continue
+        match = NCCL_ROW.match(line)
+        if match:
+            rows.append({"bytes": int(match["size"]), "algbw_gbs": float(match["algbw"]), "busbw_gbs": float(match["busbw"])})
+    average = NCCL_AVERAGE.search(text or "")
+    return {
+        "rows": rows,
+        "avg_busbw_gbs": float(average["busbw"]) if average else None,
+        "peak_busbw_gbs": max((row["busbw_gbs"] for row in rows), default=None),
+        "out_of_bounds_ok": "Out of bounds values : 0 OK" in (text or ""),
+    }
+
+
+def nccl_verdict(result: t.Mapping[str, t.Any], floor_gbs: float) -> list[str]:
+    """Why an NCCL bandwidth run does not pass: no figures, wrong data, or a peak below the floor."""
+    if result["peak_busbw_gbs"] is None:
+        return ["the NCCL test printed no bandwidth rows (did mpirun reach every node?)"]
+    reasons = [] if result["out_of_bounds_ok"] else ["the NCCL test reported wrong data (out-of-bounds values)"]
+    if result["peak_busbw_gbs"] < floor_gbs:
+        reasons.append(f"NCCL bus bandwidth peaked at {result['peak_busbw_gbs']} GB/s, below the floor of {floor_gbs} GB/s "
+                       "(about 3 GB/s means NCCL fell back to TCP sockets: check NCCL_IB_HCA and the RoCE GID index)")
+    return reasons
+
+
+def nccl_buffer_problem(max_bytes: int | None, pool_bytes: int | None, share: float = 0.1) -> str | None:
+    """The largest all_gather buffer must stay a small share of a node's memory: nccl-tests holds a
+    send and a receive buffer per rank, and NVIDIA's 16G example (~32 GB per node) froze Sparks."""
+    if max_bytes is None:
+        return "cluster_nccl_test.max_size: give the largest buffer as bytes or with K/M/G, such as 4G"
+    if pool_bytes and 2 * max_bytes > share * pool_bytes:
+        return (f"cluster_nccl_test.max_size: {max_bytes / GIB:.1f} GiB buffers take {2 * max_bytes / GIB:.1f} GiB per node, "
+                f"more than {int(share * 100)} % of its {pool_bytes / GIB:.1f} GiB; NVIDIA's 16G example froze unified-memory "
+                "Sparks. A sweep to 4G saturates the link as well")
+    return None

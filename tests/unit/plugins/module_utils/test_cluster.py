@@ -1,0 +1,264 @@
+"""A cluster planned per node: every node's argv and environment, and every refusal."""
+
+import copy
+import shlex
+from pathlib import Path
+
+import pytest
+
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._cluster import cluster_nodes
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._fabric import parse_ibdev2netdev
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_plan import build_plan
+
+DIGEST = "sha256:" + "cd" * 32
+IMAGE = f"registry.local:5000/vllm:0.32.0@{DIGEST}"
+KEY = "k" * 32
+LINKS = parse_ibdev2netdev((Path(__file__).parents[2] / "fixtures" / "fabric" / "ibdev2netdev_two_sparks.txt").read_text())
+GIDS = [{"device": d, "port": 1, "index": 3, "gid": "", "ipv4": None, "version": "v2", "netdev": ""} for d in ("rocep1s0f0", "roceP2p1s0f0")]
+
+
+def facts(address, interface="enp1s0f0np0", mtu=9000):
+    return {"interfaces": ["lo", "enP7s7", interface], "all_ipv4_addresses": ["10.0.0.5", address],
+            "lo": {"ipv4": {"address": "127.0.0.1"}, "mtu": 65536}, "enP7s7": {"ipv4": {"address": "10.0.0.5"}, "mtu": 1500},
+            interface: {"ipv4": {"address": address}, "mtu": mtu}}
+
+
+def report(address, **changes):
+    gids = [{**g, "ipv4": address} for g in GIDS]
+    value = {"facts": facts(address), "overrides": {}, "rdma_links": LINKS, "gids": gids, "image": IMAGE, "manifest": "ab" * 32}
+    value.update(changes)
+    return value
+
+
+def declaration(nodes=("spark-1", "spark-2"), **changes):
+    value = {
+        "name": "qwen", "nodes": list(nodes), "backend": "native", "master_port": 29501, "gpus_per_node": 1,
+        "fast_network": "192.168.100.0/24", "mtu": 9000, "require_rdma": True, "vllm_version": "0.32.0", "master_addr": "",
+        "instance": {"model": "/models/qwen", "served_model_names": ["qwen"], "port": 8000, "api_key": KEY,
+                     "bind_addresses": ["10.0.0.5"], "gpu_memory_utilization": 0.8, "tensor_parallel_size": len(nodes)},
+    }
+    value.update(changes)
+    return value
+
+
+REPORTS = {f"spark-{n}": report(f"192.168.100.1{n}") for n in range(1, 5)}
+INVENTORY = list(REPORTS) + ["gateway"]
+
+
+def planned(cluster=None, reports=None):
+    return cluster_nodes(cluster or declaration(), reports or REPORTS, INVENTORY)
+
+
+def node_plan(cluster, node, **options):
+    option = {**node["option"], "node_env": options.pop("node_env", {})}
+    instance = {**cluster["instance"], "name": cluster["name"]}
+    options.setdefault("image", IMAGE)
+    options.setdefault("hardware_class", "dgx_spark")
+    options.setdefault("host_addresses", ["10.0.0.5", "192.168.100.11", "127.0.0.1"])
+    options.setdefault("wait_online_enabled", True)
+    options.setdefault("vllm_version", cluster["vllm_version"])
+    options.setdefault("config_dir", "/etc/sparkfleet/cluster")
+    return build_plan([instance], {}, cluster=option, **options)
+
+
+def test_two_sparks_each_get_their_rank_and_fast_link():
+    result = planned()
+    assert result["errors"] == [] and result["head"] == "spark-1" and result["master_addr"] == "192.168.100.11"
+    head, worker = result["nodes"]["spark-1"], result["nodes"]["spark-2"]
+    assert (head["rank"], worker["rank"]) == (0, 1)
+    assert worker["option"]["network_env"] == {
+        "VLLM_HOST_IP": "192.168.100.12", "NCCL_SOCKET_IFNAME": "enp1s0f0np0", "GLOO_SOCKET_IFNAME": "enp1s0f0np0",
+        "TP_SOCKET_IFNAME": "enp1s0f0np0", "NCCL_IB_HCA": "rocep1s0f0,roceP2p1s0f0",
+        "UCX_NET_DEVICES": "rocep1s0f0:1,roceP2p1s0f0:1", "NCCL_IB_GID_INDEX": "3", "MASTER_ADDR": "192.168.100.11",
+    }
+    assert worker["network"]["mtu"] == 9000
+
+
+def test_the_worker_runs_headless_on_the_host_network_and_the_head_serves():
+    cluster = declaration()
+    nodes = planned(cluster)["nodes"]
+    head = node_plan(cluster, nodes["spark-1"])
+    worker = node_plan(cluster, nodes["spark-2"], host_addresses=["10.0.0.6", "192.168.100.12", "127.0.0.1"],
+                       node_env={"VLLM_CPU_OMP_THREADS_BIND": "1"})
+    assert head["errors"] == [] and worker["errors"] == []
+    h, w = head["instances"][0], worker["instances"][0]
+    assert (h["unit"], h["container"]) == ("sparkfleet-cluster-qwen.service", "vllm-cluster-qwen")
+    assert h["serve_args"][:5] == ["/models/qwen", "--host", "10.0.0.5", "--port", "8000"]
+    tail = ["--distributed-executor-backend", "mp", "--nnodes", "2", "--node-rank", "1", "--master-addr", "192.168.100.11",
+            "--master-port", "29501", "--headless"]
+    assert w["serve_args"][-len(tail):] == tail
+    assert "--headless" not in h["serve_args"] and "--tensor-parallel-size" in h["serve_args"]
+    for node in (h, w):
+        run = node["docker_run"]
+        assert "--publish" not in run and run[run.index("--network") + 1] == "host"
+        assert run[run.index("--device") + 1] == "/dev/infiniband" and "memlock=-1" in run
+        assert node["published_ports"] == [] and node["url"] == "http://10.0.0.5:8000"
+    assert "ExecStartPost=" in h["unit_file"] and "ExecStartPost=" not in w["unit_file"]
+    assert "vLLM cluster qwen rank 1" in w["unit_file"]
+    assert w["cluster"] == {"rank": 1, "head": False, "nnodes": 2, "backend": "native", "master_addr": "192.168.100.11",
+                            "master_port": 29501, "host_ip": "192.168.100.12"}
+    env = worker["env_files"]["qwen"]
+    assert "VLLM_HOST_IP=192.168.100.12\n" in env and "VLLM_CPU_OMP_THREADS_BIND=1\n" in env and f"VLLM_API_KEY={KEY}\n" in env
+    assert h["config_hash"] != w["config_hash"]
+
+
+def test_ray_workers_join_the_head_which_hands_over_to_vllm():
+    cluster = declaration(backend="ray")
+    nodes = planned(cluster)["nodes"]
+    h = node_plan(cluster, nodes["spark-1"])["instances"][0]
+    w = node_plan(cluster, nodes["spark-2"], host_addresses=None)["instances"][0]
+    worker_run = w["docker_run"]
+    entry = worker_run.index("--entrypoint")
+    assert worker_run[entry + 1:entry + 3] == ["ray", IMAGE.replace(":0.32.0", "")]
+    assert worker_run[entry + 3:] == ["start", "--block", "--node-ip-address", "192.168.100.12", "--num-gpus", "1",
+                                      "--address", "192.168.100.11:6379"]
+    head_run = h["docker_run"]
+    script = head_run[head_run.index("-c") + 1]
+    assert script == "ray start --node-ip-address 192.168.100.11 --num-gpus 1 --head --port 6379 && exec vllm serve \"$@\""
+    assert head_run[head_run.index("-c") + 2] == "vllm-serve"
+    assert head_run[-2:] == ["--distributed-executor-backend", "ray"]
+    # The unit's command line keeps every argument one word.
+    exec_start = next(line for line in h["unit_file"].splitlines() if line.startswith("ExecStart="))
+    assert script in [word.replace("$$", "$") for word in shlex.split(exec_start[len("ExecStart="):])]
+
+
+@pytest.mark.parametrize("nodes", [("spark-1", "spark-2"), ("spark-1", "spark-2", "spark-3", "spark-4")])
+def test_tensor_parallel_size_must_be_nodes_times_gpus(nodes):
+    cluster = declaration(nodes)
+    cluster["instance"]["tensor_parallel_size"] = 1
+    errors = planned(cluster)["errors"]
+    assert errors == [f"cluster_instance.tensor_parallel_size: 1; {len(nodes)} nodes x 1 GPU per node is {len(nodes)}, and the "
+                      "model is split over every GPU (pipeline parallelism is not planned). "
+                      f"Set it to {len(nodes)}, or change cluster_nodes"]
+    cluster = declaration(nodes, gpus_per_node=2)
+    assert "is " + str(2 * len(nodes)) in planned(cluster)["errors"][0]
+
+
+def test_every_node_must_run_the_same_image():
+    reports = copy.deepcopy(REPORTS)
+    reports["spark-2"]["image"] = IMAGE.replace("cd" * 32, "ef" * 32)
+    errors = planned(reports=reports)["errors"]
+    assert len(errors) == 1 and errors[0].startswith("cluster image: the nodes would run different images")
+    assert "spark-2: registry.local:5000/vllm:0.32.0@sha256:efef" in errors[0]
+
+
+def test_every_node_must_load_the_same_checkpoint():
+    reports = copy.deepcopy(REPORTS)
+    reports["spark-2"]["manifest"] = None
+    errors = planned(reports=reports)["errors"]
+    assert len(errors) == 1 and "spark-1: abababababab; spark-2: no manifest" in errors[0]
+    for host in reports:
+        reports[host]["manifest"] = None
+    result = planned(reports=reports)
+    assert result["errors"] == [] and "cannot be compared" in result["warnings"][0]
+
+
+@pytest.mark.parametrize(("version", "expected"), [
+    ("0.26.0", "vllm_version: 0.26.0 cannot run a cluster: multi-node needs vLLM 0.27.0 or later"),
+    ("", "a cluster needs the image's vLLM release stated"),
+])
+def test_a_vllm_without_working_multi_node_is_refused(version, expected):
+    errors = planned(declaration(vllm_version=version))["errors"]
+    assert len(errors) == 1 and expected in errors[0]
+
+
+def test_the_master_address_must_be_the_heads_fast_address():
+    errors = planned(declaration(master_addr="10.0.0.5"))["errors"]
+    assert errors == ["cluster_master_addr: 10.0.0.5 is not the head's (spark-1) address on the fast link (192.168.100.11 on "
+                      "enp1s0f0np0); the ranks would rendezvous off the fast link. Leave it unset: the head's fast address "
+                      "is the master"]
+    assert planned(declaration(master_addr="192.168.100.11"))["errors"] == []
+
+
+def test_a_node_without_the_fast_link_or_rdma_is_named():
+    reports = copy.deepcopy(REPORTS)
+    reports["spark-2"]["facts"] = facts("172.16.0.2")
+    reports["spark-1"]["rdma_links"] = [{**link, "up": False} for link in LINKS]
+    errors = planned(reports=reports)["errors"]
+    assert any(e.startswith("spark-2: no interface with an address in cluster_fast_network 192.168.100.0/24 (it has 10.0.0.5, "
+                            "172.16.0.2)") for e in errors)
+    assert any(e.startswith("spark-1: no RDMA device is up (rocep1s0f0, rocep1s0f1, roceP2p1s0f0, roceP2p1s0f1)") for e in errors)
+    assert planned(declaration(require_rdma=False, fast_network="192.168.100.0/24"),
+                   {**REPORTS, "spark-1": {**REPORTS["spark-1"], "rdma_links": []}})["errors"] == []
+
+
+def test_a_fast_interface_override_off_the_fast_network_is_refused():
+    reports = copy.deepcopy(REPORTS)
+    reports["spark-2"]["overrides"] = {"fast_interface": "enP7s7"}
+    errors = planned(reports=reports)["errors"]
+    assert errors == ["spark-2: cluster_fast_interface enP7s7 has 10.0.0.5, outside cluster_fast_network 192.168.100.0/24; "
+                      "the ranks would talk off the fast link"]
+
+
+def test_overrides_replace_what_facts_found():
+    reports = copy.deepcopy(REPORTS)
+    reports["spark-2"]["overrides"] = {"rdma_devices": ["roceP2p1s0f0"], "gid_index": 1}
+    env = planned(reports=reports)["nodes"]["spark-2"]["option"]["network_env"]
+    assert (env["NCCL_IB_HCA"], env["NCCL_IB_GID_INDEX"]) == ("roceP2p1s0f0", "1")
+
+
+def test_a_node_missing_from_the_play_stops_the_cluster():
+    reports = {host: value for host, value in REPORTS.items() if host != "spark-2"}
+    assert "spark-2 did not report" in planned(reports=reports)["errors"][0]
+
+
+@pytest.mark.parametrize(("changes", "expected"), [
+    ({"nodes": ["spark-1"]}, "cluster_nodes: list the cluster's hosts in rank order"),
+    ({"nodes": ["spark-1", "spark-1"]}, "cluster_nodes: spark-1 listed more than once"),
+    ({"nodes": ["spark-1", "spark-9"]}, "cluster_nodes: spark-9 not in the inventory"),
+    ({"backend": "slurm"}, "cluster_backend: 'slurm' is not one of native, ray"),
+    ({"master_port": 70000}, "cluster_master_port: 70000 must be a whole number above 0 and a port"),
+    ({"fast_network": "fast"}, "cluster_fast_network: 'fast' must be the fast link's subnet"),
+])
+def test_declaration_refusals(changes, expected):
+    errors = planned(declaration(**changes))["errors"]
+    assert any(e.startswith(expected) for e in errors), errors
+
+
+def test_two_bind_addresses_are_refused_on_a_cluster():
+    cluster = declaration()
+    cluster["instance"]["bind_addresses"] = ["10.0.0.5", "127.0.0.1"]
+    assert "give exactly one address" in planned(cluster)["errors"][0]
+
+
+def test_node_env_cannot_replace_the_network_or_the_key():
+    cluster = declaration()
+    node = planned(cluster)["nodes"]["spark-2"]
+    result = node_plan(cluster, node, node_env={"NCCL_SOCKET_IFNAME": "eth0", "VLLM_API_KEY": "x" * 20},
+                       host_addresses=None)
+    assert "cluster_node_env: NCCL_SOCKET_IFNAME is set by the role" in " ".join(result["errors"])
+    assert "cluster_node_env: VLLM_API_KEY is set by the role" in " ".join(result["errors"])
+    cluster["instance"]["env"] = {"MASTER_ADDR": "10.9.9.9"}
+    result = node_plan(cluster, node, host_addresses=None)
+    assert result["errors"] == ["cluster_instance.env: MASTER_ADDR is set by the role (from the plan); it may not be replaced through env"]
+
+
+def test_extra_args_cannot_move_a_rank_or_the_rendezvous():
+    cluster = declaration()
+    node = planned(cluster)["nodes"]["spark-2"]
+    cluster["instance"]["extra_args"] = ["--node-rank=0", "--master-addr", "10.9.9.9", "--data-parallel-address=0.0.0.0"]
+    errors = node_plan(cluster, node, host_addresses=None)["errors"]
+    assert [e.split(" would set ")[1].split(",")[0] for e in errors] == ["--node-rank", "--master-addr", "--data-parallel-address"]
+    assert all(e.startswith("cluster_instance.extra_args:") for e in errors)
+
+
+def test_known_broken_combinations_across_nodes_are_refused():
+    cluster = declaration()
+    cluster["instance"] = {**cluster["instance"], "catalog": "gemma-4-26b-a4b-it-nvfp4", "model": None, "max_model_len": 32768}
+    del cluster["instance"]["model"]
+    node = planned(cluster)["nodes"]["spark-1"]
+    errors = node_plan(cluster, node)["errors"]
+    assert any("enable_expert_parallel False with catalog entry gemma-4-26b-a4b-it-nvfp4 across nodes is known to break" in e
+               for e in errors), errors
+    cluster["instance"].update(enable_expert_parallel=True, speculative={"method": "mtp", "num_speculative_tokens": 2,
+                                                                          "model": "google/gemma-4-26B-A4B-it-assistant"})
+    errors = node_plan(cluster, node)["errors"]
+    assert len(errors) == 1 and "speculative_method mtp with catalog entry gemma-4-26b-a4b-it-nvfp4 across nodes" in errors[0]
+    cluster["instance"]["speculative"] = {"method": "dflash", "num_speculative_tokens": 8, "model": "z-lab/gemma-4-26B-A4B-it-DFlash",
+                                          "options": {"attention_backend": "triton_attn"}}
+    assert "dflash" in node_plan(cluster, node)["errors"][0]
+    assert node_plan(cluster, node, vllm_version="0.29.0")["errors"] == []
+    # On one node the same drafter is fine: the rule holds across nodes only.
+    single = {**cluster["instance"], "name": "one", "port": 8001}
+    del single["tensor_parallel_size"]
+    assert build_plan([single], {}, image=IMAGE, hardware_class="dgx_spark", host_addresses=None, vllm_version="0.32.0")["errors"] == []

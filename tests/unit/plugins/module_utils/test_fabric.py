@@ -1,0 +1,126 @@
+"""The fast link's tools, read from recorded outputs (tests/unit/fixtures/fabric/README.md says
+which were recorded here and which are public recordings: this machine has no RDMA and no GPU)."""
+
+from pathlib import Path
+
+import pytest
+
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._fabric import (
+    GIB,
+    interface_on,
+    nccl_buffer_problem,
+    nccl_verdict,
+    parse_ibdev2netdev,
+    parse_nccl_tests,
+    parse_ping,
+    parse_show_gids,
+    parse_size,
+    ping_verdict,
+    rocev2_gid_index,
+)
+
+FIXTURES = Path(__file__).parents[2] / "fixtures" / "fabric"
+
+
+def fixture(name):
+    return (FIXTURES / name).read_text()
+
+
+def test_a_full_frame_crosses_the_link():
+    result = parse_ping(fixture("ping_full_frame.txt"))
+    assert result == {"sent": 3, "received": 3, "loss_pct": 0.0, "rtt_avg_ms": 0.563, "local_mtu": None, "parsed": True}
+    assert ping_verdict("a", "b", "172.18.0.3", 1500, result) is None
+
+
+def test_a_peer_with_a_smaller_mtu_drops_the_frame_silently():
+    result = parse_ping(fixture("ping_peer_mtu_1400.txt"))
+    assert (result["received"], result["loss_pct"], result["local_mtu"]) == (0, 100.0, None)
+    verdict = ping_verdict("spark-1", "spark-2", "172.18.0.3", 1500, result)
+    assert verdict.startswith("spark-1 -> spark-2 (172.18.0.3) at MTU 1500: no reply")
+    assert "1472 bytes" in verdict
+
+
+def test_the_host_with_the_smaller_mtu_says_so():
+    result = parse_ping(fixture("ping_local_mtu_1400.txt"))
+    assert result["local_mtu"] == 1400
+    verdict = ping_verdict("spark-2", "spark-1", "172.18.0.2", 1500, result)
+    assert "spark-2 -> spark-1" in verdict and "carries only 1400 bytes; set its MTU to 1500" in verdict
+
+
+def test_a_smaller_mtu_on_the_path_is_named_too():
+    result = parse_ping(fixture("ping_path_mtu_1400.txt"))
+    assert result["local_mtu"] == 1400 and result["received"] == 0
+
+
+def test_no_ping_output_is_not_a_pass():
+    result = parse_ping("ping: connect: Network is unreachable\n")
+    assert not result["parsed"]
+    assert "gave no summary" in ping_verdict("a", "b", "10.0.0.2", 9000, result)
+
+
+def test_partial_loss_is_reported_as_a_share():
+    result = parse_ping("4 packets transmitted, 3 received, 25% packet loss, time 3004ms\n")
+    assert "25.0 % lost" in ping_verdict("a", "b", "10.0.0.2", 9000, result)
+
+
+def test_one_cable_shows_as_two_rdma_devices_up():
+    links = parse_ibdev2netdev(fixture("ibdev2netdev_two_sparks.txt"))
+    assert [link["device"] for link in links if link["up"]] == ["rocep1s0f0", "roceP2p1s0f0"]
+    assert links[0] == {"device": "rocep1s0f0", "port": 1, "netdev": "enp1s0f0np0", "up": True}
+    assert len(links) == 4
+
+
+def test_the_rocev2_gid_index_of_the_fast_address():
+    gids = parse_show_gids(fixture("show_gids_roce.txt"))
+    assert len(gids) == 4
+    assert gids[3] == {"device": "mlx5_0", "port": 1, "index": 3, "gid": "0000:0000:0000:0000:0000:ffff:0a6e:0021",
+                       "ipv4": "10.110.0.33", "version": "v2", "netdev": "eth05"}
+    assert gids[0]["ipv4"] is None
+    assert rocev2_gid_index(gids, ["mlx5_0"], "10.110.0.33") == 3
+    assert rocev2_gid_index(gids, ["mlx5_0"], "10.110.0.34") is None
+    assert rocev2_gid_index(gids, ["mlx5_1"], "10.110.0.33") is None
+
+
+def test_the_nccl_figures_of_two_sparks():
+    result = parse_nccl_tests(fixture("nccl_all_gather_two_sparks_16g.txt"))
+    assert result["rows"] == [{"bytes": 17179869184, "algbw_gbs": 44.32, "busbw_gbs": 22.16}]
+    assert result["avg_busbw_gbs"] == 21.9736
+    # The author's trimmed excerpt has no validation line: a full run prints it.
+    assert nccl_verdict(result, 18.0) == ["the NCCL test reported wrong data (out-of-bounds values)"]
+
+
+def test_nccl_on_one_slow_path_is_refused_below_the_floor():
+    result = parse_nccl_tests(fixture("nccl_all_reduce_roce_two_ranks.txt"))
+    assert len(result["rows"]) == 11 and result["rows"][0]["bytes"] == 2097152
+    assert result["peak_busbw_gbs"] == 2.84 and result["out_of_bounds_ok"]
+    reasons = nccl_verdict(result, 18.0)
+    assert len(reasons) == 1 and "peaked at 2.84 GB/s, below the floor of 18.0 GB/s" in reasons[0]
+    assert nccl_verdict(result, 2.5) == []
+
+
+def test_an_nccl_run_without_rows_fails():
+    assert "no bandwidth rows" in nccl_verdict(parse_nccl_tests("mpirun: connection refused\n"), 1.0)[0]
+
+
+@pytest.mark.parametrize(("text", "size"), [("4G", 4 * GIB), ("512M", 512 * 1024 ** 2), ("8", 8), ("16g", 16 * GIB), ("4T", None), ("x", None)])
+def test_buffer_sizes(text, size):
+    assert parse_size(text) == size
+
+
+def test_the_buffer_that_froze_sparks_is_refused():
+    pool = 127600748 * 1024
+    problem = nccl_buffer_problem(16 * GIB, pool)
+    assert "32.0 GiB per node" in problem and "froze" in problem
+    assert nccl_buffer_problem(4 * GIB, pool) is None
+    assert "give the largest buffer" in nccl_buffer_problem(None, pool)
+
+
+def test_the_interface_on_the_fast_network_from_facts():
+    facts = {
+        "interfaces": ["lo", "enP7s7", "enp1s0f0np0"],
+        "lo": {"ipv4": {"address": "127.0.0.1"}, "mtu": 65536},
+        "enP7s7": {"ipv4": {"address": "10.0.0.21"}, "mtu": 1500},
+        "enp1s0f0np0": {"ipv4": {"address": "192.168.100.11"}, "mtu": 9000},
+    }
+    assert interface_on(facts, "192.168.100.0/24") == {"interface": "enp1s0f0np0", "address": "192.168.100.11", "mtu": 9000}
+    assert interface_on(facts, "172.16.0.0/12") is None
