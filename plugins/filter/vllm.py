@@ -125,7 +125,7 @@ _value:
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._memory import admission_problem, parse_meminfo
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_instance import pull_reference, run_image
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_models import validate_models
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_plan import build_plan, drift_reasons
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_plan import build_plan, drift_reasons, pool_share
 
 
 def vllm_plan(instances, defaults, **options):
@@ -154,4 +154,5 @@ class FilterModule:
             "meminfo": parse_meminfo,
             "vllm_admission_problem": vllm_admission_problem,
             "vllm_models_problems": vllm_models_problems,
+            "vllm_pool_share": pool_share,
         }

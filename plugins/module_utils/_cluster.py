@@ -119,10 +119,10 @@ def node_network(host: str, report: t.Mapping[str, t.Any], cluster: t.Mapping[st
     return {**found, "rdma_devices": list(devices), "gid_index": gid_index, "env": env}, errors
 
 
-def agreement_problems(cluster: t.Mapping[str, t.Any], reports: t.Mapping[str, t.Mapping[str, t.Any]]) -> tuple[list[str], list[str]]:
-    """(errors, warnings): every node must run the same image and the same checkpoint."""
+def agreement_problems(nodes: t.Sequence[str], reports: t.Mapping[str, t.Mapping[str, t.Any]]) -> tuple[list[str], list[str]]:
+    """(errors, warnings) once every node is planned: every node must run the same image and load
+    the same checkpoint (``reports``: host -> image it would run, sha256 of its checkpoint's manifest)."""
     errors, warnings = [], []
-    nodes = cluster["nodes"]
     images = {host: reports[host].get("image") for host in nodes}
     if len(set(images.values())) > 1:
         errors.append("cluster image: the nodes would run different images (" + "; ".join(f"{h}: {i or 'none'}" for h, i in images.items())
@@ -138,15 +138,26 @@ def agreement_problems(cluster: t.Mapping[str, t.Any], reports: t.Mapping[str, t
     return errors, warnings
 
 
-def cluster_nodes(cluster: t.Mapping[str, t.Any], reports: t.Mapping[str, t.Mapping[str, t.Any]],
+def stand_in_network(host: str) -> dict[str, t.Any]:
+    """What stands for a node's fast link when only the inventory is checked (no host is contacted)."""
+    address = f"{host}-fast-address"
+    env = {"VLLM_HOST_IP": address, "NCCL_SOCKET_IFNAME": "fast-interface", "GLOO_SOCKET_IFNAME": "fast-interface",
+           "TP_SOCKET_IFNAME": "fast-interface"}
+    return {"interface": "fast-interface", "address": address, "mtu": None, "rdma_devices": [], "gid_index": None, "env": env}
+
+
+def cluster_nodes(cluster: t.Mapping[str, t.Any], reports: t.Mapping[str, t.Mapping[str, t.Any]] | None,
                   inventory: t.Collection[str]) -> dict[str, t.Any]:
     """Every node's part of the cluster: ``nodes`` (host -> rank, headless, network, the cluster
     option of the instance plan), ``errors`` and ``warnings``. ``reports`` holds, per host, what
-    it reported: facts, overrides, rdma_links, gids, image, manifest."""
+    it reported: facts, overrides, rdma_links, gids; None when only the inventory is checked (the
+    network is then a stand-in, and the instance plan still checks the model across nodes)."""
     errors = declaration_problems(cluster, inventory)
-    plan: dict[str, t.Any] = {"nodes": {}, "errors": errors, "warnings": [], "head": None, "master_addr": None}
+    plan: dict[str, t.Any] = {"nodes": {}, "errors": errors, "head": None, "master_addr": None}
     if errors:
         return plan
+    if reports is None:
+        reports = {host: {"stand_in": True} for host in cluster["nodes"]}
     missing = [host for host in cluster["nodes"] if host not in reports]
     if missing:
         plan["errors"] = [f"cluster_nodes: {', '.join(missing)} did not report (unreachable, or not in this play); "
@@ -154,11 +165,9 @@ def cluster_nodes(cluster: t.Mapping[str, t.Any], reports: t.Mapping[str, t.Mapp
         return plan
     networks = {}
     for host in cluster["nodes"]:
-        network, problems = node_network(host, reports[host], cluster)
+        network, problems = (stand_in_network(host), []) if reports[host].get("stand_in") else node_network(host, reports[host], cluster)
         errors += problems
         networks[host] = network
-    agreement_errors, plan["warnings"] = agreement_problems(cluster, reports)
-    errors += agreement_errors
     head = cluster["nodes"][0]
     master = cluster.get("master_addr") or (networks[head] or {}).get("address")
     if cluster.get("master_addr") and networks[head] and cluster["master_addr"] != networks[head]["address"]:
@@ -178,6 +187,7 @@ def cluster_nodes(cluster: t.Mapping[str, t.Any], reports: t.Mapping[str, t.Mapp
             "rank": rank,
             "head": rank == 0,
             "network": {key: value for key, value in network.items() if key != "env"},
+            "peer": {"name": host, "address": network["address"]},
             "option": {
                 "name": cluster["instance"].get("name") or cluster["name"],
                 "backend": cluster["backend"],

@@ -156,3 +156,26 @@ def nccl_buffer_problem(max_bytes: int | None, pool_bytes: int | None, share: fl
                 f"more than {int(share * 100)} % of its {pool_bytes / GIB:.1f} GiB; NVIDIA's 16G example froze unified-memory "
                 "Sparks. A sweep to 4G saturates the link as well")
     return None
+
+
+def rdma_reasons(source: str, expected: t.Sequence[str], links: t.Sequence[t.Mapping[str, t.Any]]) -> list[str]:
+    """Why the RDMA devices NCCL is configured to use are not usable now: missing or down."""
+    state = {link["device"]: link["up"] for link in links}
+    reasons = []
+    for device in expected:
+        if device not in state:
+            reasons.append(f"{source}: RDMA device {device} (NCCL_IB_HCA) is not present; ibdev2netdev lists "
+                           f"{', '.join(state) or 'none'}")
+        elif not state[device]:
+            reasons.append(f"{source}: RDMA device {device} (NCCL_IB_HCA) is down; check its cable and link")
+    return reasons
+
+
+def nccl_max_bytes(command: t.Sequence[str]) -> int | None:
+    """The largest buffer an nccl-tests command line asks for (``-e``/``--maxbytes``; its default is 32M)."""
+    for index, argument in enumerate(command):
+        if argument in ("-e", "--maxbytes") and index + 1 < len(command):
+            return parse_size(command[index + 1])
+        if argument.startswith("--maxbytes="):
+            return parse_size(argument.split("=", 1)[1])
+    return 32 * 1024 ** 2

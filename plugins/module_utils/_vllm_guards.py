@@ -159,29 +159,35 @@ def setting_findings(where: str, instance: t.Mapping[str, t.Any], entry: t.Mappi
 def memory_report(where: str, instance: t.Mapping[str, t.Any], entry: t.Mapping[str, t.Any], pool_bytes: float,
                   mnbt: int | None) -> tuple[dict[str, t.Any], list[str], list[str]]:
     """The instance's memory arithmetic (seed 004): weights + drafter + activation/graph headroom + the KV
-    cache one full-length request needs must fit its share of the pool. Returns (report, errors, warnings)."""
+    cache one full-length request needs must fit its share of the pool. Returns (report, errors, warnings).
+    Tensor parallelism splits the weights and the KV cache over the ranks (seed 001: 2.44x the 31B's KV at
+    TP=2); each rank's pool holds its part. A model with fewer KV heads than ranks replicates them
+    (seed 001's E2B), so the split is an upper bound there."""
     gmu = instance["gpu_memory_utilization"]
     share = gmu * pool_bytes / GIB
+    ranks = instance.get("tensor_parallel_size") or 1
     method = speculative_method(instance)
-    drafter_gib = entry["drafters"].get(method, {}).get("weights_gib", 0.0) if method else 0.0
+    drafter_gib = entry["drafters"].get(method, {}).get("weights_gib", 0.0) / ranks if method else 0.0
     overhead = entry["overhead_gib"] + entry["overhead_gib_per_1k_batched"] * (mnbt or 8192) / 1024
-    kv_gib = share - entry["weights_gib"] - drafter_gib - overhead
+    weights_gib = round(entry["weights_gib"] / ranks, 2)
+    kv_gib = share - weights_gib - drafter_gib - overhead
     context = instance.get("max_model_len") or entry["max_context"]
-    per_request = context * entry["kv_bytes_per_token"] / GIB
+    per_request = context * entry["kv_bytes_per_token"] / ranks / GIB
     seqs = instance.get("max_num_seqs")
     report = {
-        "share_gib": round(share, 2), "weights_gib": entry["weights_gib"], "drafter_gib": drafter_gib,
+        "share_gib": round(share, 2), "weights_gib": weights_gib, "drafter_gib": round(drafter_gib, 2), "ranks": ranks,
         "headroom_gib": round(overhead, 2), "kv_gib": round(kv_gib, 2), "max_model_len": context,
         "full_length_request_gib": round(per_request, 2),
         "full_length_requests": round(kv_gib / per_request, 2) if per_request else None,
-        "arithmetic": (f"{gmu} x {pool_bytes / GIB:.2f} GiB = {share:.2f} GiB; minus weights {entry['weights_gib']} GiB"
-                       + (f", drafter {drafter_gib} GiB" if drafter_gib else "")
+        "arithmetic": (f"{gmu} x {pool_bytes / GIB:.2f} GiB = {share:.2f} GiB; minus weights {weights_gib} GiB"
+                       + (f" (1/{ranks} of {entry['weights_gib']} GiB per rank)" if ranks > 1 else "")
+                       + (f", drafter {drafter_gib:.2f} GiB" if drafter_gib else "")
                        + f", headroom {overhead:.2f} GiB (activations at {mnbt or 8192} batched tokens, CUDA graphs) "
                        f"leaves {kv_gib:.2f} GiB of KV cache; one {context}-token request needs {per_request:.2f} GiB"),
     }
     errors, warnings = [], []
     if kv_gib < per_request:
-        needed = (entry["weights_gib"] + drafter_gib + overhead + per_request) * GIB / pool_bytes
+        needed = (weights_gib + drafter_gib + overhead + per_request) * GIB / pool_bytes
         errors.append(
             f"{where}.gpu_memory_utilization: {gmu} is too small: {report['arithmetic']}, so vLLM would fail at startup or "
             f"during CUDA graph capture (seed 000's embeddings instance at 0.08, seed 002's 0.80). Give it at least "

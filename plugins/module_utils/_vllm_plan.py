@@ -687,6 +687,16 @@ def option_problems(options: t.Mapping[str, t.Any]) -> list[str]:
     return errors
 
 
+def pool_share(instances: t.Any, defaults: t.Any) -> float:
+    """The share of the memory pool a host's present instances take (what a cluster node on the
+    same host must leave them); malformed entries count nothing, their own plan refuses them."""
+    if not isinstance(instances, list):
+        return 0.0
+    base = defaults.get("gpu_memory_utilization") if isinstance(defaults, dict) else None
+    shares = [i.get("gpu_memory_utilization", base) for i in instances if isinstance(i, dict) and i.get("state", "present") != "absent"]
+    return round(sum(s for s in shares if isinstance(s, (int, float)) and not isinstance(s, bool)), 4)
+
+
 def build_plan(instances: t.Any, defaults: t.Any, **given: t.Any) -> dict[str, t.Any]:
     """The plan of one host: ``instances`` (planned, in start order), ``absent`` (names to remove),
     ``errors`` (every problem; when there is any, nothing else is filled in) and ``env_files``

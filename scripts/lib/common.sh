@@ -213,9 +213,16 @@ ensure_all() {
   ensure_lab_image
 }
 
+# The network the lab hosts share (Docker's default bridge): the lab cluster's fast link.
+export_lab_subnet() {
+  SPARKFLEET_LAB_SUBNET=$("$SPARKFLEET_DOCKER_CLIENT" network inspect bridge --format '{{(index .IPAM.Config 0).Subnet}}')
+  export SPARKFLEET_LAB_SUBNET
+}
+
 ensure_serving_lab() {
   ensure_registry
   ensure_vllm_image
   ensure_tiny_model
   ensure_lab_api_key
+  export_lab_subnet
 }

@@ -54,7 +54,7 @@ def test_ansible_test_sanity():
     run_logged("ansible-test-sanity", ["ansible-test", "sanity", "--venv", "--python", "3.11", "--color", "no"], cwd=target)
 
 
-EXAMPLE_INVENTORIES = ["single_spark", "single_gx10", "two_nodes", "local"]
+EXAMPLE_INVENTORIES = ["single_spark", "single_gx10", "two_nodes", "tp2", "tp4", "local"]
 
 
 def check_inventory(inventory, *extra):

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._cluster import cluster_nodes
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._cluster import agreement_problems, cluster_nodes
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._fabric import parse_ibdev2netdev
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_plan import build_plan
 
@@ -134,10 +134,14 @@ def test_tensor_parallel_size_must_be_nodes_times_gpus(nodes):
     assert "is " + str(2 * len(nodes)) in planned(cluster)["errors"][0]
 
 
+NODES = ["spark-1", "spark-2"]
+
+
 def test_every_node_must_run_the_same_image():
     reports = copy.deepcopy(REPORTS)
+    assert agreement_problems(NODES, reports) == ([], [])
     reports["spark-2"]["image"] = IMAGE.replace("cd" * 32, "ef" * 32)
-    errors = planned(reports=reports)["errors"]
+    errors, _warnings = agreement_problems(NODES, reports)
     assert len(errors) == 1 and errors[0].startswith("cluster image: the nodes would run different images")
     assert "spark-2: registry.local:5000/vllm:0.32.0@sha256:efef" in errors[0]
 
@@ -145,12 +149,12 @@ def test_every_node_must_run_the_same_image():
 def test_every_node_must_load_the_same_checkpoint():
     reports = copy.deepcopy(REPORTS)
     reports["spark-2"]["manifest"] = None
-    errors = planned(reports=reports)["errors"]
+    errors, _warnings = agreement_problems(NODES, reports)
     assert len(errors) == 1 and "spark-1: abababababab; spark-2: no manifest" in errors[0]
     for host in reports:
         reports[host]["manifest"] = None
-    result = planned(reports=reports)
-    assert result["errors"] == [] and "cannot be compared" in result["warnings"][0]
+    errors, warnings = agreement_problems(NODES, reports)
+    assert errors == [] and "cannot be compared" in warnings[0]
 
 
 @pytest.mark.parametrize(("version", "expected"), [
@@ -262,3 +266,17 @@ def test_known_broken_combinations_across_nodes_are_refused():
     single = {**cluster["instance"], "name": "one", "port": 8001}
     del single["tensor_parallel_size"]
     assert build_plan([single], {}, image=IMAGE, hardware_class="dgx_spark", host_addresses=None, vllm_version="0.32.0")["errors"] == []
+
+
+def test_each_rank_holds_its_part_of_the_weights_and_the_kv_cache():
+    cluster = declaration()
+    cluster["instance"] = {**cluster["instance"], "catalog": "gemma-4-31b-it-nvfp4", "max_model_len": 131072,
+                           "gpu_memory_utilization": 0.78}
+    del cluster["instance"]["model"]
+    node = planned(cluster)["nodes"]["spark-1"]
+    memory = node_plan(cluster, node)["instances"][0]["memory"]
+    assert (memory["ranks"], memory["weights_gib"]) == (2, 11.78)
+    assert "minus weights 11.78 GiB (1/2 of 23.55 GiB per rank)" in memory["arithmetic"]
+    single = build_plan([{**cluster["instance"], "name": "one", "tensor_parallel_size": None}], {}, image=IMAGE,
+                        hardware_class="dgx_spark", host_addresses=None, vllm_version="0.32.0")["instances"][0]["memory"]
+    assert memory["full_length_request_gib"] == round(single["full_length_request_gib"] / 2, 2)
