@@ -590,7 +590,8 @@ def unit_file(plan: t.Mapping[str, t.Any], readiness: t.Sequence[str] | None, op
     """The systemd unit owning the instance's container. It starts after the instances declared
     before it have passed their readiness wait, so instances sharing one memory pool never profile
     memory at once (seed 000); its automatic restarts are bounded, because on GB10 a crash loop
-    leaks unified memory until the box needs a power cycle."""
+    leaks unified memory until the box needs a power cycle. A cluster node's unit does not restart
+    on its own: one rank alone never recovers, so restarts are the cluster role's, all ranks at once."""
     container = plan["container"]
     return "\n".join([
         f"# Managed by Ansible (sparkfleet.vllm.{'cluster' if plan.get('cluster') else 'vllm'}): the unit owns the container "
@@ -609,7 +610,8 @@ def unit_file(plan: t.Mapping[str, t.Any], readiness: t.Sequence[str] | None, op
         "ExecStart=" + exec_line(plan["docker_run"]),
         *(["ExecStartPost=" + exec_line(readiness)] if readiness else []),
         "ExecStop=" + exec_line(["/usr/bin/docker", "stop", "--time", "30", container]),
-        "Restart=on-failure",
+        # A rank restarted alone never rejoins its group (vLLM 32136): the cluster role restarts all ranks together.
+        "Restart=no" if plan.get("cluster") else "Restart=on-failure",
         f"RestartSec={options['restart_delay']}",
         f"TimeoutStartSec={plan['health_timeout'] + 60}",
         "TimeoutStopSec=60",

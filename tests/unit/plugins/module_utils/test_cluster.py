@@ -95,6 +95,7 @@ def test_the_worker_runs_headless_on_the_host_network_and_the_head_serves():
         assert node["published_ports"] == [] and node["url"] == "http://10.0.0.5:8000"
     assert "ExecStartPost=" in h["unit_file"] and "ExecStartPost=" not in w["unit_file"]
     assert "vLLM cluster qwen rank 1" in w["unit_file"]
+    assert "Restart=no" in w["unit_file"] and "Restart=no" in h["unit_file"], "one rank alone never rejoins its group"
     assert w["cluster"] == {"rank": 1, "head": False, "nnodes": 2, "backend": "native", "master_addr": "192.168.100.11",
                             "master_port": 29501, "host_ip": "192.168.100.12"}
     env = worker["env_files"]["qwen"]
