@@ -28,6 +28,10 @@ NETWORK_ENV = ("VLLM_HOST_IP", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "TP_S
                "NCCL_IB_HCA", "UCX_NET_DEVICES", "NCCL_IB_GID_INDEX", "MASTER_ADDR")
 
 
+def is_count(value: t.Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
 def declaration_problems(cluster: t.Mapping[str, t.Any], inventory: t.Collection[str]) -> list[str]:
     """Problems of the declaration itself, before any node is looked at."""
     errors = []
@@ -63,7 +67,7 @@ def declaration_problems(cluster: t.Mapping[str, t.Any], inventory: t.Collection
     instance = cluster.get("instance")
     if not isinstance(instance, dict):
         errors.append("cluster_instance: the instance the cluster serves (the keys of a vllm_instances entry)")
-    elif isinstance(nodes, list) and errors == []:
+    elif isinstance(nodes, list) and nodes and is_count(cluster.get("gpus_per_node")):
         expected = len(nodes) * cluster["gpus_per_node"]
         if instance.get("tensor_parallel_size") != expected:
             errors.append(f"cluster_instance.tensor_parallel_size: {instance.get('tensor_parallel_size')!r}; {len(nodes)} nodes x "
@@ -190,6 +194,7 @@ def cluster_nodes(cluster: t.Mapping[str, t.Any], reports: t.Mapping[str, t.Mapp
             "peer": {"name": host, "address": network["address"]},
             "option": {
                 "name": cluster["instance"].get("name") or cluster["name"],
+                "host": host,
                 "backend": cluster["backend"],
                 "nnodes": len(cluster["nodes"]),
                 "rank": rank,
@@ -199,6 +204,8 @@ def cluster_nodes(cluster: t.Mapping[str, t.Any], reports: t.Mapping[str, t.Mapp
                 "host_ip": network["address"],
                 "rdma": bool(network["rdma_devices"]),
                 "network_env": env,
+                "fabric": {"interface": network["interface"], "mtu": cluster["mtu"],
+                           "peers": [{"name": peer, "address": networks[peer]["address"]} for peer in cluster["nodes"] if peer != host]},
             },
         }
     return plan

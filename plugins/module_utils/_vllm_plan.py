@@ -22,6 +22,7 @@ import difflib
 import hashlib
 import ipaddress
 import json
+import pathlib
 import re
 import typing as t
 
@@ -593,11 +594,17 @@ def unit_file(plan: t.Mapping[str, t.Any], readiness: t.Sequence[str] | None, op
     leaks unified memory until the box needs a power cycle. A cluster node's unit does not restart
     on its own: one rank alone never recovers, so restarts are the cluster role's, all ranks at once."""
     container = plan["container"]
+    what = f"cluster {plan['name']} rank {plan['cluster']['rank']}" if plan.get("cluster") else f"instance {plan['name']}"
+    fabric = (options["cluster"] or {}).get("fabric")
+    # Every start of a rank, at boot too, waits for the other nodes on the fast link at the cluster's MTU.
+    fabric_wait = ["/usr/bin/python3", str(pathlib.PurePosixPath(options["readiness_script"]).parent / "cluster_fabric_wait.py"),
+                   "--source", options["cluster"]["host"], "--interface", fabric["interface"],
+                   "--mtu", str(fabric["mtu"]), *[f"--peer={p['name']}={p['address']}" for p in fabric["peers"]]] if fabric else None
     return "\n".join([
         f"# Managed by Ansible (sparkfleet.vllm.{'cluster' if plan.get('cluster') else 'vllm'}): the unit owns the container "
         f"of {'cluster node' if plan.get('cluster') else 'instance'} {plan['name']}.",
         "[Unit]",
-        f"Description=vLLM {'cluster ' + plan['name'] + ' rank ' + str(plan['cluster']['rank']) if plan.get('cluster') else 'instance ' + plan['name']} (sparkfleet.vllm)",
+        f"Description=vLLM {what} (sparkfleet.vllm)",
         "Requires=docker.service",
         "Wants=network-online.target",
         "After=" + " ".join(["docker.service", "network-online.target", *plan["start_after"]]),
@@ -607,6 +614,7 @@ def unit_file(plan: t.Mapping[str, t.Any], readiness: t.Sequence[str] | None, op
         "[Service]",
         "Type=simple",
         "ExecStartPre=-" + exec_line(["/usr/bin/docker", "rm", "--force", container]),
+        *([f"ExecStartPre={exec_line(fabric_wait)}"] if fabric_wait else []),
         "ExecStart=" + exec_line(plan["docker_run"]),
         *(["ExecStartPost=" + exec_line(readiness)] if readiness else []),
         "ExecStop=" + exec_line(["/usr/bin/docker", "stop", "--time", "30", container]),

@@ -1,8 +1,9 @@
 """Molecule scenarios on the lab hosts: converge, idempotence and testinfra verify.
 
-The scenarios run in three lanes at once, so the serving lab (vllm, the long one) overlaps the
-host-preparation and model-staging scenarios and the sweep instead of following them; each
-scenario has its own hosts, names and log. Each test waits for its scenario and reports its result.
+The scenarios run in four lanes at once, so the serving lab (vllm, the long one) overlaps the
+host-preparation and model-staging scenarios, the sweep and the two-node cluster instead of
+following them; each scenario has its own hosts, names and log. Each test waits for its scenario
+and reports its result.
 """
 
 import os
@@ -14,7 +15,7 @@ import pytest
 from tool_runner import LOG_DIR, ROOT, tail
 
 # Lanes run side by side; the scenarios of one lane run one after the other.
-LANES = [["vllm"], ["default", "models"], ["sweep"]]
+LANES = [["vllm"], ["default", "models"], ["sweep"], ["cluster"]]
 SCENARIOS = [scenario for lane in LANES for scenario in lane]
 
 

@@ -1,9 +1,10 @@
 """playbooks/mtp_sweep.yml on a serving host prepared like the serving lab: instance "second" (the
-tiny variant model with ngram speculative decoding) swept over draft counts 0, 2 and 4, two repeats
-each at two concurrent streams, on natural text.
+tiny variant model with ngram speculative decoding) swept over draft counts 0 and 2, two repeats
+each at two concurrent streams, on natural text (two variants keep the suite within its time budget;
+the unit tests cover longer sweeps).
 
 The first run measures every variant, decides and leaves the winner serving; the second adds a
-variant that cannot start and one with other weights, skips the three finished ones, and restores
+variant that cannot start and one with other weights, skips the two finished ones, and restores
 the starting settings. Figures printed here are measurements for the log, not thresholds.
 """
 
@@ -56,7 +57,7 @@ def serve():
 @pytest.fixture(scope="module")
 def first_sweep(serve, tmp_path_factory):
     report_dir = tmp_path_factory.mktemp("sweep")
-    result = sweep(report_dir, sweep_draft_counts=[0, 2, 4])
+    result = sweep(report_dir, sweep_draft_counts=[0, 2])
     print(result.stdout[result.stdout.find("TASK [Show the decision]"):][:3000])
     report = pathlib.Path(report_dir) / SERVE / "lab-sweep" / "report.md"
     if report.exists():
@@ -68,19 +69,19 @@ def test_the_sweep_measures_every_variant_with_its_spread(first_sweep):
     result, report_dir = first_sweep
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     found = decision(report_dir)
-    assert [v["name"] for v in found["variants"]] == ["k0", "k2", "k4"]
+    assert [v["name"] for v in found["variants"]] == ["k0", "k2"]
     for variant in found["variants"]:
         assert variant["status"] == "ok" and variant["gate"]["ok"], variant
         throughput = variant["summary"]["2"]["output_throughput"]
         assert throughput["n"] == 2 and throughput["mean"] > 0 and throughput["spread_pct"] is not None
-    k0, k2, k4 = found["variants"]
+    k0, k2 = found["variants"]
     assert k0["categories"]["code"]["acceptance"] is None, "no speculation, no acceptance"
-    for variant in (k2, k4):
+    for variant in (k2,):
         assert set(variant["categories"]) == {"code", "prose", "chat", "structured"}
         assert all(c["acceptance"] is not None and c["output_tokens"] > 0 for c in variant["categories"].values())
         assert len(variant["summary"]["2"]["acceptance_per_position"]) == variant["draft_count"]
     report = (pathlib.Path(report_dir) / SERVE / "lab-sweep" / "report.md").read_text()
-    for heading in ("## k0 (draft tokens 0): ok", "## k2 (draft tokens 2): ok", "## k4 (draft tokens 4): ok", "| prose |", "±"):
+    for heading in ("## k0 (draft tokens 0): ok", "## k2 (draft tokens 2): ok", "| prose |", "±"):
         assert heading in report
     assert (pathlib.Path(report_dir) / SERVE / "lab-sweep" / "sweep.png").stat().st_size > 0
 
@@ -88,7 +89,7 @@ def test_the_sweep_measures_every_variant_with_its_spread(first_sweep):
 def test_the_decision_follows_the_objective_and_the_winner_serves(first_sweep, serve):
     _result, report_dir = first_sweep
     found = decision(report_dir)
-    assert found["ok"] and found["winner"] in ("k0", "k2", "k4")
+    assert found["ok"] and found["winner"] in ("k0", "k2")
     variants = {v["name"]: v for v in found["variants"]}
     winner = variants[found["winner"]]
 
@@ -109,7 +110,7 @@ def test_the_decision_follows_the_objective_and_the_winner_serves(first_sweep, s
 def test_a_rerun_skips_finished_variants_records_a_failing_one_and_restores_the_start(first_sweep, serve):
     _result, report_dir = first_sweep
     finished = records(report_dir)
-    variants = [{"name": f"k{count}", "settings": ngram(count)} for count in (0, 2, 4)]
+    variants = [{"name": f"k{count}", "settings": ngram(count)} for count in (0, 2)]
     variants += [{"name": "broken", "settings": {**ngram(3), "extra_args": ["--no-such-flag"]}},
                  {"name": "other-weights", "settings": {**ngram(0), "model": "/models/tiny-llama"}}]
     result = sweep(report_dir, sweep_variants=variants, sweep_keep_winner=False)

@@ -96,6 +96,10 @@ def test_the_worker_runs_headless_on_the_host_network_and_the_head_serves():
     assert "ExecStartPost=" in h["unit_file"] and "ExecStartPost=" not in w["unit_file"]
     assert "vLLM cluster qwen rank 1" in w["unit_file"]
     assert "Restart=no" in w["unit_file"] and "Restart=no" in h["unit_file"], "one rank alone never rejoins its group"
+    wait = next(line for line in w["unit_file"].splitlines() if "cluster_fabric_wait.py" in line)
+    assert shlex.split(wait[len("ExecStartPre="):]) == [
+        "/usr/bin/python3", "/usr/local/libexec/sparkfleet/cluster_fabric_wait.py", "--source", "spark-2",
+        "--interface", "enp1s0f0np0", "--mtu", "9000", "--peer=spark-1=192.168.100.11"]
     assert w["cluster"] == {"rank": 1, "head": False, "nnodes": 2, "backend": "native", "master_addr": "192.168.100.11",
                             "master_port": 29501, "host_ip": "192.168.100.12"}
     env = worker["env_files"]["qwen"]
@@ -163,6 +167,9 @@ def test_every_node_must_load_the_same_checkpoint():
     ("", "a cluster needs the image's vLLM release stated"),
 ])
 def test_a_vllm_without_working_multi_node_is_refused(version, expected):
+    cluster = declaration(vllm_version=version)
+    cluster["instance"]["tensor_parallel_size"] = 1
+    assert len(planned(cluster)["errors"]) == 2, "every problem at once"
     errors = planned(declaration(vllm_version=version))["errors"]
     assert len(errors) == 1 and expected in errors[0]
 
@@ -255,8 +262,8 @@ def test_known_broken_combinations_across_nodes_are_refused():
     errors = node_plan(cluster, node)["errors"]
     assert any("enable_expert_parallel False with catalog entry gemma-4-26b-a4b-it-nvfp4 across nodes is known to break" in e
                for e in errors), errors
-    cluster["instance"].update(enable_expert_parallel=True, speculative={"method": "mtp", "num_speculative_tokens": 2,
-                                                                          "model": "google/gemma-4-26B-A4B-it-assistant"})
+    mtp = {"method": "mtp", "num_speculative_tokens": 2, "model": "google/gemma-4-26B-A4B-it-assistant"}
+    cluster["instance"].update(enable_expert_parallel=True, speculative=mtp)
     errors = node_plan(cluster, node)["errors"]
     assert len(errors) == 1 and "speculative_method mtp with catalog entry gemma-4-26b-a4b-it-nvfp4 across nodes" in errors[0]
     cluster["instance"]["speculative"] = {"method": "dflash", "num_speculative_tokens": 8, "model": "z-lab/gemma-4-26B-A4B-it-DFlash",

@@ -1,0 +1,166 @@
+"""The lab cluster: the tiny model across two lab hosts (tensor parallel 2 on vLLM's own
+multi-node runtime, CPU build), converged by the cluster role. A chat request through the head,
+the start order, refusals that change nothing, the fabric gate on the lab network and with one
+host's MTU lowered, and a killed worker: what the head does, how long until the cluster is seen
+as failed, and the re-apply that restarts both ranks together. Times printed are measurements
+for the log, not thresholds."""
+
+import json
+import os
+import time
+
+import pytest
+from site_runner import assert_refused, docker_host, module, playbook, state_digest
+
+HEAD, WORKER = "sparkfleet-molecule-node-1", "sparkfleet-molecule-node-2"
+UNIT, CONTAINER, PORT, MODEL = "sparkfleet-cluster-lab-tp2.service", "vllm-cluster-lab-tp2", 8010, "tiny-tp2"
+CONFIG = "/etc/sparkfleet/cluster/lab-tp2"
+KEY = os.environ["SPARKFLEET_LAB_API_KEY"]
+EXTRA = "@molecule/cluster/vars/cluster.yml"
+
+
+@pytest.fixture(scope="module")
+def head():
+    return docker_host(HEAD)
+
+
+@pytest.fixture(scope="module")
+def worker():
+    return docker_host(WORKER)
+
+
+def chat(host, timeout=60):
+    body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "Say hello"}], "max_tokens": 8, "temperature": 0})
+    result = host.run(f"curl -s -m {timeout} -H 'Authorization: Bearer {KEY}' -H 'Content-Type: application/json' "
+                      f"-d '{body}' http://127.0.0.1:{PORT}/v1/chat/completions")
+    try:
+        return json.loads(result.stdout)
+    except ValueError:
+        return {"error": result.stdout or f"curl exited {result.rc}"}
+
+
+def started_at(host):
+    """When the rank's container started (the lab hosts share one kernel clock), or None."""
+    result = host.run(f"docker inspect --format '{{{{.State.StartedAt}}}} {{{{.State.Status}}}}' {CONTAINER}")
+    return tuple(result.stdout.split()) if result.rc == 0 else None
+
+
+def unit_state(host):
+    return host.run(f"systemctl show -p ActiveState --value {UNIT}").stdout.strip()
+
+
+def plan(host):
+    return json.loads(host.file(f"{CONFIG}.json").content_string)
+
+
+def eth0(host):
+    return host.interface("eth0").addresses[0]
+
+
+def cluster_state(host):
+    return state_digest(host, [f"{CONFIG}.env", f"{CONFIG}.json", f"/etc/systemd/system/{UNIT}"],
+                        [f"docker inspect --format '{{{{.Id}}}} {{{{.State.StartedAt}}}}' {CONTAINER}"])
+
+
+def test_both_ranks_serve_one_model_through_the_head(head, worker):
+    for host in (head, worker):
+        assert unit_state(host) == "active"
+    head_plan, worker_plan = plan(head), plan(worker)
+    assert head_plan["cluster"]["rank"] == 0 and worker_plan["cluster"]["rank"] == 1
+    assert worker_plan["serve_args"][-1] == "--headless" and "--headless" not in head_plan["serve_args"]
+    assert worker_plan["cluster"]["master_addr"] == eth0(head) and worker_plan["cluster"]["host_ip"] == eth0(worker)
+    env = worker.file(f"{CONFIG}.env")
+    assert env.mode == 0o600
+    assert f"VLLM_HOST_IP={eth0(worker)}\n" in env.content_string and f"MASTER_ADDR={eth0(head)}\n" in env.content_string
+    assert "VLLM_CPU_OMP_THREADS_BIND=1\n" in env.content_string and "NCCL_SOCKET_IFNAME=eth0\n" in env.content_string
+    reply = chat(head)
+    assert reply["choices"][0]["message"]["content"], reply
+    assert reply["system_fingerprint"].endswith("-tp2-" + reply["system_fingerprint"].rsplit("-", 1)[1])
+    assert worker.run(f"curl -s -m 5 http://127.0.0.1:{PORT}/health").rc != 0, "a headless worker serves no API"
+    worker_start, head_start = started_at(worker)[0], started_at(head)[0]
+    assert worker_start < head_start, "the workers start before the head"
+    print(f"\nstart order: worker {worker_start}, head {head_start}; head unit active since "
+          f"{head.run(f'systemctl show -p ActiveEnterTimestamp --value {UNIT}').stdout.strip()}")
+
+
+def test_a_refused_cluster_changes_nothing(head, worker):
+    before = cluster_state(head), cluster_state(worker)
+    bad = {"vllm_version": "0.26.0", "cluster_instance": {"model": "/models/tiny-llama", "served_model_names": [MODEL], "port": PORT,
+                                                          "api_key": KEY, "tensor_parallel_size": 1}}
+    result = playbook("cluster.yml", "-e", EXTRA, "-e", json.dumps(bad))
+    assert_refused(result, "Cluster lab-tp2 refused, nothing was changed",
+                   "vllm_version: 0.26.0 cannot run a cluster: multi-node needs vLLM 0.27.0 or later",
+                   "cluster_instance.tensor_parallel_size: 1; 2 nodes x 1 GPU per node is 2")
+    result = playbook("cluster.yml", "-e", EXTRA, "-e", json.dumps({"cluster_master_addr": "127.0.0.1"}))
+    assert_refused(result, "cluster_master_addr: 127.0.0.1 is not the head's (sparkfleet-molecule-node-1) address on the fast link")
+    assert KEY not in result.stdout + result.stderr
+    assert (cluster_state(head), cluster_state(worker)) == before
+
+
+def fabric(source, peer, mtu=1500):
+    return module(source, "cluster_fabric", {"source": source, "interface": "eth0", "mtu": mtu,
+                                             "peers": [{"name": peer, "address": eth0(docker_host(peer))}]})
+
+
+def test_the_fabric_gate_passes_on_the_lab_network_and_names_the_pair_below_its_mtu(worker):
+    for source, peer in ((HEAD, WORKER), (WORKER, HEAD)):
+        result = fabric(source, peer)
+        assert result["ok"], result["reasons"]
+        assert result["pings"][0]["received"] == result["pings"][0]["sent"] == 3
+        assert result["tools"] == {"ibdev2netdev": False, "show_gids": False} and result["rdma_links"] == []
+    worker.run_expect([0], "ip link set eth0 mtu 1400")
+    try:
+        towards_worker, from_worker = fabric(HEAD, WORKER), fabric(WORKER, HEAD)
+    finally:
+        worker.run_expect([0], "ip link set eth0 mtu 1500")
+    assert not towards_worker["ok"] and not from_worker["ok"]
+    assert towards_worker["reasons"][0].startswith(f"{HEAD} -> {WORKER} ({eth0(worker)}) at MTU 1500: no reply")
+    assert f"{WORKER} -> {HEAD}" in from_worker["reasons"][0] and "carries only 1400 bytes" in from_worker["reasons"][0]
+    print("\n" + "\n".join(towards_worker["reasons"] + from_worker["reasons"]))
+
+
+def test_a_killed_worker_fails_the_cluster_and_reapplying_restarts_both_ranks(head, worker):
+    assert "choices" in chat(head)
+    worker.run_expect([0], f"docker kill {CONTAINER}")
+    killed = time.monotonic()
+    seen, timeline = {}, []
+    while time.monotonic() - killed < 150 and len(seen) < 3:
+        now = round(time.monotonic() - killed, 1)
+        observed = {"worker unit": unit_state(worker), "head unit": unit_state(head),
+                    "head container": (started_at(head) or ("", "gone"))[1]}
+        if "head chat fails" not in seen and "choices" not in chat(head, timeout=10):
+            seen["head chat fails"] = now
+        if observed["worker unit"] != "active":
+            seen.setdefault("worker unit " + observed["worker unit"], now)
+        if observed["head unit"] != "active":
+            seen.setdefault("head unit " + observed["head unit"], now)
+        timeline.append((now, observed))
+        time.sleep(2)
+    gate = module(HEAD, "vllm_health", {"instance": "lab-tp2", "config_dir": "/etc/sparkfleet/cluster", "warmup": True, "timeout": 30})
+    print(f"\nafter killing the worker's container: {seen}; last seen {timeline[-1]}")
+    print(f"health gate on the head: ok={gate.get('ok')} {gate.get('reason') or gate.get('msg')}")
+    assert unit_state(worker) == "failed", "a rank never restarts alone"
+    assert "head chat fails" in seen and not gate.get("ok")
+
+    head_before = started_at(head)
+    worker.run_expect([0], "ip link set eth0 mtu 1400")
+    try:
+        refused = playbook("cluster.yml", "-e", EXTRA)
+    finally:
+        worker.run_expect([0], "ip link set eth0 mtu 1500")
+    assert_refused(refused, "Fabric gate of cluster lab-tp2 failed; no rank was stopped or started",
+                   f"{HEAD} -> {WORKER} ({eth0(worker)}) at MTU 1500: no reply")
+    assert started_at(head) == head_before, "the fabric gate stopped nothing"
+
+    started = time.monotonic()
+    result = playbook("cluster.yml", "-e", EXTRA)
+    elapsed = round(time.monotonic() - started)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-3000:]
+    assert "is relaunched, every rank together" in output and KEY not in output
+    worker_start, head_start = started_at(worker)[0], started_at(head)[0]
+    assert head_before is None or head_start != head_before[0], "the head was restarted with the worker"
+    assert worker_start < head_start
+    reply = chat(head)
+    assert reply["choices"][0]["message"]["content"], reply
+    print(f"re-apply restarted both ranks (worker {worker_start}, head {head_start}) and serves again; the play took {elapsed} s")
