@@ -28,6 +28,12 @@ NCCL_ROW = re.compile(r"^\s*(?P<size>\d+)\s+(?P<count>\d+)?\s*(?:\S+\s+){0,4}?(?
 NCCL_AVERAGE = re.compile(r"#\s*Avg bus bandwidth\s*:\s*(?P<busbw>[\d.]+)")
 
 
+def ping_arguments(address: str, mtu: int, count: int, interface: str | None) -> list[str]:
+    """ping's arguments for don't-fragment packets that fill one frame of ``mtu`` bytes, from ``interface``."""
+    arguments = ["-M", "do", "-s", str(mtu - PING_HEADERS), "-c", str(count), "-i", "0.2", "-W", "2"]
+    return arguments + (["-I", interface] if interface else []) + [address]
+
+
 def parse_ping(text: str) -> dict[str, t.Any]:
     """iputils ping's summary: packets sent and received, loss, mean round trip, and the local
     MTU when the kernel refused a don't-fragment packet larger than the interface carries."""

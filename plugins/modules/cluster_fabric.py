@@ -116,12 +116,12 @@ nccl:
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._fabric import (
-    PING_HEADERS,
     nccl_verdict,
     parse_ibdev2netdev,
     parse_nccl_tests,
     parse_ping,
     parse_show_gids,
+    ping_arguments,
     ping_verdict,
     rdma_reasons,
 )
@@ -157,9 +157,7 @@ def main():
     reasons = rdma_reasons(params["source"], params["rdma_devices"], links)
     ping = module.get_bin_path("ping", required=bool(params["peers"]))
     for peer in params["peers"]:
-        command = [ping, "-M", "do", "-s", str(params["mtu"] - PING_HEADERS), "-c", str(params["count"]), "-i", "0.2", "-W", "2"]
-        command += ["-I", params["interface"]] if params["interface"] else []
-        _rc, out, err = module.run_command([*command, peer["address"]])
+        _rc, out, err = module.run_command([ping, *ping_arguments(peer["address"], params["mtu"], params["count"], params["interface"])])
         parsed = parse_ping(out + err)
         verdict = ping_verdict(params["source"], peer["name"], peer["address"], params["mtu"], parsed)
         result["pings"].append({"target": peer["name"], "address": peer["address"], **parsed, "ok": verdict is None, "reason": verdict})

@@ -15,14 +15,13 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _fabric import PING_HEADERS, parse_ping, ping_verdict  # noqa: E402
+from _fabric import parse_ping, ping_arguments, ping_verdict  # noqa: E402
 
 
 def failing_pairs(source, interface, mtu, peers):
     reasons = []
     for name, address in peers:
-        command = ["ping", "-M", "do", "-s", str(mtu - PING_HEADERS), "-c", "2", "-i", "0.2", "-W", "2", "-I", interface, address]
-        completed = subprocess.run(command, capture_output=True, text=True, check=False)
+        completed = subprocess.run(["ping", *ping_arguments(address, mtu, 2, interface)], capture_output=True, text=True, check=False)
         verdict = ping_verdict(source, name, address, mtu, parse_ping(completed.stdout + completed.stderr))
         reasons += [verdict] if verdict else []
     return reasons
