@@ -709,8 +709,9 @@ def pool_share(instances: t.Any, defaults: t.Any) -> float:
 
 def build_plan(instances: t.Any, defaults: t.Any, **given: t.Any) -> dict[str, t.Any]:
     """The plan of one host: ``instances`` (planned, in start order), ``absent`` (names to remove),
-    ``errors`` (every problem; when there is any, nothing else is filled in) and ``env_files``
-    (name -> env file text, the only part holding secrets)."""
+    ``errors`` (every problem; when there is any, nothing else is filled in), ``env_files``
+    (name -> env file text) and ``endpoints`` (what a gateway needs to route to each instance,
+    its key included); those two are the only parts holding secrets."""
     unknown = set(given) - set(DEFAULT_OPTIONS)
     if unknown:
         raise TypeError(f"unknown plan options: {', '.join(sorted(unknown))}")
@@ -718,7 +719,7 @@ def build_plan(instances: t.Any, defaults: t.Any, **given: t.Any) -> dict[str, t
     options["variable"] = "cluster_instance" if options["cluster"] else "vllm_instances"
     options["owned_env"] = OWNED_ENV | set(NETWORK_ENV) if options["cluster"] else OWNED_ENV
     plan: dict[str, t.Any] = {"instances": [], "absent": [], "errors": [], "warnings": [], "env_files": {},
-                              "hardware_class": options["hardware_class"]}
+                              "endpoints": [], "hardware_class": options["hardware_class"]}
     hardware = resolve_class(options["hardware_class"], options["hardware_overrides"])
     extra_problems = catalog_problems(options["catalog_extra"])
     plan["errors"] = hardware["errors"] + extra_problems
@@ -752,6 +753,9 @@ def build_plan(instances: t.Any, defaults: t.Any, **given: t.Any) -> dict[str, t
         public, env_text = instance_plan(instance, [i["unit"] for i in plan["instances"]], options, memories.get(instance["_index"]))
         plan["instances"].append(public)
         plan["env_files"][public["name"]] = env_text
+        plan["endpoints"].append({"name": public["name"], "port": public["port"], "bind_addresses": public["bind_addresses"],
+                                  "served_names": public["served_names"], "api_key": instance["api_key"],
+                                  "head": not public["cluster"] or public["cluster"]["head"]})
     plan["absent"] = [i["name"] for i in merged if i.get("state") == "absent"]
     return plan
 

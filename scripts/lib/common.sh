@@ -172,6 +172,24 @@ ensure_vllm_image() {
   export SPARKFLEET_REGISTRY="$(docker_gateway):5000"
 }
 
+# The lab gateway's LiteLLM proxy image, built on the CPU vLLM image's debootstrap base and
+# pushed to the lab registry like it, so the gateway role pins it by digest.
+ensure_litellm_image() {
+  local recipe_hash local_tag pushed
+  recipe_hash=$(cat "$SPARKFLEET_ROOT"/lab/images/litellm/* "$SPARKFLEET_ROOT"/lab/images/vllm-cpu/* | sha256sum | cut -c1-12)
+  local_tag="127.0.0.1:5000/sparkfleet/litellm:$recipe_hash"
+  if ! "$SPARKFLEET_DOCKER_CLIENT" image inspect "$local_tag" >/dev/null 2>&1; then
+    log "building the LiteLLM proxy image $local_tag (a few minutes the first time)"
+    PATH="$(dirname "$SPARKFLEET_DOCKER_CLIENT"):$PATH" sudo_if_needed "$SPARKFLEET_ROOT/lab/images/litellm/build.sh" \
+      "$local_tag" "$SPARKFLEET_VLLM_IMAGE_LOCAL-base"
+    remove_other_tags 127.0.0.1:5000/sparkfleet/litellm "$local_tag"
+  fi
+  "$SPARKFLEET_DOCKER_CLIENT" push --quiet "$local_tag" >/dev/null
+  pushed=$("$SPARKFLEET_DOCKER_CLIENT" image inspect --format '{{range .RepoDigests}}{{println .}}{{end}}' "$local_tag" |
+    grep "^127.0.0.1:5000/sparkfleet/litellm@" | head -n 1)
+  export SPARKFLEET_LITELLM_IMAGE="$(docker_gateway):5000/sparkfleet/litellm:$recipe_hash@${pushed#*@}"
+}
+
 # The tiny generation model, built once with the vLLM image's own torch and transformers, and
 # a variant with other weights (a different model for the correctness diff to tell apart).
 ensure_tiny_model() {
@@ -194,7 +212,7 @@ ensure_tiny_model() {
   fi
 }
 
-# The lab endpoints' API key: generated here, never in git, readable by root only.
+# The lab endpoints' API key and the gateway's master key: generated here, never in git, readable by root only.
 ensure_lab_api_key() {
   local key_file="$SPARKFLEET_ROOT/.cache/lab/api-key"
   if [ ! -s "$key_file" ]; then
@@ -203,6 +221,13 @@ ensure_lab_api_key() {
   fi
   SPARKFLEET_LAB_API_KEY=$(cat "$key_file")
   export SPARKFLEET_LAB_API_KEY
+  # The lab gateway's master key, in LiteLLM's sk- form.
+  key_file="$SPARKFLEET_ROOT/.cache/lab/gateway-key"
+  if [ ! -s "$key_file" ]; then
+    (umask 077 && python3 -c 'import secrets; print("sk-" + secrets.token_urlsafe(32))' > "$key_file")
+  fi
+  SPARKFLEET_LAB_GATEWAY_KEY=$(cat "$key_file")
+  export SPARKFLEET_LAB_GATEWAY_KEY
 }
 
 ensure_all() {
@@ -222,6 +247,7 @@ export_lab_subnet() {
 ensure_serving_lab() {
   ensure_registry
   ensure_vllm_image
+  ensure_litellm_image
   ensure_tiny_model
   ensure_lab_api_key
   export_lab_subnet

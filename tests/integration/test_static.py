@@ -1,6 +1,7 @@
 """Static layers: ruff, yamllint, ansible-lint (production profile), ansible-test sanity."""
 
 import hashlib
+import json
 import os
 import pathlib
 import secrets
@@ -62,7 +63,7 @@ def check_inventory(inventory, *extra):
     inventories whose hosts do not exist are checked for real."""
     key = secrets.token_hex(20)
     command = ["ansible-playbook", "--check", "-i", f"inventories/{inventory}", "playbooks/check_inventory.yml",
-               "-e", f"vault_vllm_api_key={key}", *extra]
+               "-e", f"vault_vllm_api_key={key}", "-e", f"vault_gateway_master_key=sk-{key}", *extra]
     return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False,
                           env={**os.environ, "NO_COLOR": "1", "ANSIBLE_NOCOLOR": "1"}), key
 
@@ -83,3 +84,17 @@ def test_hardware_class_values_reach_the_plan():
     assert "fatal: [spark-1]" in result.stdout and "fatal: [gx10-1]" not in result.stdout, "0.86 is within the GX10's 0.87"
     result, _key = check_inventory("local", "-e", "sparkfleet_hardware_class=gb10")
     assert result.returncode != 0 and "sparkfleet_hardware_class: 'gb10' is not a hardware class" in result.stdout
+
+
+def test_the_gateway_is_planned_from_the_inventory_and_refuses_what_it_cannot_route():
+    """The pair's gateway reads both nodes' instance plans; a group naming a model nobody serves and a
+    node bound where the gateway cannot reach it are refused, naming the variable."""
+    bad = {"gateway_model_groups": {"vision": ["qwen-vl"]}, "gateway_port": 0}
+    result, key = check_inventory("two_nodes", "-e", json.dumps(bad))
+    assert result.returncode != 0 and "fatal: [spark-1]" in result.stdout and key not in result.stdout
+    assert "gateway_port: 0 must be a port number between 1 and 65535" in result.stdout
+    result, _key = check_inventory("two_nodes", "-e", json.dumps({"gateway_model_groups": {"vision": ["qwen-vl"]}}))
+    assert "gateway_model_groups.vision: no backend serves qwen-vl (served: gemma-4-26b-a4b)" in result.stdout
+    loopback = {"vllm_instance_defaults": {"bind_addresses": ["127.0.0.1"], "gpu_memory_utilization": 0.8}}
+    result, _key = check_inventory("two_nodes", "-e", json.dumps(loopback))
+    assert "instance chat on gx10-1 binds only 127.0.0.1, which the gateway on spark-1 cannot reach" in result.stdout

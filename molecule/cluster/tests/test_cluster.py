@@ -16,7 +16,6 @@ HEAD, WORKER = "sparkfleet-molecule-node-1", "sparkfleet-molecule-node-2"
 UNIT, CONTAINER, PORT, MODEL = "sparkfleet-cluster-lab-tp2.service", "vllm-cluster-lab-tp2", 8010, "tiny-tp2"
 CONFIG = "/etc/sparkfleet/cluster/lab-tp2"
 KEY = os.environ["SPARKFLEET_LAB_API_KEY"]
-EXTRA = "@molecule/cluster/vars/cluster.yml"
 
 
 @pytest.fixture(scope="module")
@@ -87,11 +86,11 @@ def test_a_refused_cluster_changes_nothing(head, worker):
     before = cluster_state(head), cluster_state(worker)
     bad = {"vllm_version": "0.26.0", "cluster_instance": {"model": "/models/tiny-llama", "served_model_names": [MODEL], "port": PORT,
                                                           "api_key": KEY, "tensor_parallel_size": 1}}
-    result = playbook("cluster.yml", "-e", EXTRA, "-e", json.dumps(bad))
+    result = playbook("cluster.yml", "-e", json.dumps(bad))
     assert_refused(result, "Cluster lab-tp2 refused, nothing was changed",
                    "vllm_version: 0.26.0 cannot run a cluster: multi-node needs vLLM 0.27.0 or later",
                    "cluster_instance.tensor_parallel_size: 1; 2 nodes x 1 GPU per node is 2")
-    result = playbook("cluster.yml", "-e", EXTRA, "-e", json.dumps({"cluster_master_addr": "127.0.0.1"}))
+    result = playbook("cluster.yml", "-e", json.dumps({"cluster_master_addr": "127.0.0.1"}))
     assert_refused(result, "cluster_master_addr: 127.0.0.1 is not the head's (sparkfleet-molecule-node-1) address on the fast link")
     assert KEY not in result.stdout + result.stderr
     assert (cluster_state(head), cluster_state(worker)) == before
@@ -145,7 +144,7 @@ def test_a_killed_worker_fails_the_cluster_and_reapplying_restarts_both_ranks(he
     head_before = started_at(head)
     worker.run_expect([0], "ip link set eth0 mtu 1400")
     try:
-        refused = playbook("cluster.yml", "-e", EXTRA)
+        refused = playbook("cluster.yml")
     finally:
         worker.run_expect([0], "ip link set eth0 mtu 1500")
     assert_refused(refused, "Fabric gate of cluster lab-tp2 failed; no rank was stopped or started",
@@ -153,7 +152,7 @@ def test_a_killed_worker_fails_the_cluster_and_reapplying_restarts_both_ranks(he
     assert started_at(head) == head_before, "the fabric gate stopped nothing"
 
     started = time.monotonic()
-    result = playbook("cluster.yml", "-e", EXTRA)
+    result = playbook("cluster.yml")
     elapsed = round(time.monotonic() - started)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-3000:]

@@ -1,0 +1,125 @@
+"""The lab gateway: a real LiteLLM proxy (the gateway role) on the first lab host in front of both
+hosts' single-node tiny instances and the lab cluster's head. Requests are told apart by the
+deployment LiteLLM names in each answer (x-litellm-model-id) and by the backends' own request
+counters. Times printed are measurements for the log, not thresholds."""
+
+import json
+import os
+import pathlib
+import subprocess
+import tempfile
+import time
+
+import pytest
+from site_runner import INVENTORY, ROOT, assert_refused, docker_host, playbook, state_digest
+
+GATEWAY, OTHER = "sparkfleet-molecule-node-1", "sparkfleet-molecule-node-2"
+URL, CONFIG = "http://127.0.0.1:4000", "/etc/sparkfleet/gateway"
+GATEWAY_KEY, BACKEND_KEY = os.environ["SPARKFLEET_LAB_GATEWAY_KEY"], os.environ["SPARKFLEET_LAB_API_KEY"]
+ROUTE = {host: f"{host}/tiny/tiny/tiny" for host in (GATEWAY, OTHER)}
+
+
+@pytest.fixture(scope="module")
+def gateway():
+    return docker_host(GATEWAY)
+
+
+def ask(host, model="tiny", key=GATEWAY_KEY):
+    """(HTTP status, deployment id, seconds) of one chat request through the gateway."""
+    body = json.dumps({"model": model, "messages": [{"role": "user", "content": "Say hello"}], "max_tokens": 4, "temperature": 0})
+    started = time.monotonic()
+    result = host.run(f"curl -s -m 60 -o /dev/null -D - -w 'status=%{{http_code}}' -H 'Authorization: Bearer {key}' "
+                      f"-H 'Content-Type: application/json' -d '{body}' {URL}/v1/chat/completions")
+    headers = {line.split(":", 1)[0].lower(): line.split(":", 1)[1].strip() for line in result.stdout.splitlines() if ":" in line}
+    return result.stdout.rsplit("status=", 1)[-1], headers.get("x-litellm-model-id"), round(time.monotonic() - started, 2)
+
+
+def served_requests(host):
+    """The tiny instance's own count of finished requests (vLLM's /metrics on the host)."""
+    text = host.check_output("curl -s http://127.0.0.1:8001/metrics")
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("vllm:request_success_total{"))
+
+
+def gateway_state(host):
+    return state_digest(host, [f"{CONFIG}/plan.json", f"{CONFIG}/drained.json", f"{CONFIG}/litellm/config.yaml", f"{CONFIG}/gateway.env"],
+                        ["docker inspect --format '{{.Id}} {{.State.StartedAt}}' sparkfleet-gateway"])
+
+
+def run_hook(name, host):
+    """The sweep's drain or undrain hook (playbooks/tasks/), included from a play on one serving host."""
+    with tempfile.TemporaryDirectory() as folder:
+        play = pathlib.Path(folder) / "hook.yml"
+        play.write_text(json.dumps([{"name": "Run the hook", "hosts": host, "gather_facts": False, "tasks": [
+            {"name": "Include it", "ansible.builtin.include_tasks": str(ROOT / "playbooks" / "tasks" / f"gateway_{name}.yml")}]}]))
+        return subprocess.run(["ansible-playbook", "-i", str(INVENTORY), str(play)], capture_output=True, text=True, cwd=ROOT, check=False)
+
+
+def test_the_gateway_routes_every_group_and_keeps_its_keys_secret(gateway):
+    assert gateway.run(f"curl -s -o /dev/null -w '%{{http_code}}' {URL}/v1/models").stdout == "401"
+    listed = json.loads(gateway.check_output(f"curl -s -H 'Authorization: Bearer {GATEWAY_KEY}' {URL}/v1/models"))
+    assert sorted(entry["id"] for entry in listed["data"]) == ["fast", "tiny", "tiny-tp2"]
+    status, deployment, seconds = ask(gateway, "tiny-tp2")
+    assert (status, deployment) == ("200", f"{GATEWAY}/lab-tp2/tiny-tp2/tiny-tp2"), "the cluster answers through its head"
+    config = json.loads(gateway.file(f"{CONFIG}/litellm/config.yaml").content_string.split("\n", 1)[1])
+    bases = sorted({d["litellm_params"]["api_base"] for d in config["model_list"]})
+    other_address = docker_host(OTHER).interface("eth0").addresses[0]
+    assert bases == ["http://127.0.0.1:8001/v1", "http://127.0.0.1:8010/v1", f"http://{other_address}:8001/v1"]
+    env = gateway.file(f"{CONFIG}/gateway.env")
+    assert (env.user, env.mode) == ("root", 0o600) and f"LITELLM_MASTER_KEY={GATEWAY_KEY}\n" in env.content_string
+    for path in (f"{CONFIG}/litellm/config.yaml", f"{CONFIG}/plan.json", "/etc/systemd/system/sparkfleet-gateway.service"):
+        text = gateway.file(path).content_string
+        assert GATEWAY_KEY not in text and BACKEND_KEY not in text, path
+    assert GATEWAY_KEY not in gateway.check_output("docker inspect sparkfleet-gateway")
+    print(f"\ncluster through the gateway: {seconds} s")
+
+
+def test_a_drained_node_gets_no_request_and_comes_back_when_undrained(gateway):
+    other = docker_host(OTHER)
+    routes = {ask(gateway)[1] for _ in range(16)}
+    assert routes == set(ROUTE.values()), f"both hosts serve the group before the drain: {routes}"
+
+    started = time.monotonic()
+    drained = run_hook("drain", OTHER)
+    assert drained.returncode == 0, drained.stdout[-3000:]
+    drain_seconds = round(time.monotonic() - started, 1)
+    assert json.loads(gateway.file(f"{CONFIG}/drained.json").content_string) == [OTHER]
+    before = served_requests(other)
+    answers = [ask(gateway, model) for model in ["tiny", "fast"] * 6]
+    assert all(status == "200" for status, _d, _s in answers), answers
+    assert {deployment.rsplit("/", 1)[0] for _s, deployment, _t in answers} == {ROUTE[GATEWAY].rsplit("/", 1)[0]}
+    assert served_requests(other) == before, "no request reaches the drained node"
+
+    # Draining the other host too would leave every group empty: refused, nothing changed.
+    state = gateway_state(gateway)
+    refused = playbook("gateway.yml", "-e", json.dumps({"gateway_drain": [GATEWAY]}))
+    assert_refused(refused, f"gateway drain: draining {GATEWAY} leaves model group(s) fast, tiny, tiny-tp2 with nothing to route to")
+    assert gateway_state(gateway) == state
+    unknown = playbook("gateway.yml", "-e", json.dumps({"gateway_undrain": [f"{OTHER}/nothing"]}))
+    assert_refused(unknown, f"gateway drain: '{OTHER}/nothing' is not a backend of this gateway")
+    assert gateway_state(gateway) == state
+
+    started = time.monotonic()
+    undrained = playbook("gateway.yml", "-e", json.dumps({"gateway_undrain": [OTHER]}))
+    assert undrained.returncode == 0, undrained.stdout[-3000:]
+    undrain_seconds = round(time.monotonic() - started, 1)
+    assert json.loads(gateway.file(f"{CONFIG}/drained.json").content_string) == []
+    before = served_requests(other)
+    routes = [ask(gateway)[1] for _ in range(16)]
+    assert set(routes) == set(ROUTE.values()), routes
+    assert served_requests(other) >= before + routes.count(ROUTE[OTHER])
+    again = run_hook("undrain", OTHER)
+    assert again.returncode == 0 and "changed=0" in again.stdout.split("PLAY RECAP")[1], again.stdout[-2000:]
+    print(f"\ndrain (sweep hook, gateway restarted and routing): {drain_seconds} s; undrain (playbooks/gateway.yml): {undrain_seconds} s; "
+          f"after the undrain {routes.count(ROUTE[OTHER])} of 16 requests went to {OTHER}")
+
+
+def test_a_node_that_stops_answering_leaves_rotation(gateway):
+    other = docker_host(OTHER)
+    other.run_expect([0], "docker pause vllm-tiny")
+    try:
+        answers = [ask(gateway) for _ in range(8)]
+    finally:
+        other.run_expect([0], "docker unpause vllm-tiny")
+    assert all(status == "200" for status, _d, _s in answers), answers
+    assert {deployment for _s, deployment, _t in answers} == {ROUTE[GATEWAY]}
+    print(f"\nwith {OTHER}'s instance paused, seconds per request through the gateway: {[seconds for _s, _d, seconds in answers]}")

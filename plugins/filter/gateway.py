@@ -1,0 +1,26 @@
+# Copyright: sparkfleet.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The gateway's plan for the gateway role; the logic is in module_utils."""
+
+from __future__ import annotations
+
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._gateway import DEFAULT_SETTINGS, backend_reports, gateway_plan, routers, settings_problems
+
+
+def gateway_plan_filter(settings, hostvars, gateway_host):
+    names = settings.get("backends") if isinstance(settings, dict) else None
+    return gateway_plan(settings, backend_reports(names, hostvars), gateway_host)
+
+
+def gateway_settings_problems(settings):
+    return settings_problems({**DEFAULT_SETTINGS, **settings})
+
+
+def gateway_routers(gateways, hostvars, names):
+    return routers(gateways, {host: hostvars[host].get("gateway_backends") or [] for host in gateways if host in hostvars}, names)
+
+
+class FilterModule:
+    def filters(self):
+        return {"gateway_plan": gateway_plan_filter, "gateway_settings_problems": gateway_settings_problems,
+                "gateway_routers": gateway_routers}

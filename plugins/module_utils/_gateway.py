@@ -1,0 +1,327 @@
+# Copyright: sparkfleet.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The gateway's plan: a LiteLLM proxy in front of independent nodes and clusters (seed 002).
+
+Private to the collection. The backends come from the serving hosts' own instance plans (their
+ports, binds and served names), never from what was rendered on them. Each deployment of a model
+group is one endpoint serving one of the group's served names; the backends' keys reach LiteLLM
+as environment variables named in the config (``os.environ/...``), so the config and the plan
+file hold no secret and diff safely. Draining takes a node (or one instance of it) out of every
+group by rendering the config without it; a drain that would leave a group with nothing to
+route to is refused unless forced.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import re
+import typing as t
+
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._systemd import exec_line
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_instance import parse_image_reference
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_plan import API_KEY
+
+ROUTING_STRATEGIES = ("simple-shuffle", "least-busy", "latency-based-routing")
+GROUP_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}")
+PATH = re.compile(r"/[A-Za-z0-9_./-]*")
+HOST_ADDRESS = re.compile(r"[A-Za-z0-9][A-Za-z0-9.-]{0,252}|[0-9A-Fa-f:.]+")
+WILDCARDS = frozenset({"0.0.0.0", "::"})
+# Every client of the fleet holds it: longer than an instance key.
+MASTER_KEY_MIN_LENGTH = 32
+CONTAINER = "sparkfleet-gateway"
+UNIT = "sparkfleet-gateway.service"
+MASTER_KEY_ENV = "LITELLM_MASTER_KEY"
+# LiteLLM mounts its config here in the container; the host's config folder is mounted read-only.
+CONTAINER_CONFIG_DIR = "/etc/litellm"
+
+DEFAULT_SETTINGS: dict[str, t.Any] = {
+    "image": "",
+    "bind_address": "127.0.0.1",
+    "allow_wildcard_bind": False,
+    "port": 4000,
+    "master_key": "",
+    "backends": [],
+    "model_groups": {},
+    "routing_strategy": "latency-based-routing",
+    "health_check_interval": 30,
+    "allowed_fails": 1,
+    "cooldown_seconds": 30,
+    "retries": 2,
+    "request_timeout": 600,
+    "config_dir": "/etc/sparkfleet/gateway",
+}
+
+
+def is_count(value: t.Any, least: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+
+def is_loopback(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False
+
+
+def settings_problems(settings: t.Mapping[str, t.Any]) -> list[str]:
+    """Every problem of the gateway's own settings, each naming the variable and the fix."""
+    errors = []
+    image = settings["image"]
+    if not isinstance(image, str) or not parse_image_reference(image):
+        errors.append(f"gateway_image: {image!r} is not pinned by digest; a tag can move to another LiteLLM release "
+                      "under a running fleet. Give repo[:tag]@sha256:<64 hex> (docker buildx imagetools inspect shows it)")
+    address = settings["bind_address"]
+    try:
+        ipaddress.ip_address(address)
+    except (TypeError, ValueError):
+        errors.append(f"gateway_bind_address: {address!r} must be one IP address of the gateway host (127.0.0.1 to "
+                      "serve only this host)")
+    else:
+        if address in WILDCARDS and not settings["allow_wildcard_bind"]:
+            errors.append(f"gateway_bind_address: {address} listens on every interface, the LAN included; bind the "
+                          "address clients use, or set gateway_allow_wildcard_bind: true if a firewall guards the port")
+    if not is_count(settings["port"], 1) or settings["port"] > 65535:
+        errors.append(f"gateway_port: {settings['port']!r} must be a port number between 1 and 65535")
+    key = settings["master_key"]
+    if not isinstance(key, str) or len(key) < MASTER_KEY_MIN_LENGTH or not key.startswith("sk-"):
+        errors.append(f"gateway_master_key: missing, shorter than {MASTER_KEY_MIN_LENGTH} characters or not starting with "
+                      "'sk-' (LiteLLM's form for its master key). Put one in vault, for example 'sk-' followed by "
+                      "`openssl rand -hex 32`")
+    elif not API_KEY.fullmatch(key):
+        errors.append("gateway_master_key: contains whitespace or a non-printable character; it is one line of the env "
+                      "file, where a newline would add settings. Use printable ASCII without spaces")
+    if settings["routing_strategy"] not in ROUTING_STRATEGIES:
+        errors.append(f"gateway_routing_strategy: {settings['routing_strategy']!r} is not one of {', '.join(ROUTING_STRATEGIES)}")
+    for name, least in (("health_check_interval", 5), ("allowed_fails", 1), ("cooldown_seconds", 1), ("retries", 0),
+                        ("request_timeout", 1)):
+        if not is_count(settings[name], least):
+            errors.append(f"gateway_{name}: {settings[name]!r} must be a whole number of at least {least}")
+    if not isinstance(settings["config_dir"], str) or not PATH.fullmatch(settings["config_dir"]):
+        errors.append(f"gateway_config_dir: {settings['config_dir']!r} must be an absolute path without spaces")
+    backends = settings["backends"]
+    if not isinstance(backends, list) or not backends or not all(isinstance(b, str) and b for b in backends):
+        errors.append(f"gateway_backends: {backends!r} must list the inventory hosts whose instances the gateway routes to")
+    groups = settings["model_groups"]
+    if not isinstance(groups, dict):
+        errors.append(f"gateway_model_groups: {groups!r} must map each group name to the served model names it routes to")
+    else:
+        for name, served in groups.items():
+            if not isinstance(name, str) or not GROUP_NAME.fullmatch(name):
+                errors.append(f"gateway_model_groups: group name {name!r} must be letters, digits and ._:/- (what clients "
+                              "send as the model)")
+            if not isinstance(served, list) or not served or not all(isinstance(s, str) and s for s in served):
+                errors.append(f"gateway_model_groups.{name}: {served!r} must list served model names")
+    return errors
+
+
+def reach_address(host: str, gateway_host: str, host_address: str, binds: t.Sequence[str]) -> str | None:
+    """The address the gateway reaches an instance on, or None when it only listens where the gateway is not."""
+    if host == gateway_host:
+        loopback = [a for a in binds if is_loopback(a) or a in WILDCARDS]
+        if loopback:
+            return "127.0.0.1" if ":" not in loopback[0] or loopback[0] == "0.0.0.0" else "::1"
+    if any(a in WILDCARDS for a in binds) or host_address in binds:
+        return host_address
+    reachable = [a for a in binds if not is_loopback(a)]
+    return reachable[0] if reachable else None
+
+
+def url_host(address: str) -> str:
+    return f"[{address}]" if ":" in address else address
+
+
+def backend_reports(names: t.Any, hostvars: t.Mapping[str, t.Any]) -> list[dict[str, t.Any]]:
+    """What each backend host's play published: its instances' endpoints (``vllm_endpoints``, and
+    ``cluster_endpoints`` on a cluster's head) and the address the gateway reaches it on
+    (``gateway_backend_address``, else ``ansible_host``, else its name). Hosts missing from the
+    inventory are reported by name with no instances."""
+    reports = []
+    for name in names if isinstance(names, list) else []:
+        facts = hostvars[name] if name in hostvars else None
+        if facts is None:
+            reports.append({"host": name, "missing": True, "instances": None})
+            continue
+        single, cluster = facts.get("vllm_endpoints"), facts.get("cluster_endpoints") or []
+        reports.append({
+            "host": name,
+            "address": str(facts.get("gateway_backend_address") or facts.get("ansible_host") or name),
+            "instances": None if single is None else [*single, *[e for e in cluster if e.get("head")]],
+        })
+    return reports
+
+
+def backend_endpoints(backends: t.Sequence[t.Mapping[str, t.Any]], gateway_host: str) -> tuple[list[dict[str, t.Any]], list[str]]:
+    """Each backend host's planned instances as endpoints the gateway reaches (see backend_reports)."""
+    endpoints, errors = [], []
+    for backend in backends:
+        host = backend["host"]
+        if backend.get("missing"):
+            errors.append(f"gateway_backends: {host} is not a host of the inventory")
+            continue
+        if not HOST_ADDRESS.fullmatch(backend["address"]):
+            errors.append(f"gateway_backend_address of {host}: {backend['address']!r} must be a host name or IP address")
+            continue
+        if backend.get("instances") is None:
+            errors.append(f"gateway_backends: {host} has no instance plan in this run; it must be in the play that "
+                          "serves it (site.yml and playbooks/gateway.yml plan every backend first)")
+            continue
+        for instance in backend["instances"]:
+            address = reach_address(host, gateway_host, backend.get("address") or "", instance["bind_addresses"])
+            if address is None:
+                errors.append(f"gateway_backends: instance {instance['name']} on {host} binds only "
+                              f"{', '.join(instance['bind_addresses'])}, which the gateway on {gateway_host} cannot reach. "
+                              "Add the host's LAN address to the instance's bind_addresses")
+                continue
+            endpoints.append({
+                "node": host,
+                "instance": instance["name"],
+                "api_base": f"http://{url_host(address)}:{instance['port']}/v1",
+                "served_names": list(instance["served_names"]),
+                "key": instance["api_key"],
+            })
+    return endpoints, errors
+
+
+def gateway_plan(settings: t.Mapping[str, t.Any], backends: t.Sequence[t.Mapping[str, t.Any]], gateway_host: str) -> dict[str, t.Any]:
+    """The gateway's plan: ``deployments`` (group, id, node, instance, model, api_base, key_env),
+    ``groups``, ``settings`` (what the config needs), ``docker_run``, ``unit_file``; ``env_file``
+    is the only part holding secrets; ``errors`` lists every problem and empties the rest."""
+    settings = {**DEFAULT_SETTINGS, **settings}
+    plan: dict[str, t.Any] = {"errors": settings_problems(settings), "deployments": [], "groups": {}}
+    endpoints, errors = backend_endpoints(backends, gateway_host) if not plan["errors"] else ([], [])
+    plan["errors"] += errors
+    if plan["errors"]:
+        return plan
+    served = sorted({name for endpoint in endpoints for name in endpoint["served_names"]})
+    groups = settings["model_groups"] or {name: [name] for name in served}
+    keys: dict[str, str] = {}
+    for group, names in sorted(groups.items()):
+        unknown = [n for n in names if n not in served]
+        if unknown:
+            plan["errors"].append(f"gateway_model_groups.{group}: no backend serves {', '.join(unknown)} (served: "
+                                  f"{', '.join(served) or 'nothing'}); name served model names of gateway_backends' instances")
+            continue
+        for endpoint in endpoints:
+            for name in endpoint["served_names"]:
+                if name not in names:
+                    continue
+                key_env = keys.setdefault(endpoint["key"], f"SPARKFLEET_BACKEND_KEY_{len(keys) + 1}")
+                plan["deployments"].append({
+                    "group": group, "id": f"{endpoint['node']}/{endpoint['instance']}/{name}/{group}",
+                    "node": endpoint["node"], "instance": endpoint["instance"], "model": f"openai/{name}",
+                    "api_base": endpoint["api_base"], "key_env": key_env,
+                })
+        plan["groups"][group] = list(names)
+    if plan["errors"]:
+        plan["deployments"], plan["groups"] = [], {}
+        return plan
+    plan["settings"] = {name: settings[name] for name in ("routing_strategy", "health_check_interval", "allowed_fails",
+                                                          "cooldown_seconds", "retries", "request_timeout")}
+    plan["url"] = f"http://{url_host('127.0.0.1' if settings['bind_address'] in WILDCARDS else settings['bind_address'])}:{settings['port']}"
+    env_lines = ["# Managed by Ansible (sparkfleet.vllm.gateway); holds the master key and the backends' keys, mode 0600.",
+                 f"{MASTER_KEY_ENV}={settings['master_key']}", *[f"{env}={key}" for key, env in keys.items()]]
+    plan["env_file"] = "\n".join(env_lines) + "\n"
+    config_dir = settings["config_dir"]
+    plan["docker_run"] = [
+        "/usr/bin/docker", "run", "--name", CONTAINER, "--network", "host", "--env-file", f"{config_dir}/gateway.env",
+        "--volume", f"{config_dir}/litellm:{CONTAINER_CONFIG_DIR}:ro", "--label", "sparkfleet.gateway=1",
+        settings["image"], "--config", f"{CONTAINER_CONFIG_DIR}/config.yaml",
+        "--host", settings["bind_address"], "--port", str(settings["port"]), "--num_workers", "1",
+    ]
+    plan["unit"], plan["container"] = UNIT, CONTAINER
+    plan["unit_file"] = unit_file(plan["docker_run"])
+    return plan
+
+
+def unit_file(run: t.Sequence[str]) -> str:
+    return "\n".join([
+        "# Managed by Ansible (sparkfleet.vllm.gateway): the unit owns the LiteLLM proxy's container.",
+        "[Unit]",
+        "Description=LiteLLM gateway in front of the vLLM endpoints (sparkfleet.vllm)",
+        "Requires=docker.service",
+        "Wants=network-online.target",
+        "After=docker.service network-online.target",
+        "",
+        "[Service]",
+        "Type=simple",
+        "ExecStartPre=-" + exec_line(["/usr/bin/docker", "rm", "--force", CONTAINER]),
+        "ExecStart=" + exec_line(run),
+        "ExecStop=" + exec_line(["/usr/bin/docker", "stop", "--time", "30", CONTAINER]),
+        "Restart=on-failure",
+        "RestartSec=5",
+        "",
+        "[Install]",
+        "WantedBy=multi-user.target",
+        "",
+    ])
+
+
+def is_drained(deployment: t.Mapping[str, t.Any], drained: t.Collection[str]) -> bool:
+    return deployment["node"] in drained or f"{deployment['node']}/{deployment['instance']}" in drained
+
+
+def in_rotation(plan: t.Mapping[str, t.Any], drained: t.Collection[str]) -> list[dict[str, t.Any]]:
+    return [d for d in plan["deployments"] if not is_drained(d, drained)]
+
+
+def config_document(plan: t.Mapping[str, t.Any], drained: t.Collection[str]) -> dict[str, t.Any]:
+    """LiteLLM's config: every deployment not drained; health checks take a node that stops
+    answering out of rotation, failures cool a deployment down and retry elsewhere."""
+    settings = plan["settings"]
+    return {
+        "model_list": [{
+            "model_name": d["group"],
+            "litellm_params": {"model": d["model"], "api_base": d["api_base"], "api_key": f"os.environ/{d['key_env']}",
+                               "timeout": settings["request_timeout"]},
+            "model_info": {"id": d["id"]},
+        } for d in in_rotation(plan, drained)],
+        "router_settings": {
+            "routing_strategy": settings["routing_strategy"], "num_retries": settings["retries"],
+            "allowed_fails": settings["allowed_fails"], "cooldown_time": settings["cooldown_seconds"],
+        },
+        "general_settings": {
+            "master_key": f"os.environ/{MASTER_KEY_ENV}",
+            "background_health_checks": True,
+            "health_check_interval": settings["health_check_interval"],
+            "enable_health_check_routing": True,
+        },
+        "litellm_settings": {"drop_params": True, "telemetry": False},
+    }
+
+
+def render_config(plan: t.Mapping[str, t.Any], drained: t.Collection[str]) -> str:
+    """The config file's text: JSON, which YAML reads as is, so no value needs YAML quoting."""
+    header = "# Managed by Ansible (sparkfleet.vllm.gateway): LiteLLM's config; drained: " + (", ".join(sorted(drained)) or "none")
+    return header + "\n" + json.dumps(config_document(plan, drained), indent=2, sort_keys=True) + "\n"
+
+
+def targets(plan: t.Mapping[str, t.Any]) -> set[str]:
+    return {d["node"] for d in plan["deployments"]} | {f"{d['node']}/{d['instance']}" for d in plan["deployments"]}
+
+
+def drain_problems(plan: t.Mapping[str, t.Any], drained: t.Collection[str], drain: t.Sequence[str],
+                   undrain: t.Sequence[str], force: bool) -> list[str]:
+    """Refusals of a drain or undrain: an unknown node, or groups left with nothing to route to."""
+    known = targets(plan)
+    errors = [f"gateway drain: {name!r} is not a backend of this gateway (known: {', '.join(sorted(known))}); name an "
+              "inventory host, or host/instance" for name in [*drain, *undrain] if name not in known]
+    both = sorted(set(drain) & set(undrain))
+    if both:
+        errors.append(f"gateway drain: {', '.join(both)} asked to be drained and undrained at once")
+    if errors or force or not drain:
+        return errors
+    before = {d["group"] for d in in_rotation(plan, drained)}
+    after = {d["group"] for d in in_rotation(plan, (set(drained) | set(drain)) - set(undrain))}
+    emptied = [group for group in plan["groups"] if group in before and group not in after]
+    if emptied:
+        errors.append(f"gateway drain: draining {', '.join(drain)} leaves model group(s) {', '.join(emptied)} with nothing "
+                      "to route to, so every client request for them would fail. Undrain another node first, or force "
+                      "the drain (gateway_drain_force: true) for a planned outage")
+    return errors
+
+
+def routers(gateways: t.Sequence[str], backends: t.Mapping[str, t.Sequence[str]], names: t.Sequence[str]) -> list[str]:
+    """The gateways (in inventory order) that route to any host named by ``names`` (hosts or host/instance)."""
+    hosts = {name.split("/", 1)[0] for name in names}
+    return [gateway for gateway in gateways if hosts & set(backends.get(gateway) or [])]

@@ -1,0 +1,169 @@
+#!/usr/bin/python
+# Copyright: sparkfleet.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: gateway_route
+short_description: Write the LiteLLM gateway's routing from its plan, draining or undraining nodes
+version_added: 0.5.0
+description:
+  - Keeps three files in I(config_dir) on the gateway host, all mode 0600 - C(plan.json) (the gateway's plan, as the
+    gateway role computed it from the serving hosts' instance plans; no secret), C(drained.json) (the nodes and
+    instances taken out of rotation) and C(litellm/config.yaml) (LiteLLM's config - every deployment of the plan that
+    is not drained, keys only as C(os.environ/...) references).
+  - With I(plan) the plan file is replaced; without it the plan already on the host is read, so a drain needs no
+    inventory of the backends (the sweep and the watchdog drain from a serving host's play).
+  - A drain names an inventory host (every instance on it) or C(host/instance). A drain that leaves a model group with
+    nothing to route to is refused, and nothing is written, unless I(force).
+  - The caller restarts the gateway when C(config_changed) is true; LiteLLM reads its config at start.
+  - The logic is in the collection's private module_utils C(_gateway), unit-tested.
+author: sparkfleet.vllm contributors (@sparkfleet)
+options:
+  config_dir:
+    description: The gateway's folder on its host.
+    type: path
+    default: /etc/sparkfleet/gateway
+  plan:
+    description: The gateway plan without its env file (the role's C(gateway_plan) filter). Read from the host when omitted.
+    type: dict
+  drain:
+    description: Hosts or C(host/instance) to take out of rotation.
+    type: list
+    elements: str
+    default: []
+  undrain:
+    description: Hosts or C(host/instance) to put back into rotation.
+    type: list
+    elements: str
+    default: []
+  force:
+    description: Drain even when a model group is left with nothing to route to (a planned outage).
+    type: bool
+    default: false
+attributes:
+  check_mode:
+    support: full
+    description: Computes and reports the routing and what would change, and writes nothing.
+  diff_mode:
+    support: full
+    description: Shows the drained list and the config before and after; neither holds a secret.
+"""
+
+EXAMPLES = r"""
+- name: Take spark-2 out of rotation for an isolated benchmark
+  sparkfleet.vllm.gateway_route:
+    drain: [spark-2]
+  delegate_to: gateway-1
+  register: route
+
+- name: Put one instance back
+  sparkfleet.vllm.gateway_route:
+    undrain: [spark-2/chat]
+  delegate_to: gateway-1
+"""
+
+RETURN = r"""
+ok:
+  description: Whether the routing was written (or would be, in check mode).
+  type: bool
+  returned: always
+drained:
+  description: What is out of rotation after this run.
+  type: list
+  elements: str
+  returned: success
+in_rotation:
+  description: Each model group and the ids (C(host/instance/served name/group)) of its deployments in rotation.
+  type: dict
+  returned: success
+url:
+  description: Where the gateway answers on its host.
+  type: str
+  returned: success
+config_changed:
+  description: Whether LiteLLM's config changed, so the gateway must restart to route by it.
+  type: bool
+  returned: always
+reasons:
+  description: Why a drain or undrain was refused.
+  type: list
+  elements: str
+  returned: always
+"""
+
+import json
+import os
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._gateway import drain_problems, in_rotation, render_config, targets
+
+
+def read_text(path: str) -> str | None:
+    if not os.path.exists(path):
+        return None
+    with open(path, encoding="utf-8") as handle:
+        return handle.read()
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "config_dir": {"type": "path", "default": "/etc/sparkfleet/gateway"},
+            "plan": {"type": "dict"},
+            "drain": {"type": "list", "elements": "str", "default": []},
+            "undrain": {"type": "list", "elements": "str", "default": []},
+            "force": {"type": "bool", "default": False},
+        },
+        supports_check_mode=True,
+    )
+    config_dir = module.params["config_dir"]
+    paths = {"plan": os.path.join(config_dir, "plan.json"), "drained": os.path.join(config_dir, "drained.json"),
+             "config": os.path.join(config_dir, "litellm", "config.yaml")}
+    before = {name: read_text(path) for name, path in paths.items()}
+    plan = module.params["plan"]
+    if plan is None:
+        if before["plan"] is None:
+            module.fail_json(msg=f"no gateway plan at {paths['plan']}: this host runs no gateway yet; apply site.yml "
+                                 "(the gateway role) first", ok=False, config_changed=False, reasons=[])
+        plan = json.loads(before["plan"])
+    drained = json.loads(before["drained"]) if before["drained"] else []
+    problems = drain_problems(plan, drained, module.params["drain"], module.params["undrain"], module.params["force"])
+    if problems:
+        module.fail_json(msg=" | ".join(problems), ok=False, config_changed=False, reasons=problems)
+    known = targets(plan)
+    stale = sorted(name for name in drained if name not in known)
+    after_drained = sorted((set(drained) | set(module.params["drain"])) - set(module.params["undrain"]) - set(stale))
+    after = {
+        "plan": json.dumps(plan, indent=2, sort_keys=True) + "\n",
+        "drained": json.dumps(after_drained) + "\n",
+        "config": render_config(plan, after_drained),
+    }
+    changed_names = [name for name in paths if before[name] != after[name]]
+    if changed_names and not module.check_mode:
+        os.makedirs(os.path.dirname(paths["config"]), mode=0o700, exist_ok=True)
+        for name in changed_names:
+            fd = os.open(paths[name] + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                handle.write(after[name])
+            os.chmod(paths[name] + ".tmp", 0o600)
+            os.replace(paths[name] + ".tmp", paths[name])
+    rotation: dict[str, list[str]] = {group: [] for group in plan["groups"]}
+    for deployment in in_rotation(plan, after_drained):
+        rotation[deployment["group"]].append(deployment["id"])
+    result = {
+        "changed": bool(changed_names), "ok": True, "url": plan["url"], "drained": after_drained, "in_rotation": rotation,
+        "config_changed": "config" in changed_names, "reasons": [],
+        "diff": [{"before_header": paths[name], "after_header": paths[name], "before": before[name] or "", "after": after[name]}
+                 for name in ("drained", "config") if name in changed_names],
+    }
+    if stale:
+        result["warnings"] = [f"dropped from the drained list, no longer backends: {', '.join(stale)}"]
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()
