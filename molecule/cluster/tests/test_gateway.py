@@ -75,7 +75,7 @@ def test_the_gateway_routes_every_group_and_keeps_its_keys_secret(gateway):
 
 def test_a_drained_node_gets_no_request_and_comes_back_when_undrained(gateway):
     other = docker_host(OTHER)
-    routes = {ask(gateway)[1] for _ in range(16)}
+    routes = {ask(gateway)[1] for _request in range(16)}
     assert routes == set(ROUTE.values()), f"both hosts serve the group before the drain: {routes}"
 
     started = time.monotonic()
@@ -104,7 +104,7 @@ def test_a_drained_node_gets_no_request_and_comes_back_when_undrained(gateway):
     undrain_seconds = round(time.monotonic() - started, 1)
     assert json.loads(gateway.file(f"{CONFIG}/drained.json").content_string) == []
     before = served_requests(other)
-    routes = [ask(gateway)[1] for _ in range(16)]
+    routes = [ask(gateway)[1] for _request in range(16)]
     assert set(routes) == set(ROUTE.values()), routes
     assert served_requests(other) >= before + routes.count(ROUTE[OTHER])
     again = run_hook("undrain", OTHER)
@@ -117,7 +117,7 @@ def test_a_node_that_stops_answering_leaves_rotation(gateway):
     other = docker_host(OTHER)
     other.run_expect([0], "docker pause vllm-tiny")
     try:
-        answers = [ask(gateway) for _ in range(8)]
+        answers = [ask(gateway) for _request in range(8)]
     finally:
         other.run_expect([0], "docker unpause vllm-tiny")
     assert all(status == "200" for status, _d, _s in answers), answers

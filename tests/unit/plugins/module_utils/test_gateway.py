@@ -63,8 +63,8 @@ def test_keys_live_only_in_the_env_file():
     document = yaml.safe_load(config)
     assert document == config_document(plan, [])
     assert document["general_settings"]["master_key"] == "os.environ/LITELLM_MASTER_KEY"
-    assert {d["litellm_params"]["api_key"] for d in document["model_list"]} == {"os.environ/SPARKFLEET_BACKEND_KEY_1",
-                                                                                 "os.environ/SPARKFLEET_BACKEND_KEY_2"}
+    keys = {d["litellm_params"]["api_key"] for d in document["model_list"]}
+    assert keys == {"os.environ/SPARKFLEET_BACKEND_KEY_1", "os.environ/SPARKFLEET_BACKEND_KEY_2"}
 
 
 def test_health_checks_and_cooldowns_take_a_silent_node_out_of_rotation():
