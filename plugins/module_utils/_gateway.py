@@ -142,11 +142,13 @@ def backend_reports(names: t.Any, hostvars: t.Mapping[str, t.Any]) -> list[dict[
         if facts is None:
             reports.append({"host": name, "missing": True, "instances": None})
             continue
-        single, cluster = facts.get("vllm_endpoints"), facts.get("cluster_endpoints") or []
+        single, cluster = facts.get("vllm_endpoints"), facts.get("cluster_endpoints")
+        heads = facts.get("cluster_name") and (facts.get("cluster_nodes") or [None])[0] == name
         reports.append({
             "host": name,
             "address": str(facts.get("gateway_backend_address") or facts.get("ansible_host") or name),
-            "instances": None if single is None else [*single, *[e for e in cluster if e.get("head")]],
+            "instances": None if single is None else [*single, *[e for e in cluster or [] if e.get("head")]],
+            "unplanned_cluster": facts.get("cluster_name") if heads and cluster is None else None,
         })
     return reports
 
@@ -161,6 +163,10 @@ def backend_endpoints(backends: t.Sequence[t.Mapping[str, t.Any]], gateway_host:
             continue
         if not HOST_ADDRESS.fullmatch(backend["address"]):
             errors.append(f"gateway_backend_address of {host}: {backend['address']!r} must be a host name or IP address")
+            continue
+        if backend.get("unplanned_cluster"):
+            errors.append(f"gateway_backends: {host} heads cluster {backend['unplanned_cluster']}, which was not planned in "
+                          "this run; run the cluster play too (all of site.yml, or --tags cluster,gateway)")
             continue
         if backend.get("instances") is None:
             errors.append(f"gateway_backends: {host} has no instance plan in this run; it must be in the play that "

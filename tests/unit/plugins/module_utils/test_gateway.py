@@ -126,6 +126,8 @@ def test_every_bad_setting_is_refused_at_once_naming_the_variable():
      "gateway_backends: gx10-1 has no instance plan in this run"),
     ({**HOSTVARS, "gx10-1": {**HOSTVARS["gx10-1"], "vllm_endpoints": endpoints("gx10-1", ["127.0.0.1"])}}, ["spark-1", "gx10-1"],
      "instance chat on gx10-1 binds only 127.0.0.1, which the gateway on gateway-1 cannot reach"),
+    ({**HOSTVARS, "gx10-1": {**HOSTVARS["gx10-1"], "cluster_name": "big", "cluster_nodes": ["gx10-1", "spark-1"]}},
+     ["spark-1", "gx10-1"], "gateway_backends: gx10-1 heads cluster big, which was not planned in this run; run the cluster play too"),
     ({**HOSTVARS, "gx10-1": {**HOSTVARS["gx10-1"], "gateway_backend_address": "10.0.0.1/8?x="}}, ["spark-1", "gx10-1"],
      "gateway_backend_address of gx10-1: '10.0.0.1/8?x=' must be a host name or IP address"),
 ])
