@@ -63,6 +63,9 @@ ensure_venv() {
   ln -sfn "$SPARKFLEET_DOCKER_CLIENT" "$SPARKFLEET_VENV/bin/docker"
   export PATH="$SPARKFLEET_VENV/bin:$PATH"
   export VIRTUAL_ENV="$SPARKFLEET_VENV"
+  # One docker exec per task instead of copying each module in first: a site.yml run on the lab
+  # cluster's two hosts took 58 s instead of 96 s (no change either way).
+  export ANSIBLE_PIPELINING=True
 }
 
 # ansible-test and molecule want the collection under ansible_collections/<ns>/<name>.
