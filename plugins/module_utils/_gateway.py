@@ -20,13 +20,12 @@ import typing as t
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._systemd import exec_line
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_instance import parse_image_reference
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_plan import API_KEY
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_plan import API_KEY, WILDCARDS, endpoint_url, is_int
 
 ROUTING_STRATEGIES = ("simple-shuffle", "least-busy", "latency-based-routing")
 GROUP_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}")
 PATH = re.compile(r"/[A-Za-z0-9_./-]*")
 HOST_ADDRESS = re.compile(r"[A-Za-z0-9][A-Za-z0-9.-]{0,252}|[0-9A-Fa-f:.]+")
-WILDCARDS = frozenset({"0.0.0.0", "::"})
 # Every client of the fleet holds it: longer than an instance key.
 MASTER_KEY_MIN_LENGTH = 32
 CONTAINER = "sparkfleet-gateway"
@@ -54,7 +53,7 @@ DEFAULT_SETTINGS: dict[str, t.Any] = {
 
 
 def is_count(value: t.Any, least: int) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= least
+    return is_int(value) and value >= least
 
 
 def is_loopback(address: str) -> bool:
@@ -120,7 +119,7 @@ def reach_address(host: str, gateway_host: str, host_address: str, binds: t.Sequ
     if host == gateway_host:
         loopback = [a for a in binds if is_loopback(a) or a in WILDCARDS]
         if loopback:
-            return "127.0.0.1" if ":" not in loopback[0] or loopback[0] == "0.0.0.0" else "::1"
+            return "::1" if loopback[0] in ("::1", "::") else "127.0.0.1"
     if any(a in WILDCARDS for a in binds) or host_address in binds:
         return host_address
     reachable = [a for a in binds if not is_loopback(a)]
@@ -224,7 +223,7 @@ def gateway_plan(settings: t.Mapping[str, t.Any], backends: t.Sequence[t.Mapping
         return plan
     plan["settings"] = {name: settings[name] for name in ("routing_strategy", "health_check_interval", "allowed_fails",
                                                           "cooldown_seconds", "retries", "request_timeout")}
-    plan["url"] = f"http://{url_host('127.0.0.1' if settings['bind_address'] in WILDCARDS else settings['bind_address'])}:{settings['port']}"
+    plan["url"] = endpoint_url(settings["bind_address"], settings["port"])
     env_lines = ["# Managed by Ansible (sparkfleet.vllm.gateway); holds the master key and the backends' keys, mode 0600.",
                  f"{MASTER_KEY_ENV}={settings['master_key']}", *[f"{env}={key}" for key, env in keys.items()]]
     plan["env_file"] = "\n".join(env_lines) + "\n"
