@@ -52,11 +52,22 @@ ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 API_KEY = re.compile(r"[\x21-\x7e]+")
 API_KEY_MIN_LENGTH = 16
+# Bind addresses are kept in their canonical spelling (ipaddress), so these sets see every way of writing them.
 WILDCARDS = frozenset({"0.0.0.0", "::"})
 LOOPBACK = frozenset({"127.0.0.1", "::1"})
+# A host folder: absolute, plain segments only, nothing docker's --volume spec (src:dst:mode) or a unit line would split.
+HOST_FOLDER = re.compile(r"(/[A-Za-z0-9_.+@-]+)+")
+# Routes vLLM serves outside the paths its API-key check guards (/v1...), opened by these settings:
+# checked in vLLM's source (vllm/entrypoints/serve/dev, .../profile, api_server.py).
+DEV_ROUTE_ENV = {
+    "VLLM_SERVER_DEV_MODE": "vLLM's development routes (/server_info with the whole config, /reset_prefix_cache, "
+                            "/sleep, /wake_up, /collective_rpc, /pause, /update_weights and more)",
+    "VLLM_TORCH_PROFILER_DIR": "/start_profile and /stop_profile (and profiler traces written on the host)",
+}
 SPECULATIVE_METHODS = ("mtp", "ngram", "draft_model", "eagle", "eagle3", "dflash")
 DRAFTER_METHODS = frozenset(SPECULATIVE_METHODS) - {"ngram"}
 SPECULATIVE_KEYS = ("method", "num_speculative_tokens", "model", "options")
+MAX_DRAFT_TOKENS = 16
 CONFIG_HASH_LABEL = "sparkfleet.vllm.config-hash"
 INSTANCE_LABEL = "sparkfleet.vllm.instance"
 # Environment names the role sets itself: an instance's env may never replace them.
@@ -80,6 +91,9 @@ class Key:
     required: bool = False
     choices: tuple[str, ...] = ()
     default: t.Any = None
+    # For whole numbers: the largest value any operator means, and why, so a typo in the millions is refused.
+    maximum: int | None = None
+    bound: str = ""
 
 
 INSTANCE_KEYS: tuple[Key, ...] = (
@@ -89,7 +103,7 @@ INSTANCE_KEYS: tuple[Key, ...] = (
     Key("catalog", "catalog", "A model catalog entry (docs/catalog.md): brings the weights path and the entry's settings, "
         "and its limits are checked (context, drafter size, modalities, known-broken combinations, memory)."),
     Key("image", "image", "The image, `repo[:tag]@sha256:<64 hex>`; default `vllm_image`."),
-    Key("model", "token", "The weights: a path under `/models` (the staged `vllm_models_dir`) or a model id.", required=True),
+    Key("model", "weights", "The weights: a path under `/models` (the staged `vllm_models_dir`) or a model id.", required=True),
     Key("served_model_names", "tokens", "Names clients use (`--served-model-name`); unique across the host's instances.",
         flag="--served-model-name", required=True),
     Key("port", "port", "Host port the endpoint is published on.", required=True),
@@ -99,10 +113,14 @@ INSTANCE_KEYS: tuple[Key, ...] = (
         "LAN addresses the wait_online role.", required=True),
     Key("gpu_memory_utilization", "fraction", "Share of the whole (unified) memory pool for this instance; the host's sum stays under `vllm_gmu_cap`.",
         flag="--gpu-memory-utilization", required=True),
-    Key("max_model_len", "positive", "Longest context in tokens.", flag="--max-model-len"),
-    Key("max_num_seqs", "positive", "Most sequences in one batch.", flag="--max-num-seqs"),
-    Key("max_num_batched_tokens", "positive", "Most tokens in one scheduler step (chunked prefill size).", flag="--max-num-batched-tokens"),
-    Key("num_gpu_blocks_override", "positive", "Fixed KV-cache block count (the lab's lean start).", flag="--num-gpu-blocks-override"),
+    Key("max_model_len", "positive", "Longest context in tokens.", flag="--max-model-len",
+        maximum=10_485_760, bound="the longest context any released model declares is 10M tokens"),
+    Key("max_num_seqs", "positive", "Most sequences in one batch.", flag="--max-num-seqs",
+        maximum=4096, bound="vLLM preallocates per-sequence buffers; on one box a few hundred is already the KV cache's limit"),
+    Key("max_num_batched_tokens", "positive", "Most tokens in one scheduler step (chunked prefill size).", flag="--max-num-batched-tokens",
+        maximum=1_048_576, bound="the step's activations grow with it; vLLM's own defaults stay at or below 16384"),
+    Key("num_gpu_blocks_override", "positive", "Fixed KV-cache block count (the lab's lean start).", flag="--num-gpu-blocks-override",
+        maximum=16_777_216, bound="more blocks than 128 GiB of unified memory can hold at any block size"),
     Key("kv_cache_dtype", "token", "KV-cache data type, for example `fp8`.", flag="--kv-cache-dtype"),
     Key("attention_backend", "token", "Attention backend, for example `FLASHINFER`.", flag="--attention-backend"),
     Key("moe_backend", "token", "MoE kernel backend (seeds 000 and 001 disagree on `marlin`: measure it).", flag="--moe-backend"),
@@ -112,7 +130,7 @@ INSTANCE_KEYS: tuple[Key, ...] = (
     Key("tool_call_parser", "token", "Tool-call parser name; needed by `enable_auto_tool_choice`.", flag="--tool-call-parser"),
     Key("runner", "choice", "`auto`, `generate`, `pooling` or `draft`.", flag="--runner", choices=("auto", "generate", "pooling", "draft")),
     Key("tensor_parallel_size", "positive", "GPUs the model is split over; on a cluster, nodes x GPUs per node.",
-        flag="--tensor-parallel-size"),
+        flag="--tensor-parallel-size", maximum=64, bound="the largest cluster the collection plans"),
     Key("enable_expert_parallel", "switch", "Experts split whole across ranks instead of sliced (seed 001: the 26B-A4B's "
         "NVFP4 experts need it at TP=2).", flag="--enable-expert-parallel"),
     Key("enable_auto_tool_choice", "switch", "Let the model choose tools (needs `tool_call_parser`).", flag="--enable-auto-tool-choice"),
@@ -126,12 +144,14 @@ INSTANCE_KEYS: tuple[Key, ...] = (
         flag="--speculative-config"),
     Key("extra_args", "extra_args", "Further `vllm serve` arguments; never a flag the role owns (any spelling argparse accepts)."),
     Key("env", "env", "Environment added to `vllm_env`; never `VLLM_API_KEY` or another name the role owns."),
-    Key("health_timeout", "positive", "Seconds the gate waits for this instance; default `vllm_health_timeout`."),
+    Key("health_timeout", "positive", "Seconds the gate waits for this instance; default `vllm_health_timeout`.",
+        maximum=14_400, bound="seed 002's coldest first boot took 45 minutes; a gate of hours hides a hung start"),
     Key("allow_drafter_on_base_model", "bool", "Accept a drafter on a model that is not instruction-tuned."),
     Key("allow_load_time_quantization", "bool", "Accept `quantization` converting an unquantized checkpoint while it loads "
         "on a unified pool (seed 000: the load spike got the engine OOM-killed)."),
     Key("typical_prompt_tokens", "positive", "Prompt size your clients send (vllm_metrics_info's workload.prompt_tokens_bound); "
-        "with speculative decoding, max_num_batched_tokens below it warns."),
+        "with speculative decoding, max_num_batched_tokens below it warns.",
+        maximum=10_485_760, bound="no model reads a longer prompt"),
 )
 KEYS_BY_NAME = {key.name: key for key in INSTANCE_KEYS}
 # Flags the role sets: from the key table, plus the ones it always renders. vLLM also reads a
@@ -183,6 +203,8 @@ def check_value(where: str, key: Key, value: t.Any, options: t.Mapping[str, t.An
         if not isinstance(value, str) or not TOKEN.fullmatch(value):
             return [f"{field}: {value!r} must be one word of letters, digits and _.:/@+=,- not starting with a dash "
                     "(it becomes one argument of vllm serve)"]
+    elif kind == "weights":
+        return weights_problems(field, value)
     elif kind == "tokens":
         if not isinstance(value, list) or not value:
             return [f"{field}: give a non-empty list of names"]
@@ -196,6 +218,8 @@ def check_value(where: str, key: Key, value: t.Any, options: t.Mapping[str, t.An
     elif kind == "positive":
         if not is_int(value) or value <= 0:
             return [f"{field}: {value!r} must be a positive whole number, or unset"]
+        if key.maximum is not None and value > key.maximum:
+            return [f"{field}: {value} is above {key.maximum:,} ({key.bound}); a typo? Give the value you mean"]
     elif kind == "fraction":
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
             return [f"{field}: {value!r} must be a fraction between 0 and 1 of the whole memory pool"]
@@ -230,15 +254,50 @@ def api_key_problems(field: str, value: t.Any) -> list[str]:
     return []
 
 
+def weights_problems(field: str, value: t.Any) -> list[str]:
+    """A model path stays inside the models folder the container sees read-only; anything else is a model id."""
+    if not isinstance(value, str) or not TOKEN.fullmatch(value):
+        return [f"{field}: {value!r} must be one path or model id of letters, digits and _.:/@+=,- (it becomes one argument of vllm serve)"]
+    if ".." in value.split("/"):
+        return [f"{field}: {value!r} has a '..' segment, which would leave the models folder; give the path under /models/ itself"]
+    if value.startswith("/") and value != "/models" and not value.startswith("/models/"):
+        return [f"{field}: {value!r} is a path outside /models, where the container sees vllm_models_dir (read-only); "
+                "give /models/<folder> or a model id"]
+    return []
+
+
+def canonical_address(address: t.Any) -> str | None:
+    """The one spelling of an IP address (``0:0::0`` is ``::``), or None for anything else; a zone
+    index and an IPv4-mapped form are refused, since Docker and the wildcard opt-in read them otherwise."""
+    if not isinstance(address, str) or "%" in address:
+        return None
+    try:
+        parsed = ipaddress.ip_address(address)
+    except ValueError:
+        return None
+    if isinstance(parsed, ipaddress.IPv6Address) and parsed.ipv4_mapped is not None:
+        return None
+    return str(parsed)
+
+
+def is_loopback_address(address: str) -> bool:
+    canonical = canonical_address(address)
+    return canonical is not None and ipaddress.ip_address(canonical).is_loopback
+
+
 def address_problems(field: str, value: t.Any, options: t.Mapping[str, t.Any]) -> list[str]:
     if not isinstance(value, list) or not value:
         return [f"{field}: give at least one address (127.0.0.1 keeps the endpoint on loopback)"]
     errors = []
-    for address in value:
-        try:
-            ipaddress.ip_address(address)
-        except ValueError:
-            errors.append(f"{field}: {address!r} is not an IP address")
+    for given in value:
+        address = canonical_address(given)
+        if address is None:
+            errors.append(f"{field}: {given!r} is not an IP address in plain form (no zone index, no IPv4-mapped IPv6: "
+                          "write 192.0.2.10 as such)")
+            continue
+        if address != given:
+            errors.append(f"{field}: {given!r} is {address} written another way; write {address}, so the wildcard opt-in, "
+                          "the gateway and the fleet check read it as it is")
             continue
         if address in WILDCARDS and not options["allow_wildcard_bind"]:
             errors.append(
@@ -254,8 +313,9 @@ def speculative_problems(field: str, speculative: t.Any) -> list[str]:
         return [f"{field}: must be a mapping with method, num_speculative_tokens and model"]
     errors = [f"{field}.{name}: unknown key{closest(name, SPECULATIVE_KEYS)}" for name in sorted(set(speculative) - set(SPECULATIVE_KEYS))]
     tokens = speculative.get("num_speculative_tokens", 0)
-    if not is_int(tokens) or tokens < 0:
-        return errors + [f"{field}.num_speculative_tokens: {tokens!r} must be a whole number >= 0 (0 turns speculative decoding off)"]
+    if not is_int(tokens) or not 0 <= tokens <= MAX_DRAFT_TOKENS:
+        return errors + [f"{field}.num_speculative_tokens: {tokens!r} must be a whole number from 0 (off) to {MAX_DRAFT_TOKENS}: "
+                         "acceptance falls with every position (the seeds measured 1 to 5), so longer drafts only add work"]
     if tokens == 0:
         return errors
     method = speculative.get("method")
@@ -264,8 +324,8 @@ def speculative_problems(field: str, speculative: t.Any) -> list[str]:
     model = speculative.get("model")
     if method in DRAFTER_METHODS - {"mtp"} and not model:
         errors.append(f"{field}.model: method {method} needs the drafter model path (mtp alone may use the target's own head)")
-    if model is not None and (not isinstance(model, str) or not TOKEN.fullmatch(model)):
-        errors.append(f"{field}.model: {model!r} must be one path or model id without spaces")
+    if model is not None:
+        errors += weights_problems(f"{field}.model", model)
     extra = speculative.get("options") or {}
     if not isinstance(extra, dict):
         errors.append(f"{field}.options: must be a mapping of further speculative-config keys")
@@ -402,9 +462,32 @@ def instance_problems(instance: t.Mapping[str, t.Any], options: t.Mapping[str, t
                 errors.append(f"{where}.{key.name}: missing; {key.doc}")
             continue
         errors += check_value(where, key, value, options)
+    errors += dev_route_problems(where, instance, options)
     if instance.get("enable_auto_tool_choice") and not instance.get("tool_call_parser"):
         errors.append(f"{where}.enable_auto_tool_choice is true without tool_call_parser; vLLM refuses to start. "
                       "Set tool_call_parser (for example gemma4) or turn auto tool choice off")
+    return errors
+
+
+def dev_route_problems(where: str, instance: t.Mapping[str, t.Any], options: t.Mapping[str, t.Any]) -> list[str]:
+    """Settings that open routes vLLM's API key does not guard: refused unless vllm_allow_dev_mode,
+    and then only on an instance no other host can reach."""
+    sources = [("vllm_env", options["env"]), ("sparkfleet_hardware_overrides.env", options["hardware"]["env"]),
+               (f"{where}.env", instance.get("env"))]
+    if options["cluster"]:
+        sources.append(("cluster_node_env", options["cluster"].get("node_env")))
+    binds = [a for a in instance.get("bind_addresses") or [] if isinstance(a, str)]
+    exposed = [a for a in binds if not is_loopback_address(a)]
+    errors = []
+    for variable, env in sources:
+        for name in sorted(set(env if isinstance(env, dict) else ()) & set(DEV_ROUTE_ENV)):
+            if not options["allow_dev_mode"]:
+                errors.append(f"{variable}.{name}: opens {DEV_ROUTE_ENV[name]} to anyone who reaches the port, without the key "
+                              "(vLLM's API-key check guards only its /v1 paths). Remove it, or set vllm_allow_dev_mode: true "
+                              "for an instance bound to loopback only")
+            elif exposed:
+                errors.append(f"{variable}.{name}: {where} binds {', '.join(exposed)}, where {DEV_ROUTE_ENV[name]} would answer "
+                              "anyone without the key; with vllm_allow_dev_mode bind 127.0.0.1 or ::1 only")
     return errors
 
 
@@ -433,7 +516,8 @@ def host_problems(present: t.Sequence[t.Mapping[str, t.Any]], options: t.Mapping
     if options["host_addresses"] is None or (options["cluster"] and options["cluster"]["rank"] > 0):
         return errors
     for instance in present:
-        addresses = [a for a in instance.get("bind_addresses") or [] if isinstance(a, str)]
+        # Misspelt addresses are refused by the instance's own check.
+        addresses = [a for a in instance.get("bind_addresses") or [] if canonical_address(a) == a]
         lan = [a for a in addresses if a not in LOOPBACK | WILDCARDS]
         missing = [a for a in lan if a not in options["host_addresses"]]
         if missing:
@@ -634,6 +718,7 @@ DEFAULT_OPTIONS: dict[str, t.Any] = {
     "image": "",
     "allow_floating_tag": False,
     "allow_wildcard_bind": False,
+    "allow_dev_mode": False,
     "registry_mirror": "",
     "gmu_cap": None,
     "hardware_class": "dgx_spark",
@@ -660,6 +745,22 @@ DEFAULT_OPTIONS: dict[str, t.Any] = {
 }
 
 
+# The settings of the units' restarts and the gate: whole numbers, with the largest any operator means.
+OPTION_BOUNDS = {
+    "start_limit_interval": (86_400, "seconds; a day already forgets no crash loop"),
+    "start_limit_burst": (20, "starts; on GB10 each crash leaks unified memory, about 35 left a box needing a power cycle"),
+    "restart_delay": (3_600, "seconds between automatic restarts"),
+    "health_timeout": (14_400, "seconds; seed 002's coldest first boot took 45 minutes, a gate of hours hides a hung start"),
+}
+
+
+def host_folder_problems(variable: str, value: t.Any) -> list[str]:
+    if not isinstance(value, str) or not HOST_FOLDER.fullmatch(value) or any(part in (".", "..") for part in value.split("/")):
+        return [f"{variable}: {value!r} must be an absolute folder of plain segments (letters, digits, _.+@-; no '..', no ':', "
+                "no spaces): it lands in docker's --volume spec and the units' lines"]
+    return []
+
+
 def option_problems(options: t.Mapping[str, t.Any]) -> list[str]:
     errors = env_problems("vllm_env", options["env"], options["owned_env"])
     errors += env_problems("sparkfleet_hardware_overrides.env", options["hardware"]["env"], options["owned_env"])
@@ -678,12 +779,13 @@ def option_problems(options: t.Mapping[str, t.Any]) -> list[str]:
     if not isinstance(options["drop_caches"], bool):
         errors.append(f"vllm_drop_caches: {options['drop_caches']!r} must be true or false, or unset for the class's setting")
     for name in ("models_dir", "cache_dir", "config_dir"):
-        value = options[name]
-        if not isinstance(value, str) or not value.startswith("/") or not TOKEN.fullmatch(value.lstrip("/") or "x"):
-            errors.append(f"vllm_{name}: {value!r} must be an absolute path without spaces")
-    for name in ("start_limit_interval", "start_limit_burst", "restart_delay", "health_timeout"):
-        if not is_int(options[name]) or options[name] < 1:
-            errors.append(f"vllm_{name}: {options[name]!r} must be a whole number of at least 1")
+        errors += host_folder_problems("cluster_config_dir" if name == "config_dir" and options["cluster"] else f"vllm_{name}",
+                                       options[name])
+    if not isinstance(options["allow_dev_mode"], bool):
+        errors.append(f"vllm_allow_dev_mode: {options['allow_dev_mode']!r} must be true or false")
+    for name, (maximum, why) in OPTION_BOUNDS.items():
+        if not is_int(options[name]) or not 1 <= options[name] <= maximum:
+            errors.append(f"vllm_{name}: {options[name]!r} must be a whole number from 1 to {maximum:,} ({why})")
     if is_int(options["start_limit_interval"]) and is_int(options["restart_delay"]) and is_int(options["start_limit_burst"]) \
             and options["start_limit_interval"] < options["restart_delay"] * options["start_limit_burst"]:
         errors.append(
@@ -808,6 +910,7 @@ def key_table_markdown() -> str:
     rows = ["| key | type | flag | meaning |", "|---|---|---|---|"]
     for key in INSTANCE_KEYS:
         kind = f"one of {', '.join(key.choices)}" if key.choices else key.kind
+        kind += f" up to {key.maximum:,}" if key.maximum else ""
         required = " (required)" if key.required else ""
         rows.append(f"| `{key.name}` | {kind}{required} | {f'`{key.flag}`' if key.flag else '-'} | {key.doc} |")
     return "\n".join(rows)

@@ -339,3 +339,73 @@ def test_drift_names_what_differs_from_the_plan(files_changed, unit, changes, fr
 def test_no_container_is_drift():
     llm = plan(instance())["instances"][0]
     assert drift_reasons(llm, False, None, None) == ["its unit is missing", "no container runs"]
+
+
+@pytest.mark.parametrize("model, fragment", [
+    ("/models/../etc", "'..' segment"), ("/models/a/../../root", "'..' segment"), ("../models", "'..' segment"),
+    ("/root/weights", "outside /models"), ("/etc/passwd", "outside /models"),
+])
+def test_a_model_path_stays_inside_the_models_folder(model, fragment):
+    assert fragment in only_error(instance(model=model))
+    assert fragment in only_error(instance(speculative={"method": "draft_model", "num_speculative_tokens": 3, "model": model}))
+
+
+def test_model_ids_and_paths_under_models_pass():
+    for model in ("/models/tiny-llama", "/models", "Qwen/Qwen3-0.6B", "org/model.v2"):
+        assert errors(instance(model=model)) == []
+
+
+@pytest.mark.parametrize("variable", ["models_dir", "cache_dir", "config_dir"])
+@pytest.mark.parametrize("folder", ["/srv/a:/etc", "/srv/../etc", "relative", "/srv/./x", "/srv/a b", "/srv/a,b", "/"])
+def test_host_folders_are_plain_absolute_paths(variable, folder):
+    assert only_error(instance(), **{variable: folder}).startswith(f"vllm_{variable}: {folder!r} must be an absolute folder")
+
+
+@pytest.mark.parametrize("address, canonical", [("0:0::0", "::"), ("::0", "::"), ("0000::", "::"), ("0:0:0:0:0:0:0:1", "::1")])
+def test_every_spelling_of_an_address_must_be_its_canonical_form(address, canonical):
+    problem = only_error(instance(bind_addresses=[address]), allow_wildcard_bind=True)
+    assert f"is {canonical} written another way" in problem
+
+
+@pytest.mark.parametrize("address", ["::ffff:0.0.0.0", "::ffff:127.0.0.1", "fe80::1%eth0"])
+def test_mapped_and_zoned_addresses_are_refused(address):
+    assert "not an IP address in plain form" in only_error(instance(bind_addresses=[address]), allow_wildcard_bind=True)
+
+
+@pytest.mark.parametrize("key, value, maximum", [
+    ("max_num_seqs", 5_000_000, "4,096"), ("max_model_len", 20_000_000, "10,485,760"), ("tensor_parallel_size", 1000, "64"),
+    ("health_timeout", 10**6, "14,400"), ("max_num_batched_tokens", 10**8, "1,048,576"),
+])
+def test_whole_numbers_in_the_millions_are_refused_with_why(key, value, maximum):
+    assert f"is above {maximum}" in only_error(instance(**{key: value}))
+
+
+def test_draft_counts_are_bounded():
+    speculative = {"method": "ngram", "num_speculative_tokens": 1_000_000}
+    assert "from 0 (off) to 16" in only_error(instance(speculative=speculative))
+    assert errors(instance(speculative={**speculative, "num_speculative_tokens": 16})) == []
+
+
+@pytest.mark.parametrize("name, value", [("start_limit_burst", 1000), ("start_limit_interval", 10**7), ("restart_delay", 0),
+                                         ("health_timeout", -5)])
+def test_restart_and_gate_settings_are_bounded(name, value):
+    assert any(e.startswith(f"vllm_{name}: {value!r} must be a whole number from 1 to") for e in errors(instance(), **{name: value}))
+
+
+@pytest.mark.parametrize("source", ["env", "instance_env"])
+@pytest.mark.parametrize("name", ["VLLM_SERVER_DEV_MODE", "VLLM_TORCH_PROFILER_DIR"])
+def test_settings_that_open_unauthenticated_routes_need_the_opt_in(source, name):
+    given = {name: "1"}
+    spec, options = (instance(), {"env": given}) if source == "env" else (instance(env=given), {})
+    problem = only_error(spec, **options)
+    assert name in problem and "without the key" in problem and "vllm_allow_dev_mode" in problem
+
+
+def test_dev_mode_with_the_opt_in_is_loopback_only():
+    loopback = instance(env={"VLLM_SERVER_DEV_MODE": "1"}, bind_addresses=["127.0.0.1", "::1"])
+    assert errors(loopback, allow_dev_mode=True) == []
+    lan = instance(env={"VLLM_SERVER_DEV_MODE": "1"}, bind_addresses=["127.0.0.1", "192.0.2.10"])
+    problem = only_error(lan, allow_dev_mode=True, host_addresses=["192.0.2.10"], wait_online_enabled=True)
+    assert "binds 192.0.2.10" in problem and "bind 127.0.0.1 or ::1 only" in problem
+    wildcard = instance(env={"VLLM_SERVER_DEV_MODE": "1"}, bind_addresses=["0.0.0.0"])
+    assert "binds 0.0.0.0" in only_error(wildcard, allow_dev_mode=True, allow_wildcard_bind=True)

@@ -1,0 +1,21 @@
+# Copyright: sparkfleet.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The fleet check's cross-role and cross-host problems for playbooks; the logic is in module_utils."""
+
+from __future__ import annotations
+
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._fleet import fleet_problems
+
+# The variables the fleet check reads of each host: inventory settings and the plans the same play published.
+READ = ("ansible_host", "sparkfleet_reserved_ports", "vllm_endpoints", "cluster_name", "cluster_nodes", "cluster_instance",
+        "cluster_master_port", "cluster_backend", "gateway_backends", "gateway_port", "vllm_models_source",
+        "vllm_models_rsync_port")
+
+
+def fleet_problems_filter(hosts, hostvars):
+    return fleet_problems({host: {name: hostvars[host][name] for name in READ if name in hostvars[host]} for host in hosts})
+
+
+class FilterModule:
+    def filters(self):
+        return {"fleet_problems": fleet_problems_filter}

@@ -1,0 +1,111 @@
+# Copyright: sparkfleet.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The checks across roles and across hosts, run once for the whole fleet before any host changes.
+
+Private to the collection. Each role checks its own settings; what none of them can see alone is
+here: two things on one host claiming one port (a single instance, a cluster's API, rendezvous and
+Ray ports, the gateway, the model source's rsync daemon, and what the operator says the host
+already runs), one box under two inventory names, and a host in two clusters. ``host_claims``
+turns one host's variables (as the inventory and the plans published in the same play give them)
+into what it binds; ``fleet_problems`` judges all hosts together.
+"""
+
+from __future__ import annotations
+
+import typing as t
+
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._cluster import RAY_PORT
+
+# What a Spark or GX10 commonly runs beside vLLM, on ports an instance must not take; an inventory
+# names its own in sparkfleet_reserved_ports.
+DEFAULT_RESERVED_PORTS = {22: "sshd", 9100: "node exporter", 9400: "dcgm-exporter"}
+# Where a box's address comes from for the same-box check; connection names that are not addresses are skipped.
+NOT_AN_ADDRESS = frozenset({"localhost", "127.0.0.1", "::1"})
+
+
+def is_port(value: t.Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 65535
+
+
+def reserved_problems(host: str, reserved: t.Any) -> list[str]:
+    if not isinstance(reserved, dict) or not all(is_port(port) and isinstance(name, str) and name for port, name in reserved.items()):
+        return [f"{host}: sparkfleet_reserved_ports: {reserved!r} must map port numbers (1-65535) to what listens there, "
+                "such as {9100: node exporter}"]
+    return []
+
+
+def host_claims(host: str, variables: t.Mapping[str, t.Any]) -> tuple[list[tuple[int, str]], list[str]]:
+    """The ports one host's plan binds, each with who claims it in the inventory's words, and the
+    problems of the inputs of this check. Malformed values of a role's own settings are that role's
+    refusals: they are skipped here."""
+    reserved = variables.get("sparkfleet_reserved_ports", DEFAULT_RESERVED_PORTS)
+    errors = reserved_problems(host, reserved)
+    claims: list[tuple[int, str]] = [] if errors else [(port, f"sparkfleet_reserved_ports ({name})") for port, name in reserved.items()]
+    for endpoint in variables.get("vllm_endpoints") or []:
+        claims.append((endpoint.get("port"), f"vllm_instances ({endpoint.get('name')}).port"))
+    cluster = variables.get("cluster_name") or ""
+    nodes = variables.get("cluster_nodes") or []
+    if cluster and isinstance(nodes, list) and nodes and nodes[0] == host:
+        instance = variables.get("cluster_instance") or {}
+        if isinstance(instance, dict):
+            claims.append((instance.get("port"), f"cluster_instance.port (cluster {cluster}'s API on its head)"))
+        claims.append((variables.get("cluster_master_port", 29501), f"cluster_master_port (cluster {cluster}'s rendezvous on its head)"))
+        if variables.get("cluster_backend") == "ray":
+            claims.append((RAY_PORT, f"the Ray head of cluster {cluster} (cluster_backend: ray)"))
+    if variables.get("gateway_backends"):
+        claims.append((variables.get("gateway_port", 4000), "gateway_port"))
+    if variables.get("vllm_models_source") == host:
+        claims.append((variables.get("vllm_models_rsync_port", 8873), "vllm_models_rsync_port (the model source's rsync daemon)"))
+    return [(port, who) for port, who in claims if is_port(port)], errors
+
+
+def port_problems(host: str, claims: t.Sequence[tuple[int, str]]) -> list[str]:
+    by_port: dict[int, list[str]] = {}
+    for port, who in claims:
+        by_port.setdefault(port, []).append(who)
+    return [f"{host}: port {port} is claimed by {' and by '.join(owners)}; each listener needs a port of its own on the host "
+            "(the second would fail its start, and a rollback would not serve either). Change one of them"
+            for port, owners in sorted(by_port.items()) if len(owners) > 1]
+
+
+def same_box_problems(addresses: t.Mapping[str, t.Any]) -> list[str]:
+    by_address: dict[str, list[str]] = {}
+    for host, address in addresses.items():
+        if isinstance(address, str) and address and address not in NOT_AN_ADDRESS:
+            by_address.setdefault(address, []).append(host)
+    return [f"{', '.join(hosts)}: one box ({address}) under {len(hosts)} inventory names would be planned {len(hosts)} times "
+            "(its memory pool, ports and GPU counted once each; as cluster nodes, two ranks on one GPU). Keep one name"
+            for address, hosts in sorted(by_address.items()) if len(hosts) > 1]
+
+
+def membership_problems(variables: t.Mapping[str, t.Mapping[str, t.Any]]) -> list[str]:
+    """A host listed by two clusters, or by a cluster it does not itself belong to."""
+    listed: dict[str, set[str]] = {}
+    for values in variables.values():
+        name, nodes = values.get("cluster_name") or "", values.get("cluster_nodes") or []
+        if name and isinstance(nodes, list):
+            for node in nodes:
+                if isinstance(node, str):
+                    listed.setdefault(node, set()).add(name)
+    errors = []
+    for node, clusters in sorted(listed.items()):
+        if len(clusters) > 1:
+            errors.append(f"{node}: listed in the cluster_nodes of clusters {', '.join(sorted(clusters))}; a host is a node of one "
+                          "cluster at most (its GPU and memory pool cannot serve two). Remove it from all but one")
+            continue
+        own = (variables.get(node) or {}).get("cluster_name") or ""
+        (cluster,) = clusters
+        if node in variables and own != cluster:
+            errors.append(f"{node}: listed in cluster {cluster}'s cluster_nodes, but its own cluster_name is {own or 'empty'}; "
+                          "set the cluster_* variables in the group_vars of one group holding exactly the cluster's nodes")
+    return errors
+
+
+def fleet_problems(variables: t.Mapping[str, t.Mapping[str, t.Any]]) -> list[str]:
+    """Every cross-role and cross-host problem of the hosts given (host -> its variables)."""
+    errors: list[str] = []
+    for host, values in variables.items():
+        claims, claim_errors = host_claims(host, values)
+        errors += claim_errors + port_problems(host, claims)
+    errors += same_box_problems({host: values.get("ansible_host") for host, values in variables.items()})
+    return errors + membership_problems(variables)

@@ -1,0 +1,80 @@
+"""The fleet check's cross-role and cross-host refusals, and the fleets it accepts."""
+
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._fleet import fleet_problems
+
+
+def endpoint(name, port):
+    return {"name": name, "port": port, "bind_addresses": ["127.0.0.1"], "served_names": [name], "api_key": "k" * 32, "head": True}
+
+
+def cluster(name="tp2", nodes=("spark-1", "spark-2"), port=8010, **changes):
+    return {"cluster_name": name, "cluster_nodes": list(nodes), "cluster_master_port": 29501, "cluster_backend": "native",
+            "cluster_instance": {"port": port}, **changes}
+
+
+def lab_fleet():
+    """The lab's shape: both hosts serve an instance and form a cluster, the first runs the gateway."""
+    return {
+        "spark-1": {"ansible_host": "10.0.0.1", "vllm_endpoints": [endpoint("tiny", 8001)], **cluster(),
+                    "gateway_backends": ["spark-1", "spark-2"], "gateway_port": 4000},
+        "spark-2": {"ansible_host": "10.0.0.2", "vllm_endpoints": [endpoint("tiny", 8001)], **cluster()},
+    }
+
+
+def test_a_fleet_whose_listeners_each_have_a_port_passes():
+    assert fleet_problems(lab_fleet()) == []
+
+
+def test_a_cluster_api_on_an_instance_port_of_its_head_is_refused_naming_both():
+    fleet = lab_fleet()
+    for host in fleet.values():
+        host["cluster_instance"] = {"port": 8001}
+    (problem,) = fleet_problems(fleet)
+    assert problem.startswith("spark-1: port 8001 is claimed by vllm_instances (tiny).port and by cluster_instance.port")
+    # Only the head serves the cluster's API: the worker's instance on 8001 is no conflict.
+    assert "spark-2" not in problem
+
+
+def test_the_rendezvous_ray_gateway_rsync_and_reserved_ports_are_counted():
+    fleet = lab_fleet()
+    fleet["spark-1"]["vllm_endpoints"] = [endpoint("a", 29501), endpoint("b", 6379), endpoint("c", 4000), endpoint("d", 8873),
+                                          endpoint("e", 9100)]
+    fleet["spark-1"].update(cluster_backend="ray", vllm_models_source="spark-1")
+    problems = fleet_problems(fleet)
+    assert [p.split(" is claimed")[0] for p in problems] == [
+        "spark-1: port 4000", "spark-1: port 6379", "spark-1: port 8873", "spark-1: port 9100", "spark-1: port 29501"]
+    assert "cluster_master_port" in problems[-1] and "Ray head" in problems[1] and "gateway_port" in problems[0]
+    assert "vllm_models_rsync_port" in problems[2] and "node exporter" in problems[3]
+
+
+def test_the_operator_names_the_ports_a_host_already_uses():
+    fleet = lab_fleet()
+    fleet["spark-2"]["sparkfleet_reserved_ports"] = {8001: "an older vLLM by hand"}
+    (problem,) = fleet_problems(fleet)
+    assert problem.startswith("spark-2: port 8001 is claimed by sparkfleet_reserved_ports (an older vLLM by hand)")
+    fleet["spark-2"]["sparkfleet_reserved_ports"] = {"9100": ""}
+    (problem,) = fleet_problems(fleet)
+    assert "sparkfleet_reserved_ports" in problem and "must map port numbers" in problem
+
+
+def test_one_box_under_two_inventory_names_is_refused():
+    fleet = lab_fleet()
+    fleet["spark-2"]["ansible_host"] = "10.0.0.1"
+    (problem,) = fleet_problems(fleet)
+    assert problem.startswith("spark-1, spark-2: one box (10.0.0.1) under 2 inventory names")
+    fleet["spark-1"]["ansible_host"] = fleet["spark-2"]["ansible_host"] = "localhost"
+    assert fleet_problems(fleet) == []
+
+
+def test_a_host_in_two_clusters_is_refused():
+    fleet = lab_fleet()
+    fleet["gx10-1"] = {**cluster(name="other", nodes=("gx10-1", "spark-2"), port=8020), "ansible_host": "10.0.0.3"}
+    problems = fleet_problems(fleet)
+    assert any(p.startswith("spark-2: listed in the cluster_nodes of clusters other, tp2") for p in problems)
+
+
+def test_a_node_listed_by_a_cluster_it_does_not_belong_to_is_refused():
+    fleet = lab_fleet()
+    fleet["spark-2"]["cluster_name"] = ""
+    (problem,) = fleet_problems(fleet)
+    assert problem.startswith("spark-2: listed in cluster tp2's cluster_nodes, but its own cluster_name is empty")
