@@ -57,13 +57,23 @@ WILDCARDS = frozenset({"0.0.0.0", "::"})
 LOOPBACK = frozenset({"127.0.0.1", "::1"})
 # A host folder: absolute, plain segments only, nothing docker's --volume spec (src:dst:mode) or a unit line would split.
 HOST_FOLDER = re.compile(r"(/[A-Za-z0-9_.+@-]+)+")
-# Routes vLLM serves outside the paths its API-key check guards (/v1...), opened by these settings:
-# checked in vLLM's source (vllm/entrypoints/serve/dev, .../profile, api_server.py).
+# Settings that open engine-control routes outside the paths vLLM's own key check guards (vLLM 0.32
+# and 0.33 source: entrypoints/serve/{dev,profile,fault_tolerance}, rl/online, scale_out). The
+# guard middleware asks for the key there too; they stay an explicit, loopback-only opt-in.
 DEV_ROUTE_ENV = {
     "VLLM_SERVER_DEV_MODE": "vLLM's development routes (/server_info with the whole config, /reset_prefix_cache, "
                             "/sleep, /wake_up, /collective_rpc, /pause, /update_weights and more)",
-    "VLLM_TORCH_PROFILER_DIR": "/start_profile and /stop_profile (and profiler traces written on the host)",
 }
+DEV_ROUTE_FLAGS = {
+    "--profiler-config": "/start_profile and /stop_profile",
+    "--enable-fault-tolerance": "/fault_tolerance/apply",
+    "--tokens-only": "/abort_requests, which aborts anyone's request",
+}
+# The middleware (roles/vllm/files) that asks for the key on every route but the probes: vLLM's own
+# check leaves /invocations, /pooling, /score and more open. Mounted read-only beside the readiness wait.
+GUARD_FILE = "sparkfleet_vllm_guard.py"
+GUARD_DIR = "/opt/sparkfleet"
+GUARD_ARGS = ("--middleware", "sparkfleet_vllm_guard.KeyOnEveryRoute", "--disable-fastapi-docs")
 SPECULATIVE_METHODS = ("mtp", "ngram", "draft_model", "eagle", "eagle3", "dflash")
 DRAFTER_METHODS = frozenset(SPECULATIVE_METHODS) - {"ngram"}
 SPECULATIVE_KEYS = ("method", "num_speculative_tokens", "model", "options")
@@ -71,7 +81,7 @@ MAX_DRAFT_TOKENS = 16
 CONFIG_HASH_LABEL = "sparkfleet.vllm.config-hash"
 INSTANCE_LABEL = "sparkfleet.vllm.instance"
 # Environment names the role sets itself: an instance's env may never replace them.
-OWNED_ENV = frozenset({"VLLM_API_KEY", "VLLM_HOST_IP", "VLLM_PORT"})
+OWNED_ENV = frozenset({"VLLM_API_KEY", "VLLM_HOST_IP", "VLLM_PORT", "PYTHONPATH"})
 CACHE_MOUNTS = (
     ("huggingface", "/root/.cache/huggingface"),
     ("vllm", "/root/.cache/vllm"),
@@ -167,7 +177,8 @@ PARALLEL_FLAGS = {
     "--data-parallel-hybrid-lb": "-dph", "--data-parallel-external-lb": "-dpe", "--data-parallel-multi-port-external-lb": "-dpm",
 }
 OWNED_FLAGS = frozenset({key.flag for key in INSTANCE_KEYS if key.flag}
-                        | {"--host", "--port", "--api-key", "--model", "--config", "--uds"} | set(PARALLEL_FLAGS))
+                        | {"--host", "--port", "--api-key", "--model", "--config", "--uds", "--middleware", "--disable-fastapi-docs"}
+                        | set(PARALLEL_FLAGS))
 OWNED_SHORT_FLAGS = {"-q": "--quantization", "-sc": "--speculative-config", "-tp": "--tensor-parallel-size",
                      "-ep": "--enable-expert-parallel", **{short: flag for flag, short in PARALLEL_FLAGS.items() if short}}
 
@@ -476,18 +487,21 @@ def dev_route_problems(where: str, instance: t.Mapping[str, t.Any], options: t.M
                (f"{where}.env", instance.get("env"))]
     if options["cluster"]:
         sources.append(("cluster_node_env", options["cluster"].get("node_env")))
+    opened = [(f"{variable}.{name}", DEV_ROUTE_ENV[name]) for variable, env in sources
+              for name in sorted(set(env if isinstance(env, dict) else ()) & set(DEV_ROUTE_ENV))]
+    arguments = instance.get("extra_args") if isinstance(instance.get("extra_args"), list) else []
+    opened += [(f"{where}.extra_args {flag}", DEV_ROUTE_FLAGS[flag]) for flag in
+               sorted({normalised_flag(a) for a in arguments if isinstance(a, str)} & set(DEV_ROUTE_FLAGS))]
     binds = [a for a in instance.get("bind_addresses") or [] if isinstance(a, str)]
     exposed = [a for a in binds if not is_loopback_address(a)]
     errors = []
-    for variable, env in sources:
-        for name in sorted(set(env if isinstance(env, dict) else ()) & set(DEV_ROUTE_ENV)):
-            if not options["allow_dev_mode"]:
-                errors.append(f"{variable}.{name}: opens {DEV_ROUTE_ENV[name]} to anyone who reaches the port, without the key "
-                              "(vLLM's API-key check guards only its /v1 paths). Remove it, or set vllm_allow_dev_mode: true "
-                              "for an instance bound to loopback only")
-            elif exposed:
-                errors.append(f"{variable}.{name}: {where} binds {', '.join(exposed)}, where {DEV_ROUTE_ENV[name]} would answer "
-                              "anyone without the key; with vllm_allow_dev_mode bind 127.0.0.1 or ::1 only")
+    for setting, routes in opened:
+        if not options["allow_dev_mode"]:
+            errors.append(f"{setting}: opens {routes}, engine controls vLLM's own key check leaves open (it guards only its /v1 "
+                          "paths). Remove it, or set vllm_allow_dev_mode: true for an instance bound to loopback only")
+        elif exposed:
+            errors.append(f"{setting}: {where} binds {', '.join(exposed)}, where {routes} would answer other hosts; "
+                          "with vllm_allow_dev_mode bind 127.0.0.1 or ::1 only")
     return errors
 
 
@@ -556,7 +570,7 @@ def serve_args(instance: t.Mapping[str, t.Any], cluster: t.Mapping[str, t.Any] |
             args += [key.flag, json.dumps(config, sort_keys=True, separators=(",", ":"))] if config else []
         else:
             args += [key.flag, str(value)]
-    return args + (serve_cluster_args(cluster) if cluster else []) + list(instance.get("extra_args") or [])
+    return args + [*GUARD_ARGS] + (serve_cluster_args(cluster) if cluster else []) + list(instance.get("extra_args") or [])
 
 
 def container_command(image: str, args: list[str], cluster: t.Mapping[str, t.Any] | None) -> list[str]:
@@ -606,7 +620,7 @@ def instance_plan(instance: t.Mapping[str, t.Any], start_after: list[str], optio
     unit, container = f"sparkfleet-{kind}-{name}.service", f"vllm-{'cluster-' if cluster else ''}{name}"
     config_dir = options["config_dir"]
     image = run_image(instance["image"], options["registry_mirror"])
-    environment = {**options["hardware"]["env"], **options["env"], **(instance.get("env") or {})}
+    environment = {**options["hardware"]["env"], **options["env"], **(instance.get("env") or {}), "PYTHONPATH": GUARD_DIR}
     if cluster:
         environment.update({**cluster.get("node_env", {}), **cluster["network_env"]})
     env_text = env_file(instance["api_key"], environment)
@@ -619,6 +633,7 @@ def instance_plan(instance: t.Mapping[str, t.Any], start_after: list[str], optio
     # Seed 002's launch: NCCL registers its buffers with the RDMA devices, which needs unlimited locked memory.
     run += ["--device", "/dev/infiniband", "--ulimit", "memlock=-1"] if cluster and cluster["rdma"] else []
     run += ["--volume", f"{options['models_dir']}:/models:ro"]
+    run += ["--volume", f"{pathlib.PurePosixPath(options['readiness_script']).parent / GUARD_FILE}:{GUARD_DIR}/{GUARD_FILE}:ro"]
     run += [argument for cache, target in CACHE_MOUNTS for argument in ("--volume", f"{options['cache_dir']}/{cache}:{target}")]
     run += ["--gpus", "all"] if options["gpus"] else []
     args = serve_args(instance, cluster)

@@ -59,14 +59,14 @@ def test_a_good_instance_has_no_problems_and_a_full_plan():
     assert (llm["unit"], llm["container"], llm["url"]) == ("sparkfleet-vllm-llm.service", "vllm-llm", "http://127.0.0.1:8001")
     assert (llm["served_names"], llm["model"], llm["weights"], llm["weights_host_path"]) == (["tiny"], "tiny", "/models/tiny-llama", "/srv/models/tiny-llama")
     assert llm["run_image"] == f"registry.local:5000/vllm-cpu@{DIGEST}"
-    assert llm["env_names"] == ["VLLM_API_KEY"] and llm["start_after"] == []
+    assert llm["env_names"] == ["VLLM_API_KEY", "PYTHONPATH"] and llm["start_after"] == []
     assert re.fullmatch(r"[0-9a-f]{16}", llm["config_hash"])
 
 
 def test_the_key_never_reaches_the_public_plan():
     result = plan(instance(env={"HF_HUB_OFFLINE": "1"}))
     assert KEY not in json.dumps(result["instances"]) and KEY not in json.dumps(result["errors"])
-    assert result["env_files"]["llm"].splitlines()[1:] == [f"VLLM_API_KEY={KEY}", "HF_HUB_OFFLINE=1"]
+    assert result["env_files"]["llm"].splitlines()[1:] == [f"VLLM_API_KEY={KEY}", "HF_HUB_OFFLINE=1", "PYTHONPATH=/opt/sparkfleet"]
 
 
 @pytest.mark.parametrize(
@@ -392,13 +392,31 @@ def test_restart_and_gate_settings_are_bounded(name, value):
     assert any(e.startswith(f"vllm_{name}: {value!r} must be a whole number from 1 to") for e in errors(instance(), **{name: value}))
 
 
-@pytest.mark.parametrize("source", ["env", "instance_env"])
-@pytest.mark.parametrize("name", ["VLLM_SERVER_DEV_MODE", "VLLM_TORCH_PROFILER_DIR"])
-def test_settings_that_open_unauthenticated_routes_need_the_opt_in(source, name):
-    given = {name: "1"}
-    spec, options = (instance(), {"env": given}) if source == "env" else (instance(env=given), {})
+@pytest.mark.parametrize("source, setting", [
+    ("vllm_env", "vllm_env.VLLM_SERVER_DEV_MODE"), ("env", "(llm).env.VLLM_SERVER_DEV_MODE"),
+    ("class_env", "sparkfleet_hardware_overrides.env.VLLM_SERVER_DEV_MODE"),
+    ("profiler", "(llm).extra_args --profiler-config"), ("tokens_only", "(llm).extra_args --tokens-only"),
+])
+def test_settings_that_open_engine_controls_need_the_opt_in(source, setting):
+    given = {"VLLM_SERVER_DEV_MODE": "1"}
+    spec, options = {
+        "vllm_env": (instance(), {"env": given}), "env": (instance(env=given), {}),
+        "class_env": (instance(), {"hardware_overrides": {"env": given}}),
+        "profiler": (instance(extra_args=['--profiler_config={"profiler": "torch"}']), {}),
+        "tokens_only": (instance(extra_args=["--tokens-only"]), {}),
+    }[source]
     problem = only_error(spec, **options)
-    assert name in problem and "without the key" in problem and "vllm_allow_dev_mode" in problem
+    assert setting in problem and "key check leaves open" in problem and "vllm_allow_dev_mode: true" in problem
+
+
+def test_every_served_route_asks_for_the_key_through_the_guard_middleware():
+    llm = plan(instance())["instances"][0]
+    serve = llm["serve_args"]
+    assert serve[serve.index("--middleware") + 1] == "sparkfleet_vllm_guard.KeyOnEveryRoute" and "--disable-fastapi-docs" in serve
+    assert "/usr/local/libexec/sparkfleet/sparkfleet_vllm_guard.py:/opt/sparkfleet/sparkfleet_vllm_guard.py:ro" in llm["docker_run"]
+    for argument in ("--middleware=my.Open", "--disable-fastapi-docs", "--middle=x"):
+        assert "which the role sets" in only_error(instance(extra_args=[argument]))
+    assert "PYTHONPATH is set by the role" in only_error(instance(env={"PYTHONPATH": "/tmp"}))
 
 
 def test_dev_mode_with_the_opt_in_is_loopback_only():
