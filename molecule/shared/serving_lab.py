@@ -35,4 +35,4 @@ def instances_json(**second_overrides):
               "env": {"VLLM_SERVER_DEV_MODE": "1"}}
     second.update(second_overrides)
     first = {"name": "first", "model": "/models/tiny-llama", "served_model_names": ["tiny-first"], "port": 8001, "api_key": KEY}
-    return json.dumps({"vllm_instances": [first, second]})
+    return json.dumps({"vllm_allow_dev_mode": True, "vllm_instances": [first, second]})

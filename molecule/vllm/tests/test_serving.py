@@ -28,6 +28,31 @@ def test_endpoint_requires_the_key(serve, name, port, model):
     assert [entry["id"] for entry in listed["data"]] == [model]
 
 
+def post_status(host, port, path, body, key=None):
+    auth = f"-H 'Authorization: Bearer {key}'" if key else ""
+    return host.run(f"curl -s -o /dev/null -w '%{{http_code}}' -X POST {auth} -H 'Content-Type: application/json' "
+                    f"-d '{json.dumps(body)}' http://127.0.0.1:{port}{path}").stdout.strip()
+
+
+def test_routes_vllm_leaves_open_ask_for_the_key(serve):
+    """vLLM's own key check guards only /v1, /v2, /inference and /cohere: /invocations runs a chat
+    for anyone and /tokenize reads the template. The guard middleware asks for the key there; the
+    development routes of the first instance (no dev mode) are absent even with the key, and the
+    FastAPI docs are off."""
+    chat = {"model": "tiny-first", "messages": [{"role": "user", "content": "Say hello"}], "max_tokens": 5}
+    assert post_status(serve, 8001, "/invocations", chat) == "401"
+    assert post_status(serve, 8001, "/invocations", chat, key=KEY) == "200"
+    assert post_status(serve, 8001, "/tokenize", {"model": "tiny-first", "prompt": "hello"}) == "401"
+    for path in ("/server_info", "/docs", "/openapi.json"):
+        assert status(serve, 8001, path) == "401" and status(serve, 8001, path, key=KEY) == "404", path
+    assert post_status(serve, 8001, "/reset_prefix_cache", {}, key=KEY) == "404"
+    # The second instance runs dev mode on loopback (vllm_allow_dev_mode): its routes need the key too.
+    assert post_status(serve, 8002, "/reset_prefix_cache", {}) == "401"
+    assert post_status(serve, 8002, "/reset_prefix_cache", {}, key=KEY) == "200"
+    for path in ("/health", "/metrics", "/version"):
+        assert status(serve, 8001, path) == "200", path
+
+
 @pytest.mark.parametrize(("name", "port", "model"), INSTANCES)
 def test_secret_only_in_the_root_only_env_file(serve, name, port, model):
     env = serve.file(f"/etc/sparkfleet/vllm/{name}.env")
