@@ -114,7 +114,7 @@ def parse_swaps(text: str) -> list[dict[str, t.Any]]:
     active = []
     for line in text.splitlines()[1:]:
         fields = line.split()
-        if len(fields) >= 4:
+        if len(fields) >= 4 and fields[2].isdigit() and fields[3].isdigit():
             active.append({"device": fields[0], "size_kib": int(fields[2]), "used_kib": int(fields[3])})
     return active
 
@@ -147,8 +147,10 @@ def parse_docker_info(text: str | None) -> dict[str, t.Any]:
     try:
         info = json.loads(text)
     except ValueError:
+        info = None
+    if not isinstance(info, dict) or not isinstance(info.get("Runtimes") or {}, dict):
         return {"present": False, "version": None, "runtimes": [], "default_runtime": None, "nvidia_runtime": False,
-                "error": "docker info did not answer with JSON"}
+                "error": "docker info did not answer with its JSON object"}
     runtimes = sorted((info.get("Runtimes") or {}).keys())
     return {"present": bool(info.get("ServerVersion")), "version": info.get("ServerVersion"), "runtimes": runtimes,
             "default_runtime": info.get("DefaultRuntime"), "architecture": info.get("Architecture"),

@@ -265,3 +265,43 @@ def local_tokenizer(weights: str, models_dir: str) -> str:
     if weights == "/models" or weights.startswith("/models/"):
         return models_dir.rstrip("/") + weights[len("/models"):]
     return weights
+
+
+def is_number(value: t.Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def report_problems(bench: t.Mapping[str, t.Any], correctness: t.Any, metrics: t.Any) -> list[str]:
+    """Why registered results cannot be written as a report, each naming the option to fix: the report reads
+    concurrency, output_throughput and mean_tpot_ms of each recorded run, and the few figures of the
+    correctness line and the workload line."""
+    fix = "pass the registered result of {} itself"
+    runs = bench.get("runs", [])
+    if not isinstance(runs, list) or not all(isinstance(run, dict) for run in runs):
+        return ["bench.runs: not a list of runs; " + fix.format("vllm_bench")]
+    problems = []
+    for index, run in enumerate(runs):
+        concurrency = run.get("concurrency")
+        if not is_number(concurrency) or isinstance(concurrency, float) or concurrency < 1:
+            problems.append(f"bench.runs[{index}].concurrency: {concurrency!r} is not a stream count; " + fix.format("vllm_bench"))
+        odd = [name for name in ("output_throughput", "mean_tpot_ms") if run.get(name) is not None and not is_number(run[name])]
+        if odd:
+            problems.append(f"bench.runs[{index}]: {', '.join(odd)} not a number; " + fix.format("vllm_bench"))
+    if isinstance(correctness, dict) and "passed" in correctness:
+        comparison = correctness.get("comparison")
+        changed = comparison.get("changed_ids") if isinstance(comparison, dict) else None
+        if (not is_number(correctness["passed"]) or not is_number(correctness.get("total"))
+                or (comparison and not isinstance(comparison, dict))
+                or (changed is not None and not (isinstance(changed, list) and all(isinstance(c, str) for c in changed)))):
+            problems.append("correctness: not a result of vllm_correctness (passed, total, comparison.changed_ids); "
+                            + fix.format("vllm_correctness"))
+    workload = metrics.get("workload") if isinstance(metrics, dict) else None
+    if workload is not None and not isinstance(workload, dict):
+        problems.append("metrics.workload: not a workload profile; " + fix.format("vllm_metrics_info"))
+    elif workload and workload.get("requests"):
+        ratio = workload.get("prompt_to_generation_ratio")
+        if (not is_number(workload["requests"]) or (ratio is not None and not is_number(ratio))
+                or (workload.get("recommended_max_model_len") and not is_number(workload.get("coverage")))):
+            problems.append("metrics.workload: not a workload profile (requests, prompt_to_generation_ratio, coverage); "
+                            + fix.format("vllm_metrics_info"))
+    return problems

@@ -13,6 +13,7 @@ import json
 import os
 import re
 import typing as t
+from http.client import HTTPException
 
 from ansible.module_utils.six.moves.urllib.error import URLError
 from ansible.module_utils.urls import open_url
@@ -41,7 +42,11 @@ def label_problems(variable: str, label: t.Any) -> list[str]:
 
 
 def http(method: str, url: str, api_key: str | None, payload: t.Any = None, timeout: float = 10) -> Reply:
-    """One request; a Reply whose error says what went wrong when no HTTP answer came."""
+    """One request; a Reply whose error says what went wrong when no HTTP answer came.
+
+    HTTPException is caught with the socket errors: a port that answers something other than
+    HTTP, or a reply cut short, raises it (BadStatusLine, IncompleteRead) and no OSError.
+    """
     headers = {"Authorization": "Bearer " + api_key} if api_key else {}
     data = None
     if payload is not None:
@@ -50,7 +55,7 @@ def http(method: str, url: str, api_key: str | None, payload: t.Any = None, time
     try:
         response = open_url(url, method=method, headers=headers, data=data, timeout=timeout)
         return Reply(response.getcode(), response.read().decode("utf-8", "replace"))
-    except (URLError, OSError, ValueError) as error:
+    except (URLError, OSError, ValueError, HTTPException) as error:
         return exception_reply(error)
 
 
@@ -59,10 +64,20 @@ def answered(reply: Reply) -> str:
     return f"HTTP {reply.status}" if reply.status is not None else (reply.error or "nothing")
 
 
+def reply_problem(reply: Reply, what: str) -> str:
+    """Why ``what`` gave no 200, and what to check."""
+    if reply.status is None:
+        return f"{what} did not answer: {reply.error or 'no reply'}; check url and that the instance is serving (vllm_health)"
+    if reply.status in (401, 403):
+        return (f"{what} answered HTTP {reply.status}: the server refuses the API key sent (or its absence); give the instance's "
+                "key in api_key, or give instance so the key is read from the vllm role's env file")
+    return f"{what} answered HTTP {reply.status}: {reply.body[:300]}"
+
+
 def json_object(reply: Reply, what: str) -> dict[str, t.Any]:
     """The JSON object a 200 reply carries; ValueError naming ``what`` otherwise."""
     if reply.status != 200:
-        raise ValueError(f"{what} answered {answered(reply)}: {reply.body[:300]}")
+        raise ValueError(reply_problem(reply, what))
     try:
         data = json.loads(reply.body)
     except ValueError:
@@ -72,23 +87,38 @@ def json_object(reply: Reply, what: str) -> dict[str, t.Any]:
     return data
 
 
+PLAN_TEXT_KEYS = ("url", "model", "weights", "container", "container_url", "run_image")
+
+
+def plan_problems(plan: t.Mapping[str, t.Any]) -> list[str]:
+    """The keys of a plan file the measurement modules read that are missing or of another type."""
+    wrong = [key for key in PLAN_TEXT_KEYS if not isinstance(plan.get(key), str) or not plan[key]]
+    names = plan.get("served_names")
+    if not isinstance(names, list) or not names or not all(isinstance(n, str) and n for n in names):
+        wrong.append("served_names")
+    timeout = plan.get("health_timeout")
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
+        wrong.append("health_timeout")
+    return wrong
+
+
 def instance_endpoint(plan: t.Mapping[str, t.Any], env: t.Mapping[str, str]) -> dict[str, t.Any]:
     """URL, key, served name, weights path, container and image of a deployed instance, from its plan file."""
-    try:
-        return {
-            "url": plan["url"],
-            "api_key": env.get("VLLM_API_KEY"),
-            "model": plan["model"],
-            "served_names": list(plan["served_names"]),
-            "health_timeout": plan["health_timeout"],
-            "weights": plan["weights"],
-            "container": plan["container"],
-            "container_url": plan["container_url"],
-            "image": plan["run_image"],
-        }
-    except (KeyError, TypeError) as error:
-        raise ValueError(f"the plan file of instance {plan.get('name') if isinstance(plan, dict) else '?'} lacks {error}; "
-                         "re-apply the vllm role (files of an older release)") from error
+    wrong = plan_problems(plan)
+    if wrong:
+        raise ValueError(f"the plan file of instance {plan.get('name', '?')} has no usable {', '.join(wrong)}; "
+                         "re-apply the vllm role (a damaged file, or one of an older release)")
+    return {
+        "url": plan["url"],
+        "api_key": env.get("VLLM_API_KEY"),
+        "model": plan["model"],
+        "served_names": list(plan["served_names"]),
+        "health_timeout": plan["health_timeout"],
+        "weights": plan["weights"],
+        "container": plan["container"],
+        "container_url": plan["container_url"],
+        "image": plan["run_image"],
+    }
 
 
 def read_instance(config_dir: str, name: str) -> dict[str, t.Any]:
@@ -96,12 +126,17 @@ def read_instance(config_dir: str, name: str) -> dict[str, t.Any]:
     settings_path = os.path.join(config_dir, f"{name}.json")
     env_path = os.path.join(config_dir, f"{name}.env")
     try:
-        with open(settings_path, encoding="utf-8") as handle:
-            settings = json.load(handle)
-        with open(env_path, encoding="utf-8") as handle:
+        with open(settings_path, encoding="utf-8", errors="replace") as handle:
+            text = handle.read()
+        with open(env_path, encoding="utf-8", errors="replace") as handle:
             env = parse_env_file(handle.read())
     except FileNotFoundError as error:
         raise ValueError(f"instance {name}: {error.filename} does not exist; is {name} deployed by the vllm role on this host?") from error
+    except OSError as error:
+        raise ValueError(f"instance {name}: cannot read {error.filename} ({error.strerror}); the vllm role keeps the env file "
+                         "readable by root only, so run the task with become: true") from error
+    try:
+        settings = json.loads(text)
     except ValueError as error:
         raise ValueError(f"instance {name}: {settings_path} is not valid JSON ({error}); re-apply the vllm role") from error
     if not isinstance(settings, dict):
@@ -128,8 +163,8 @@ def discover_model(endpoint: t.MutableMapping[str, t.Any], timeout: float) -> No
     """Fill in the served model name from /v1/models when none was given."""
     if endpoint["model"]:
         return
-    models = json_object(http("GET", endpoint["url"] + "/v1/models", endpoint["api_key"], timeout=timeout), endpoint["url"] + "/v1/models")
-    listed = models.get("data")
-    if not isinstance(listed, list) or not listed or not isinstance(listed[0], dict) or "id" not in listed[0]:
-        raise ValueError(f"{endpoint['url']}/v1/models lists no model; give model")
+    url = endpoint["url"] + "/v1/models"
+    listed = json_object(http("GET", url, endpoint["api_key"], timeout=timeout), url).get("data")
+    if not isinstance(listed, list) or not listed or not isinstance(listed[0], dict) or not isinstance(listed[0].get("id"), str):
+        raise ValueError(f"{url} lists no model (is this a vLLM server?); check url, or give model")
     endpoint["model"] = listed[0]["id"]

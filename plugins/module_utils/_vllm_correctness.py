@@ -195,6 +195,19 @@ def judge(cases: t.Sequence[t.Mapping[str, t.Any]], answers: t.Mapping[str, str]
     return results
 
 
+def reference_problems(path: str, reference: t.Any) -> list[str]:
+    """Why a reference file cannot be compared with: not a results file of vllm_correctness, or a damaged one."""
+    results = reference.get("results") if isinstance(reference, dict) else None
+    if not isinstance(results, list):
+        return [f"reference: {path} is not a results file of vllm_correctness (no results list)"]
+    damaged = [index for index, r in enumerate(results) if not (isinstance(r, dict) and isinstance(r.get("id"), str)
+                                                                and isinstance(r.get("pass"), bool) and isinstance(r.get("answer"), str))]
+    if damaged:
+        return [f"reference: {path} has results without id, pass and answer (entries {', '.join(map(str, damaged[:5]))}); "
+                "it is damaged, run the reference label again"]
+    return []
+
+
 def diff(reference: t.Mapping[str, t.Any], current: t.Sequence[t.Mapping[str, t.Any]]) -> dict[str, t.Any]:
     """Each case whose pass/fail or normalised answer changed; ok unless fewer cases pass than in the reference."""
     before = {r["id"]: r for r in reference.get("results", [])}

@@ -43,6 +43,8 @@ def exception_reply(error: BaseException) -> Reply:
         return Reply(None, "", f"TLS error: {reason}", False)
     if isinstance(reason, (ConnectionError, socket.timeout, TimeoutError, http.client.RemoteDisconnected, http.client.IncompleteRead)):
         return Reply(None, "", f"not answering yet ({type(reason).__name__}: {reason})", True)
+    if isinstance(reason, http.client.HTTPException):
+        return Reply(None, "", f"the answer is not HTTP ({type(reason).__name__}: {reason}); another program answers on this port", False)
     if isinstance(reason, socket.gaierror):
         return Reply(None, "", f"the host name does not resolve ({reason})", False)
     if isinstance(error, ValueError) or isinstance(reason, ValueError):
@@ -68,6 +70,8 @@ def models_verdict(reply: Reply, expected_names: t.Sequence[str]) -> tuple[str, 
         data = json.loads(reply.body)
         served = [entry["id"] for entry in data.get("data", [])]
     except (ValueError, KeyError, TypeError, AttributeError):
+        served = None
+    if served is None or not all(isinstance(name, str) for name in served):
         return FAIL, "200 with a body that is not a model list: another server answers on this port", []
     missing = [name for name in expected_names if name not in served]
     if missing:
@@ -85,15 +89,16 @@ def container_snapshot(inspect_output: str) -> dict[str, t.Any] | None:
         if not data:
             return None
         data = data[0]
-    if not isinstance(data, dict):
+    if not isinstance(data, dict) or not isinstance(data.get("State") or {}, dict):
         return None
     state = data.get("State") or {}
+    restarts = data.get("RestartCount", 0)
     return {
         "id": data.get("Id"),
         "status": state.get("Status"),
         "exit_code": state.get("ExitCode"),
         "oom_killed": bool(state.get("OOMKilled")),
-        "restart_count": data.get("RestartCount", 0),
+        "restart_count": restarts if isinstance(restarts, int) else 0,
         "started_at": state.get("StartedAt"),
     }
 

@@ -25,6 +25,8 @@ PROMETHEUS_CLIENT_MISSING = (
     "(the vllm role does: python3-prometheus-client) to read vLLM's /metrics"
 )
 
+PROMETHEUS_CLIENT_PURPOSE = "to read vLLM's /metrics (Debian and Ubuntu package python3-prometheus-client, which the vllm role installs)"
+
 Samples = dict[str, list[tuple[dict[str, str], float]]]
 
 
@@ -39,6 +41,8 @@ def parse_samples(text: str) -> Samples:
                 value = float(sample.value)
                 if math.isnan(value):
                     raise ValueError(f"sample {sample.name} is NaN")
+                if math.isinf(value):
+                    raise ValueError(f"sample {sample.name} is infinite")
                 samples.setdefault(sample.name, []).append((dict(sample.labels), value))
     except (ValueError, TypeError, IndexError, KeyError) as error:
         raise ValueError(f"not Prometheus text exposition ({error}); first characters {text[:80]!r}") from error
@@ -85,6 +89,10 @@ def speculative_counters(samples: Samples) -> dict[str, t.Any] | None:
     if drafts is None:
         return None
     per_position = by_label(samples, "vllm:spec_decode_num_accepted_tokens_per_pos_total", "position")
+    odd = sorted(position for position in per_position if not position.isdigit())
+    if odd:
+        raise ValueError(f"vllm:spec_decode_num_accepted_tokens_per_pos_total has positions {', '.join(map(repr, odd))}, "
+                         "not draft positions 0, 1, ...; is this a vLLM server?")
     return {
         "drafts": int(drafts),
         "draft_tokens": int(total(samples, "vllm:spec_decode_num_draft_tokens_total") or 0),

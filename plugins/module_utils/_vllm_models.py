@@ -105,6 +105,29 @@ def hf_download_args(repo: str, revision: str, local_dir: str, include: t.Sequen
     return args + ["--local-dir", local_dir]
 
 
+def parse_listing(output: str) -> list[str]:
+    """The files ``hf download --dry-run --format json`` lists; ValueError saying what came instead.
+
+    The JSON array may follow warning or progress lines, some with brackets of their own, so it
+    is sought at every ``[`` rather than at the first.
+    """
+    decoder = json.JSONDecoder()
+    text = output or ""
+    empty = False
+    for start in [index for index, character in enumerate(text) if character == "["]:
+        try:
+            value, _end = decoder.raw_decode(text, start)
+        except ValueError:
+            continue
+        empty = empty or value == []
+        if isinstance(value, list) and value and all(isinstance(e, dict) and isinstance(e.get("file"), str) and e["file"] for e in value):
+            return [entry["file"] for entry in value]
+    if empty:
+        raise ValueError("the hub lists no file for it; check the include patterns and the revision")
+    raise ValueError(f"hf download --dry-run printed no JSON list of files but {text.strip()[-200:]!r}; give an image "
+                     "whose hf CLI has download --dry-run --format json")
+
+
 def is_weights(path: str) -> bool:
     return path.endswith(WEIGHT_SUFFIXES)
 
@@ -139,8 +162,13 @@ def verify(recorded: t.Mapping[str, t.Any], present: t.Mapping[str, dict[str, t.
     ``present`` maps each file now on disk to its size, and its sha256 where it was computed
     (always for the index; for every file when ``full``).
     """
+    files = recorded.get("files")
+    if not isinstance(files, dict) or not all(
+        isinstance(e, dict) and isinstance(e.get("size"), int) and not isinstance(e["size"], bool) for e in files.values()
+    ):
+        return [f"{MANIFEST} is damaged (its files are not a mapping of path to size and sha256)"]
     problems = []
-    for path, expected in recorded.get("files", {}).items():
+    for path, expected in files.items():
         found = present.get(path)
         if found is None:
             problems.append(f"{path} is missing")
@@ -177,7 +205,11 @@ def front_matter_base_model(readme: str | None) -> list[str]:
 
 
 def model_facts(config: t.Mapping[str, t.Any], readme: str | None, repo: str | None = None) -> dict[str, t.Any]:
-    """What a checkpoint declares: base model, quantization, maximum length, instruction tuning."""
+    """What a checkpoint declares: base model, quantization, maximum length, instruction tuning.
+
+    A config.json that is no JSON object declares nothing: its facts are those of an empty one.
+    """
+    config = config if isinstance(config, t.Mapping) else {}
     text_config = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
     maximum = next((source[key] for source in (config, text_config) for key in MAX_LENGTH_KEYS if isinstance(source.get(key), int)), None)
     quantization = config.get("quantization_config") if isinstance(config.get("quantization_config"), dict) else None

@@ -33,6 +33,8 @@ options:
     description: Refuse while the server has requests running or waiting that are not these.
     type: bool
     default: true
+requirements:
+  - prometheus_client (Debian and Ubuntu package python3-prometheus-client; the vllm role installs it)
 attributes:
   check_mode:
     support: partial
@@ -75,38 +77,48 @@ reasons:
   elements: str
 """
 
-from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_client import (
     ENDPOINT_ARGUMENT_SPEC,
     discover_model,
     http,
     json_object,
+    reply_problem,
     resolve,
 )
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_metrics import (
+    PROMETHEUS_CLIENT_PURPOSE,
     acceptance,
     busy_problem,
     counter_regression,
     counters_delta,
     parse_samples,
     speculative_counters,
+    text_string_to_metric_families,
 )
 
 
 def metrics(endpoint, timeout):
-    reply = http("GET", endpoint["url"] + "/metrics", None, timeout=timeout)
+    url = endpoint["url"] + "/metrics"
+    reply = http("GET", url, None, timeout=timeout)
     if reply.status != 200:
-        raise ValueError(f"{endpoint['url']}/metrics answered {reply.status}")
-    return parse_samples(reply.body)
+        raise ValueError(reply_problem(reply, url))
+    try:
+        return parse_samples(reply.body)
+    except ValueError as error:
+        raise ValueError(f"{url} did not answer Prometheus text: {error}") from error
 
 
 def ask(endpoint, prompt, max_tokens, timeout):
     payload = {"model": endpoint["model"], "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
                "temperature": 0}
     url = endpoint["url"] + "/v1/chat/completions"
-    reply = json_object(http("POST", url, endpoint["api_key"], payload, timeout=timeout), url)
-    return int((reply.get("usage") or {}).get("completion_tokens") or 0)
+    usage = json_object(http("POST", url, endpoint["api_key"], payload, timeout=timeout), url).get("usage")
+    tokens = usage.get("completion_tokens") if isinstance(usage, dict) else None
+    if isinstance(tokens, bool) or not isinstance(tokens, int):
+        raise ValueError(f"{url} answered without a usage.completion_tokens count; is url a vLLM server?")
+    return tokens
 
 
 def main():
@@ -119,6 +131,9 @@ def main():
         ),
         supports_check_mode=True,
     )
+    if text_string_to_metric_families is None:
+        missing = missing_required_lib("prometheus_client", reason=PROMETHEUS_CLIENT_PURPOSE)
+        module.fail_json(msg=missing, ok=False, reasons=[missing])
     params = module.params
     categories = params["categories"]
     errors = [f"categories.{name}: give a non-empty list of prompts" for name, prompts in categories.items()

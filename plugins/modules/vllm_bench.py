@@ -60,8 +60,10 @@ options:
   prefix_cache:
     description:
       - C(disjoint) keeps rounds from sharing prompts (natural sets are disjoint; random runs use distinct seeds).
-      - C(reset) also empties the prefix cache before each run through C(/reset_prefix_cache), which the server
-        only offers with C(VLLM_SERVER_DEV_MODE=1) in its environment.
+      - "C(reset) also empties the prefix cache before each run through C(/reset_prefix_cache), one of vLLM's
+        development routes, which the vllm role opens only with C(vllm_allow_dev_mode: true) on an instance bound to
+        loopback only. Where the route is absent (HTTP 404) or refused (HTTP 401), the module fails before any load
+        is sent; use C(disjoint) there."
     type: str
     choices: [disjoint, reset]
     default: disjoint
@@ -103,6 +105,8 @@ options:
         gateway traffic made an MTP-2 against MTP-3 comparison meaningless. Drain the node first.
     type: bool
     default: true
+requirements:
+  - prometheus_client (Debian and Ubuntu package python3-prometheus-client; the vllm role installs it)
 attributes:
   check_mode:
     support: partial
@@ -190,14 +194,15 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_bench import
 )
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_client import (
     ENDPOINT_ARGUMENT_SPEC,
-    answered,
     discover_model,
     http,
     json_object,
     label_problems,
+    reply_problem,
     resolve,
 )
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_metrics import (
+    PROMETHEUS_CLIENT_PURPOSE,
     acceptance,
     busy_problem,
     counter_regression,
@@ -217,7 +222,7 @@ class BenchFailure(Exception):
 def samples(endpoint, timeout):
     reply = http("GET", endpoint["url"] + "/metrics", None, timeout=timeout)
     if reply.status != 200:
-        raise BenchFailure(f"{endpoint['url']}/metrics answered {answered(reply)}")
+        raise BenchFailure(reply_problem(reply, endpoint["url"] + "/metrics"))
     try:
         return parse_samples(reply.body)
     except ValueError as error:
@@ -241,12 +246,16 @@ def count_tokens(endpoint, text, timeout):
 
 
 def reset_prefix_cache(endpoint, timeout):
-    reply = http("POST", endpoint["url"] + "/reset_prefix_cache", endpoint["api_key"], timeout=timeout)
-    if reply.status != 200:
+    url = endpoint["url"] + "/reset_prefix_cache"
+    reply = http("POST", url, endpoint["api_key"], timeout=timeout)
+    if reply.status in (401, 403, 404, 405):
         raise BenchFailure(
-            f"{endpoint['url']}/reset_prefix_cache answered {answered(reply)}; the server offers it only with "
-            "VLLM_SERVER_DEV_MODE=1 in the instance's env. Set it, or use prefix_cache: disjoint"
+            f"{url} answered HTTP {reply.status}: prefix_cache: reset needs vLLM's development routes (VLLM_SERVER_DEV_MODE=1), "
+            "which the vllm role opens only with vllm_allow_dev_mode: true on an instance bound to loopback only; "
+            "use prefix_cache: disjoint"
         )
+    if reply.status != 200:
+        raise BenchFailure(reply_problem(reply, url))
 
 
 def documents(folder):
@@ -290,6 +299,11 @@ def python_of(module, runner, plan):
     return plan["python"]
 
 
+def file_problem(error):
+    return (f"{error.filename or 'a file'}: {error.strerror or error}; results_dir must be writable and documents_dir readable "
+            "by the task's user (become: true, or other folders)")
+
+
 def run(module, argv, key):
     return module.run_command(argv, environ_update={"OPENAI_API_KEY": key or "EMPTY"})
 
@@ -319,7 +333,8 @@ def main():
         supports_check_mode=True,
     )
     if text_string_to_metric_families is None:
-        module.fail_json(msg=missing_required_lib("prometheus_client"), ok=False, reasons=[missing_required_lib("prometheus_client")])
+        missing = missing_required_lib("prometheus_client", reason=PROMETHEUS_CLIENT_PURPOSE)
+        module.fail_json(msg=missing, ok=False, runs=[], reasons=[missing])
     params = module.params
     try:
         endpoint = resolve(params)
@@ -391,16 +406,23 @@ def main():
             if runs[-1]["reasons"]:
                 reasons.extend(runs[-1]["reasons"])
                 break
-    except BenchFailure as error:
+    except (BenchFailure, ValueError) as error:
+        # ValueError carries what the endpoint answered (discover_model, the counters' parser), already worded for the operator.
         reasons.append(str(error))
+    except OSError as error:
+        reasons.append(file_problem(error))
     finally:
         if plan["copy_in"]:
             module.run_command([docker, "exec", container, "rm", "-rf", plan["data_dir"]])
     result["ok"] = not reasons
     result["table"] = markdown_table([r for r in runs if not r["reasons"]])
     if os.path.isdir(workdir):
-        with open(os.path.join(workdir, "summary.json"), "w", encoding="utf-8") as handle:
-            json.dump({"label": params["label"], "model": endpoint["model"], **result}, handle, indent=1, sort_keys=True)
+        try:
+            with open(os.path.join(workdir, "summary.json"), "w", encoding="utf-8") as handle:
+                json.dump({"label": params["label"], "model": endpoint["model"], **result}, handle, indent=1, sort_keys=True)
+        except OSError as error:
+            reasons.append(file_problem(error))
+            result["ok"] = False
     if reasons:
         module.fail_json(msg="benchmark not recorded: " + "; ".join(reasons), **result)
     module.exit_json(**result)

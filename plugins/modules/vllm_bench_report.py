@@ -87,15 +87,7 @@ import json
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._files import write_changed
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_bench import markdown_table
-
-try:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    from matplotlib import pyplot
-except ImportError:
-    pyplot = None
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_bench import markdown_table, report_problems
 
 
 def correctness_line(correctness):
@@ -128,7 +120,19 @@ def workload_line(metrics):
     return line + ".\n\n"
 
 
-def plot_png(title, runs):
+def load_pyplot():
+    """matplotlib's pyplot, or None without matplotlib; imported only for a plot, since the import alone takes seconds."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        from matplotlib import pyplot
+    except ImportError:
+        return None
+    return pyplot
+
+
+def plot_png(pyplot, title, runs):
     concurrency = [r["concurrency"] for r in runs]
     figure, throughput_axis = pyplot.subplots(figsize=(7, 4), dpi=100)
     throughput_axis.plot(concurrency, [r.get("output_throughput") or 0 for r in runs], marker="o", color="tab:blue")
@@ -159,6 +163,10 @@ def main():
         supports_check_mode=True,
     )
     params = module.params
+    problems = report_problems(params["bench"], params["correctness"], params["metrics"])
+    if problems:
+        module.fail_json(msg="vllm_bench_report refused: " + "; ".join(problems), ok=False, reasons=problems)
+    pyplot = load_pyplot() if params["plot"] else None
     if params["plot"] and pyplot is None:
         module.fail_json(msg=missing_required_lib("matplotlib"), ok=False, reasons=[missing_required_lib("matplotlib")])
     runs = [r for r in params["bench"].get("runs", []) if not r.get("reasons")]
@@ -181,8 +189,12 @@ def main():
         "report.md": markdown.encode(),
     }
     if params["plot"]:
-        contents["report.png"] = plot_png(params["title"], runs)
-    changed, files = write_changed(params["dest"], contents, module.check_mode)
+        contents["report.png"] = plot_png(pyplot, params["title"], runs)
+    try:
+        changed, files = write_changed(params["dest"], contents, module.check_mode)
+    except OSError as error:
+        reason = f"dest: cannot write {error.filename or params['dest']} ({error.strerror or error}); give a folder the task's user can write"
+        module.fail_json(msg=reason, ok=False, reasons=[reason])
     module.exit_json(changed=changed, ok=True, reasons=[], files=files, markdown=markdown)
 
 

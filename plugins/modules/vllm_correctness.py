@@ -136,6 +136,7 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_correctness 
     BUILTIN_CASES,
     diff,
     judge,
+    reference_problems,
     validate_cases,
 )
 
@@ -151,9 +152,12 @@ def ask(endpoint, case, params):
     url = endpoint["url"] + "/v1/chat/completions"
     reply = json_object(http("POST", url, endpoint["api_key"], payload, timeout=params["timeout"]), f"case {case['id']}: {url}")
     try:
-        return reply["choices"][0]["message"]["content"] or ""
+        content = reply["choices"][0]["message"]["content"] or ""
     except (KeyError, IndexError, TypeError) as error:
         raise ValueError(f"case {case['id']}: {url} answered a reply without choices[0].message.content") from error
+    if not isinstance(content, str):
+        raise ValueError(f"case {case['id']}: {url} answered a choices[0].message.content that is not text")
+    return content
 
 
 def reference_path(results_dir, reference):
@@ -194,8 +198,8 @@ def main():
                 reference = json.load(handle)
         except (OSError, ValueError) as error:
             errors.append(f"reference: cannot read {path} ({error}); run the reference label first or give a results file")
-        if reference is not None and not (isinstance(reference, dict) and isinstance(reference.get("results"), list)):
-            errors.append(f"reference: {path} is not a results file of vllm_correctness (no results list)")
+        if reference is not None:
+            errors += reference_problems(path, reference)
     if errors:
         module.fail_json(msg="vllm_correctness refused: " + "; ".join(errors), ok=False, reasons=errors)
     try:
@@ -221,16 +225,21 @@ def main():
     text = json.dumps(document, indent=1, sort_keys=True) + "\n"
     results_file = os.path.join(params["results_dir"], f"results-{params['label']}.json")
     changed = True
-    if os.path.exists(results_file):
-        with open(results_file, encoding="utf-8") as handle:
-            changed = handle.read() != text
-    if changed:
-        os.makedirs(params["results_dir"], mode=0o755, exist_ok=True)
-        temporary = results_file + ".tmp"
-        with open(temporary, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.chmod(temporary, 0o644)
-        os.replace(temporary, results_file)
+    try:
+        if os.path.exists(results_file):
+            with open(results_file, encoding="utf-8", errors="replace") as handle:
+                changed = handle.read() != text
+        if changed:
+            os.makedirs(params["results_dir"], mode=0o755, exist_ok=True)
+            temporary = results_file + ".tmp"
+            with open(temporary, "w", encoding="utf-8") as handle:
+                handle.write(text)
+            os.chmod(temporary, 0o644)
+            os.replace(temporary, results_file)
+    except OSError as error:
+        reason = (f"results_dir: cannot write {results_file} ({error.strerror or error}); give a results_dir the task's user "
+                  "can write, or become: true")
+        module.fail_json(msg=reason, ok=False, reasons=[reason], results=results)
 
     output = {
         "changed": changed,

@@ -87,8 +87,9 @@ workload:
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_client import ENDPOINT_ARGUMENT_SPEC, answered, http, resolve
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_client import ENDPOINT_ARGUMENT_SPEC, http, reply_problem, resolve
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_metrics import (
+    PROMETHEUS_CLIENT_PURPOSE,
     summarize,
     text_string_to_metric_families,
     workload_profile,
@@ -105,7 +106,8 @@ def main():
         supports_check_mode=True,
     )
     if text_string_to_metric_families is None:
-        module.fail_json(msg=missing_required_lib("prometheus_client"), ok=False, reasons=[missing_required_lib("prometheus_client")])
+        missing = missing_required_lib("prometheus_client", reason=PROMETHEUS_CLIENT_PURPOSE)
+        module.fail_json(msg=missing, ok=False, reasons=[missing])
     params = module.params
     if not 0 < params["coverage"] <= 1:
         reason = f"coverage: {params['coverage']} must be a share between 0 and 1, for example 0.99"
@@ -116,7 +118,7 @@ def main():
         module.fail_json(msg=str(error), ok=False, reasons=[str(error)])
     reply = http("GET", endpoint["url"] + "/metrics", endpoint["api_key"], timeout=params["timeout"])
     if reply.status != 200:
-        reason = f"{endpoint['url']}/metrics answered {answered(reply)}; is the instance serving?"
+        reason = reply_problem(reply, endpoint["url"] + "/metrics")
         module.fail_json(msg=reason, ok=False, reasons=[reason], url=endpoint["url"])
     try:
         summary = summarize(reply.body)

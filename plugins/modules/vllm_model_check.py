@@ -101,7 +101,11 @@ def main():
     )
     params = module.params
     where = f"vllm_instances ({params['instance']})"
-    files = os.listdir(params["path"]) if os.path.isdir(params["path"]) else []
+    try:
+        files = os.listdir(params["path"]) if os.path.isdir(params["path"]) else []
+    except OSError as error:
+        reason = f"{where}.model: cannot list {params['path']} ({error.strerror}); run the check with become: true"
+        module.fail_json(msg=reason, ok=False, reasons=[reason])
     config_text = read_text(os.path.join(params["path"], "config.json"))
     facts = None
     recorded = {}
@@ -109,9 +113,13 @@ def main():
         try:
             config = json.loads(config_text)
         except ValueError:
-            reason = f"{where}.model: {params['path']}/config.json is not JSON; the staged copy is damaged"
+            config = None
+        if not isinstance(config, dict):
+            reason = (f"{where}.model: {params['path']}/config.json is not a JSON object; the staged copy is damaged, "
+                      "stage it again (vllm_models)")
             module.fail_json(msg=reason, ok=False, reasons=[reason])
-        recorded = read_json(os.path.join(params["path"], MANIFEST)) or {}
+        recorded = read_json(os.path.join(params["path"], MANIFEST))
+        recorded = recorded if isinstance(recorded, dict) else {}
         facts = model_facts(config, read_text(os.path.join(params["path"], "README.md")), recorded.get("repo"))
     instance = {
         "max_model_len": params["max_model_len"],

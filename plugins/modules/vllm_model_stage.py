@@ -141,6 +141,7 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_models impor
     listing_problems,
     manifest,
     model_facts,
+    parse_listing,
     read_json,
     read_text,
     validate_models,
@@ -234,6 +235,8 @@ def copy_from_source(module, params, name, dest, partial):
         params["source"].rstrip("/") + "/", partial + "/",
     ])
     recorded = read_json(os.path.join(partial, MANIFEST))
+    if not isinstance(recorded, dict) or not isinstance(recorded.get("files"), dict):
+        recorded = None
     if rc != 0:
         missing = sorted(set((recorded or {}).get("files", {})) - set(scan(partial, False))) or ["the source's file list is unknown"]
         raise StageFailure(
@@ -260,13 +263,20 @@ def stage(module, params, name, dest, partial):
     rc, out, err = hf(module, params, hf_download_args(params["repo"], params["revision"], "", params["include"], dry_run=True), name)
     if rc != 0:
         listing = read_json(expected_path) if read_json(marker) == target else None
-        missing = listing_problems(listing, scan(partial, False)) if listing else ["config.json", "the weights (file list unknown)"]
+        known = isinstance(listing, list) and listing and all(isinstance(entry, str) for entry in listing)
+        missing = listing_problems(listing, scan(partial, False)) if known else ["config.json", "the weights (file list unknown)"]
         raise StageFailure(
             f"cannot reach {params['endpoint'] or 'the Hugging Face Hub'} for {params['repo']} at {params['revision']} "
             f"({last_error(out, err)}); nothing is staged at {dest}. Missing: {', '.join(missing)}. "
             "Give a reachable mirror in vllm_models_endpoint, or stage the files by hand"
         )
-    listing = [entry["file"] for entry in json.loads(out[out.index("["):])]
+    try:
+        listing = parse_listing(out)
+    except ValueError as error:
+        raise StageFailure(
+            f"listing {params['repo']} at {params['revision']} on {params['endpoint'] or 'the Hugging Face Hub'} failed: {error}; "
+            f"nothing is staged at {dest}"
+        ) from error
     start_partial(partial, target)
     with open(expected_path, "w", encoding="utf-8") as handle:
         json.dump(listing, handle)
@@ -314,23 +324,29 @@ def main():
         module.fail_json(msg="vllm_model_stage refused: " + "; ".join(errors), ok=False, reasons=errors)
     dest = os.path.join(params["models_dir"], name)
     partial = os.path.join(params["models_dir"], PARTIAL_PREFIX + name)
-    recorded = read_json(os.path.join(dest, MANIFEST))
     damaged = []
-    if recorded and (recorded.get("repo"), recorded.get("revision")) == (params["repo"], params["revision"]):
-        damaged = verify(recorded, scan(dest, params["verify"] == "full"), params["verify"] == "full")
-        if not damaged:
-            module.exit_json(changed=False, ok=True, reasons=[], path=dest, manifest=recorded, damaged=[])
-    if damaged:
-        module.warn(f"{params['repo']} in {dest} is damaged ({'; '.join(damaged)}); staging it again")
-    if module.check_mode:
-        module.exit_json(changed=True, ok=True, reasons=[], path=dest, damaged=damaged)
     try:
+        recorded = read_json(os.path.join(dest, MANIFEST))
+        if recorded is not None and not isinstance(recorded, dict):
+            damaged = [f"{MANIFEST} does not hold a manifest object"]
+        elif recorded and (recorded.get("repo"), recorded.get("revision")) == (params["repo"], params["revision"]):
+            damaged = verify(recorded, scan(dest, params["verify"] == "full"), params["verify"] == "full")
+            if not damaged:
+                module.exit_json(changed=False, ok=True, reasons=[], path=dest, manifest=recorded, damaged=[])
+        if damaged:
+            module.warn(f"{params['repo']} in {dest} is damaged ({'; '.join(damaged)}); staging it again")
+        if module.check_mode:
+            module.exit_json(changed=True, ok=True, reasons=[], path=dest, damaged=damaged)
         if params["source"]:
             recorded = copy_from_source(module, params, name, dest, partial)
         else:
             recorded = stage(module, params, name, dest, partial)
     except StageFailure as error:
         module.fail_json(msg=str(error), ok=False, reasons=[str(error)], path=dest, damaged=damaged)
+    except OSError as error:
+        reason = (f"{error.filename or params['models_dir']}: {error.strerror or error}; models_dir ({params['models_dir']}) must be "
+                  "writable by the task's user (become: true) and have room for the checkpoint")
+        module.fail_json(msg=reason, ok=False, reasons=[reason], path=dest, damaged=damaged)
     module.exit_json(changed=True, ok=True, reasons=[], path=dest, manifest=recorded, damaged=damaged)
 
 

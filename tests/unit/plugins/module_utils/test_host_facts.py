@@ -99,3 +99,10 @@ def test_docker_info_from_this_machine_and_the_nvidia_runtime():
     with_nvidia = fixture("docker-info-lab-machine.json").replace('"runc": {', '"nvidia": {"path": "nvidia-container-runtime"}, "runc": {')
     assert parse_docker_info(with_nvidia)["nvidia_runtime"] is True
     assert parse_docker_info(None)["present"] is False and parse_docker_info("not json")["error"]
+
+
+def test_garbled_swaps_and_docker_info_of_another_shape_read_as_nothing():
+    assert parse_swaps("Filename\tType\tSize\tUsed\tPriority\n/swap.img file lots some -2\n") == []
+    for text in ("[1]", '{"ServerVersion": "27.0", "Runtimes": ["runc"]}'):
+        info = parse_docker_info(text)
+        assert info["present"] is False and info["error"] == "docker info did not answer with its JSON object"

@@ -14,6 +14,7 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_bench import
     local_tokenizer,
     markdown_table,
     pack_chunks,
+    report_problems,
     runner_command,
     split_paragraphs,
     validate,
@@ -167,3 +168,27 @@ def test_table_has_one_row_per_concurrency():
     assert len(table) == 4
     assert table[2].startswith("| 2 | 4 / 0 | 42.1 |") and table[2].endswith("| 569.2 | 95.8% |")
     assert table[3].endswith("| - | - |")
+
+
+RUN = {"concurrency": 4, "output_throughput": 120.5, "mean_tpot_ms": 20.1, "reasons": []}
+
+
+def test_registered_results_of_the_right_shape_make_a_report():
+    correctness = {"passed": 19, "total": 20, "comparison": {"changed_ids": ["arith-1"], "reference_label": "base"}}
+    metrics = {"workload": {"requests": 10, "prompt_to_generation_ratio": 5.0, "recommended_max_model_len": 8192, "coverage": 0.99}}
+    assert report_problems({"runs": [RUN, dict(RUN, concurrency=8, output_throughput=None)]}, correctness, metrics) == []
+    assert report_problems({"runs": [RUN]}, None, {"workload": None}) == []
+
+
+@pytest.mark.parametrize(
+    ("bench", "correctness", "metrics", "fragment"),
+    [({"runs": {"c4": RUN}}, None, None, "bench.runs: not a list of runs; pass the registered result of vllm_bench itself"),
+     ({"runs": [dict(RUN, concurrency=True)]}, None, None, "bench.runs[0].concurrency: True is not a stream count"),
+     ({"runs": [dict(RUN, mean_tpot_ms="20")]}, None, None, "bench.runs[0]: mean_tpot_ms not a number"),
+     ({"runs": [RUN]}, {"passed": 3, "total": 4, "comparison": {"changed_ids": "arith-1"}}, None, "correctness: not a result of"),
+     ({"runs": [RUN]}, None, {"workload": "busy"}, "metrics.workload: not a workload profile; pass the registered result of vllm_metrics_info"),
+     ({"runs": [RUN]}, None, {"workload": {"requests": 3, "recommended_max_model_len": 4096}}, "metrics.workload: not a workload profile")],
+)
+def test_registered_results_of_another_shape_name_the_option(bench, correctness, metrics, fragment):
+    problems = report_problems(bench, correctness, metrics)
+    assert len(problems) == 1 and fragment in problems[0], problems

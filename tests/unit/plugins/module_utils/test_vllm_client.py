@@ -41,7 +41,7 @@ def test_endpoint_of_a_deployed_instance_is_read_from_its_plan():
 def test_a_plan_file_of_another_shape_is_a_clear_error(tmp_path):
     (tmp_path / "llm.json").write_text(json.dumps({"name": "llm", "serve_args": []}))
     (tmp_path / "llm.env").write_text("VLLM_API_KEY=secret\n")
-    with pytest.raises(ValueError, match="lacks 'url'; re-apply the vllm role"):
+    with pytest.raises(ValueError, match="of instance llm has no usable url, model, .*; re-apply the vllm role"):
         resolve({"instance": "llm", "config_dir": str(tmp_path)})
     (tmp_path / "llm.json").write_text("[1]")
     with pytest.raises(ValueError, match="does not hold a plan object"):
@@ -66,7 +66,8 @@ def test_explicit_options_win_and_an_endpoint_is_required(tmp_path):
 @pytest.mark.parametrize(
     ("reply", "fragment"),
     [(Reply(200, "<html>"), "not a JSON object"), (Reply(200, "[1]"), "not a JSON object"), (Reply(200, "NaN"), "not a JSON object"),
-     (Reply(500, "boom"), "answered HTTP 500"), (Reply(None, "", "not answering yet (refused)"), "answered not answering yet")],
+     (Reply(500, "boom"), "answered HTTP 500"), (Reply(None, "", "not answering yet (refused)"), "did not answer: not answering yet (refused); check url"),
+     (Reply(401, "Unauthorized"), "answered HTTP 401: the server refuses the API key sent (or its absence); give the instance's key")],
 )
 def test_unexpected_replies_are_clear_errors(reply, fragment):
     with pytest.raises(ValueError, match=fragment.replace("(", r"\(").replace(")", r"\)")):
@@ -81,3 +82,17 @@ def test_labels_are_plain_names(label):
 @pytest.mark.parametrize("label", ["mtp4-natural", "bf16", "run_2.b", "K3"])
 def test_plain_labels_pass(label):
     assert label_problems("label", label) == []
+
+
+def test_a_plan_file_with_keys_of_another_type_names_them():
+    plan, env = planned()
+    with pytest.raises(ValueError, match="has no usable served_names, health_timeout; re-apply the vllm role"):
+        instance_endpoint(dict(plan, served_names="gemma-it", health_timeout="1200"), parse_env_file(env))
+
+
+def test_an_env_file_that_cannot_be_read_names_become(tmp_path):
+    plan, _env = planned()
+    (tmp_path / "llm.json").write_text(json.dumps(plan))
+    (tmp_path / "llm.env").mkdir()
+    with pytest.raises(ValueError, match=r"instance llm: cannot read .*llm.env \(Is a directory\); .* become: true"):
+        resolve({"instance": "llm", "config_dir": str(tmp_path)})

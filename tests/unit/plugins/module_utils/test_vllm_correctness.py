@@ -8,6 +8,7 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_correctness 
     judge,
     normalise,
     passes,
+    reference_problems,
     validate_cases,
 )
 
@@ -104,3 +105,18 @@ def test_a_catastrophic_regex_fails_its_case_within_the_time_limit():
     result = judge(cases, {"slow": "a" * 40 + "b"})[0]
     assert time.monotonic() - started < 10
     assert result["pass"] is False and "ran longer than" in result["reason"]
+
+
+@pytest.mark.parametrize(
+    ("reference", "fragment"),
+    [({"results": "x"}, "is not a results file of vllm_correctness"), ([], "is not a results file of vllm_correctness"),
+     ({"results": [{"id": "a", "pass": True, "answer": "1"}, {"id": "b", "pass": "yes", "answer": "2"}]},
+      "has results without id, pass and answer (entries 1); it is damaged, run the reference label again")],
+)
+def test_a_damaged_reference_is_named(reference, fragment):
+    problems = reference_problems("/r.json", reference)
+    assert len(problems) == 1 and fragment in problems[0] and problems[0].startswith("reference: /r.json ")
+
+
+def test_a_reference_of_the_right_shape_is_fine():
+    assert reference_problems("/r.json", {"label": "a", "results": [{"id": "a", "pass": False, "answer": ""}]}) == []

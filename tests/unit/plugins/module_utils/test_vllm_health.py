@@ -172,3 +172,18 @@ def test_a_container_seen_created_then_started_is_no_restart():
     replies = iter([Reply(None, "", "refused", True)] * 3 + [Reply(200, MODELS)])
     result = wait_until_ready(lambda: next(replies), lambda: next(states), ["tiny"], timeout=60, clock=clock, sleep=clock.sleep)
     assert result["ok"]
+
+
+def test_a_port_that_answers_something_other_than_http_is_not_waited_on():
+    reply = exception_reply(http.client.BadStatusLine("SSH-2.0-OpenSSH_9.6"))
+    assert reply.status is None and reply.retryable is False and "the answer is not HTTP" in reply.error
+
+
+def test_a_model_list_whose_ids_are_not_names_is_another_server():
+    verdict, reason, served = models_verdict(Reply(200, json.dumps({"data": [{"id": 1}]})), ["tiny"])
+    assert (verdict, served) == (FAIL, []) and "not a model list" in reason
+
+
+def test_snapshot_of_inspect_output_of_another_shape_is_none():
+    assert container_snapshot(json.dumps([{"Id": "abc", "State": "running"}])) is None
+    assert container_snapshot(json.dumps({"Id": "abc", "RestartCount": "2", "State": {}}))["restart_count"] == 0

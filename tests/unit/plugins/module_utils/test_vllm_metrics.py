@@ -64,6 +64,7 @@ def test_counters_that_went_backwards_give_no_acceptance_and_say_why():
 @pytest.mark.parametrize(
     ("text", "fragment"),
     [("<html><body>Not Found</body></html>", "not Prometheus text"), ("vllm:num_requests_running{engine=\"0\"} NaN\n", "NaN"),
+     ("vllm:num_requests_running{engine=\"0\"} +Inf\n", "is infinite"),
      ("node_load1 0.5\n", "no vllm: metric"), ("", "no vllm: metric")],
 )
 def test_replies_that_are_not_vllm_metrics_are_clear_errors(text, fragment):
@@ -151,3 +152,9 @@ def test_open_ended_bucket_gives_no_recommendation():
     profile = workload_profile(summarize(text), coverage=0.99)
     assert profile["prompt_tokens_bound"] is None
     assert "open-ended last bucket" in profile["reasons"][0]
+
+
+def test_draft_positions_that_are_not_numbers_are_a_clear_error():
+    odd = AFTER.replace('position="0"', 'position="first"')
+    with pytest.raises(ValueError, match="positions 'first', not draft positions"):
+        speculative_counters(parse_samples(odd))

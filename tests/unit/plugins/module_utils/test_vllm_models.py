@@ -1,5 +1,7 @@
 """Model staging logic: pinned revisions, manifests and damage, what a checkpoint declares, launch checks."""
 
+import re
+
 import pytest
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_models import (
@@ -10,6 +12,7 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_models impor
     listing_problems,
     manifest,
     model_facts,
+    parse_listing,
     validate_models,
     verify,
 )
@@ -157,3 +160,31 @@ def test_no_config_or_weights_refused():
 def test_host_path_of_a_container_model_path():
     assert host_path("/models/gemma", "/srv/models") == "/srv/models/gemma"
     assert host_path("/opt/weights", "/srv/models") is None
+
+
+def test_the_dry_run_listing_is_found_after_warning_lines():
+    output = '[WARN] slow mirror\n[{"file": "config.json", "size": 10}, {"file": "model.safetensors", "size": 99}]\n'
+    assert parse_listing(output) == ["config.json", "model.safetensors"]
+
+
+@pytest.mark.parametrize(
+    ("output", "fragment"),
+    [("Fetching [1/3] {garbled", "printed no JSON list of files but 'Fetching [1/3] {garbled'"),
+     ('[{"name": "config.json"}]', "printed no JSON list of files"), ("[1, 2]", "printed no JSON list of files"),
+     ("", "printed no JSON list of files"), ("[]", "the hub lists no file for it; check the include patterns")],
+)
+def test_a_dry_run_listing_of_another_shape_is_a_clear_error(output, fragment):
+    with pytest.raises(ValueError, match=re.escape(fragment)):
+        parse_listing(output)
+
+
+@pytest.mark.parametrize("files", [["config.json"], {"config.json": 10}, {"config.json": {"sha256": "x"}}, None])
+def test_a_manifest_of_another_shape_is_damage(files):
+    assert verify({"repo": "a/b", "files": files}, {}, False) == [
+        ".sparkfleet-manifest.json is damaged (its files are not a mapping of path to size and sha256)"
+    ]
+
+
+def test_a_config_that_is_no_object_declares_nothing():
+    facts = model_facts([1], None, "google/gemma-it")
+    assert (facts["architectures"], facts["max_position_embeddings"], facts["instruction_tuned"]) == ([], None, True)

@@ -1,0 +1,263 @@
+"""The modules run as Ansible runs them (their arguments on stdin, a fresh interpreter) against real
+local inputs: a small HTTP server on 127.0.0.1 answering 401, non-JSON and wrong-shaped JSON, a
+closed port, a port that answers something other than HTTP, damaged files, fake executables on
+PATH printing garbled output, and prometheus_client made unimportable. Every failure must be a
+fail_json naming the cause, never a traceback."""
+
+import http.server
+import json
+import os
+import pathlib
+import socket
+import socketserver
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[4]
+COLLECTIONS = ROOT / ".cache" / "collections"
+MODULES = COLLECTIONS / "ansible_collections" / "sparkfleet" / "vllm" / "plugins" / "modules"
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+KEY = "k" * 40
+
+
+def run(module, args, pythonpath=(), path=None):
+    payload = {"ANSIBLE_MODULE_ARGS": args}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([*map(str, pythonpath), str(COLLECTIONS)])}
+    if path is not None:
+        env["PATH"] = f"{path}{os.pathsep}{os.environ.get('PATH', '')}"
+    done = subprocess.run([sys.executable, str(MODULES / f"{module}.py")], input=json.dumps(payload), capture_output=True,
+                          text=True, env=env, check=False, timeout=60)
+    assert "Traceback" not in done.stdout + done.stderr, done.stdout + done.stderr
+    return json.loads(done.stdout)
+
+
+def refused(module, args, *fragments, **how):
+    result = run(module, args, **how)
+    assert result.get("failed") is True, result
+    for fragment in fragments:
+        assert fragment in result["msg"], result["msg"]
+    return result
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    def answer(self):
+        status, body, delay = self.server.routes.get(self.path, (404, '{"detail": "Not Found"}', 0))
+        time.sleep(delay)
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(body.encode())))
+        self.end_headers()
+        self.wfile.write(body.encode())
+
+    do_GET = do_POST = answer
+
+    def log_message(self, *_args):
+        pass
+
+
+class Server(http.server.ThreadingHTTPServer):
+    def __init__(self):
+        super().__init__(("127.0.0.1", 0), Handler)
+        self.routes = {}
+        self.url = f"http://127.0.0.1:{self.server_address[1]}"
+
+
+@pytest.fixture
+def server():
+    """A vLLM stand-in whose routes each test sets: path -> (status, body, seconds before answering)."""
+    with Server() as running:
+        thread = threading.Thread(target=running.serve_forever, daemon=True)
+        thread.start()
+        yield running
+        running.shutdown()
+        thread.join()
+
+
+class NotHttp(socketserver.StreamRequestHandler):
+    def handle(self):
+        self.rfile.readline()
+        self.wfile.write(b"SSH-2.0-OpenSSH_9.6\r\n")
+
+
+@pytest.fixture
+def not_http():
+    """A port answering something other than HTTP, as another daemon on vLLM's port would."""
+    with socketserver.ThreadingTCPServer(("127.0.0.1", 0), NotHttp) as running:
+        thread = threading.Thread(target=running.serve_forever, daemon=True)
+        thread.start()
+        yield f"http://127.0.0.1:{running.server_address[1]}"
+        running.shutdown()
+        thread.join()
+
+
+@pytest.fixture
+def closed_port():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{probe.getsockname()[1]}"
+
+
+@pytest.fixture
+def no_prometheus(tmp_path):
+    """A PYTHONPATH entry that shadows prometheus_client with a package that cannot be imported."""
+    package = tmp_path / "shadow" / "prometheus_client"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("raise ImportError('prometheus_client is made unimportable by the test')\n")
+    return [package.parent]
+
+
+def fake_tools(folder, **scripts):
+    """Executables on a PATH of their own, each printing its text and exiting 0."""
+    folder.mkdir(exist_ok=True)
+    for name, text in scripts.items():
+        (folder / name).write_text(f"#!/bin/sh\ncat <<'EOF'\n{text}\nEOF\n")
+        (folder / name).chmod(0o755)
+    return folder
+
+
+def bench(url, tmp_path, **args):
+    return {"url": url, "label": "x", "dataset": "random", "runner": "local", "concurrencies": [1], "results_dir": str(tmp_path / "bench"),
+            "timeout": 5, **args}
+
+
+def test_bench_names_a_refused_key_on_v1_models(server, tmp_path):
+    server.routes["/v1/models"] = (401, '{"error": "Unauthorized"}', 0)
+    refused("vllm_bench", bench(server.url, tmp_path), "/v1/models answered HTTP 401: the server refuses the API key",
+            "give the instance's key in api_key")
+
+
+@pytest.mark.parametrize(("status", "body"), [(404, '{"detail": "Not Found"}'), (401, '{"error": "Unauthorized"}')])
+def test_bench_reset_without_the_development_routes_names_vllm_allow_dev_mode(server, tmp_path, status, body):
+    server.routes["/reset_prefix_cache"] = (status, body, 0)
+    refused("vllm_bench", bench(server.url, tmp_path, model="m", require_idle=False, prefix_cache="reset"),
+            f"/reset_prefix_cache answered HTTP {status}: prefix_cache: reset needs vLLM's development routes",
+            "opens only with vllm_allow_dev_mode: true on an instance bound to loopback only; use prefix_cache: disjoint")
+    assert not (tmp_path / "bench").exists()
+
+
+def test_bench_names_a_metrics_page_that_is_not_prometheus_text(server, tmp_path):
+    server.routes["/metrics"] = (200, "<html>a login page</html>", 0)
+    refused("vllm_bench", bench(server.url, tmp_path, model="m"), "/metrics did not answer Prometheus text")
+
+
+def test_bench_names_a_plan_file_of_an_older_release(tmp_path):
+    (tmp_path / "llm.json").write_text(json.dumps({"name": "llm", "url": "http://127.0.0.1:1", "served_names": "gemma"}))
+    (tmp_path / "llm.env").write_text(f"VLLM_API_KEY={KEY}\n")
+    refused("vllm_bench", {"instance": "llm", "config_dir": str(tmp_path), "label": "x", "dataset": "random", "runner": "local"},
+            "the plan file of instance llm has no usable model", "served_names", "re-apply the vllm role")
+
+
+@pytest.mark.parametrize("module", ["vllm_bench", "vllm_acceptance", "vllm_metrics_info"])
+def test_modules_reading_metrics_name_a_missing_prometheus_client(module, no_prometheus, server, tmp_path):
+    args = {"vllm_bench": bench(server.url, tmp_path), "vllm_acceptance": {"url": server.url, "categories": {"code": ["q"]}},
+            "vllm_metrics_info": {"url": server.url}}[module]
+    refused(module, args, "Failed to import the required Python library (prometheus_client)", "python3-prometheus-client",
+            pythonpath=no_prometheus)
+
+
+def test_acceptance_names_what_the_endpoint_answered(server):
+    categories = {"code": ["Write a parser."]}
+    server.routes["/v1/models"] = (200, '{"data": [{"name": "no id"}]}', 0)
+    refused("vllm_acceptance", {"url": server.url, "categories": categories}, "/v1/models lists no model", "give model")
+    server.routes["/metrics"] = (200, "not: prometheus {", 0)
+    refused("vllm_acceptance", {"url": server.url, "model": "m", "categories": categories}, "/metrics did not answer Prometheus text")
+
+
+@pytest.mark.parametrize(
+    ("route", "fragments"),
+    [((401, "Unauthorized", 0), ["/metrics answered HTTP 401: the server refuses the API key"]),
+     ((200, "<html>", 0), ["/metrics did not answer Prometheus text"]),
+     ((200, "", 2), ["/metrics did not answer", "timed out"])],
+    ids=["401", "html", "timeout"],
+)
+def test_metrics_info_names_each_unexpected_reply(server, route, fragments):
+    server.routes["/metrics"] = route
+    refused("vllm_metrics_info", {"url": server.url, "timeout": 1}, *fragments)
+
+
+def test_metrics_info_names_a_closed_port_and_a_port_that_is_not_http(closed_port, not_http):
+    refused("vllm_metrics_info", {"url": closed_port}, "/metrics did not answer", "ConnectionRefusedError", "check url")
+    refused("vllm_metrics_info", {"url": not_http}, "/metrics did not answer", "the answer is not HTTP", "another program answers")
+
+
+def test_health_names_a_model_list_of_another_shape_and_a_plan_file_of_another_type(server, tmp_path):
+    server.routes["/v1/models"] = (200, '{"data": [{"id": 1}]}', 0)
+    refused("vllm_health", {"url": server.url, "api_key": KEY, "served_model_names": ["gemma"], "timeout": 5},
+            "200 with a body that is not a model list")
+    plan = {"name": "llm", "url": server.url, "model": "gemma", "served_names": ["gemma"], "health_timeout": "600", "weights": "/models/g",
+            "container": "vllm-llm", "container_url": "http://127.0.0.1:8000", "run_image": "r/vllm@sha256:" + "a" * 64}
+    (tmp_path / "llm.json").write_text(json.dumps(plan))
+    (tmp_path / "llm.env").mkdir()
+    refused("vllm_health", {"instance": "llm", "config_dir": str(tmp_path)}, "instance llm: cannot read", "llm.env (Is a directory)")
+    (tmp_path / "llm.env").rmdir()
+    (tmp_path / "llm.env").write_text(f"VLLM_API_KEY={KEY}\n")
+    refused("vllm_health", {"instance": "llm", "config_dir": str(tmp_path)}, "has no usable health_timeout; re-apply the vllm role")
+
+
+def test_correctness_names_replies_of_another_shape_and_a_damaged_reference(server, tmp_path):
+    args = {"url": server.url, "model": "m", "label": "x", "results_dir": str(tmp_path / "results")}
+    server.routes["/v1/chat/completions"] = (200, "<html>", 0)
+    refused("vllm_correctness", args, "case arith-1:", "/v1/chat/completions answered 200 with something that is not a JSON object")
+    server.routes["/v1/chat/completions"] = (200, '{"choices": [{"message": {"content": ["parts"]}}]}', 0)
+    refused("vllm_correctness", args, "case arith-1:", "choices[0].message.content that is not text")
+    reference = tmp_path / "reference.json"
+    reference.write_text('{"label": "old", "results": [{"id": "arith-1"}]}')
+    refused("vllm_correctness", dict(args, reference=str(reference)), "has results without id, pass and answer",
+            "run the reference label again")
+    assert not (tmp_path / "results").exists()
+
+
+@pytest.mark.parametrize(
+    ("output", "fragment", "staged_manifest", "damage"),
+    [("Fetching [1/3] {garbled", "hf download --dry-run printed no JSON list of files but 'Fetching [1/3] {garbled'", "[1]",
+      ".sparkfleet-manifest.json does not hold a manifest object"),
+     ('[WARN] mirror slow\n[{"name": "config.json"}]', "hf download --dry-run printed no JSON list of files",
+      json.dumps({"repo": "a/b", "revision": COMMIT, "files": ["config.json"]}),
+      ".sparkfleet-manifest.json is damaged (its files are not a mapping of path to size and sha256)"),
+     ("[]", "the hub lists no file for it; check the include patterns", None, None)],
+    ids=["garbled", "wrong-shape", "empty"],
+)
+def test_model_stage_names_garbled_hf_output_and_a_damaged_manifest(tmp_path, output, fragment, staged_manifest, damage):
+    tools = fake_tools(tmp_path / "bin", docker=output)
+    models = tmp_path / "models"
+    if staged_manifest:
+        (models / "b").mkdir(parents=True)
+        (models / "b" / ".sparkfleet-manifest.json").write_text(staged_manifest)
+    result = refused("vllm_model_stage", {"repo": "a/b", "revision": COMMIT, "image": "img", "models_dir": str(models)},
+                     f"listing a/b at {COMMIT} on the Hugging Face Hub failed: {fragment}", "nothing is staged", path=tools)
+    assert result["damaged"] == ([damage] if damage else [])
+
+
+def test_model_check_names_a_config_that_is_not_an_object(tmp_path):
+    (tmp_path / "config.json").write_text("[1]")
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    (tmp_path / ".sparkfleet-manifest.json").write_text('"damaged"')
+    refused("vllm_model_check", {"path": str(tmp_path), "instance": "chat"},
+            f"vllm_instances (chat).model: {tmp_path}/config.json is not a JSON object; the staged copy is damaged")
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [({"bench": {"runs": [{"concurrency": "four", "output_throughput": "fast"}]}}, "bench.runs[0].concurrency: 'four' is not a stream count"),
+     ({"bench": {"runs": [{"concurrency": 1}]}, "metrics": {"workload": {"requests": 5, "prompt_to_generation_ratio": "high"}}},
+      "metrics.workload: not a workload profile")],
+    ids=["run", "workload"],
+)
+def test_bench_report_names_registered_results_of_another_shape(tmp_path, args, fragment):
+    refused("vllm_bench_report", {"dest": str(tmp_path / "report"), "title": "t", "plot": False, **args}, fragment)
+    assert not (tmp_path / "report").exists()
+
+
+def test_host_fact_modules_read_garbled_tools_without_a_traceback(tmp_path):
+    tools = fake_tools(tmp_path / "bin", **{"nvidia-smi": "garbled, [N/A]\n\x01", "docker": "[1]", "systemctl": "Id\n=",
+                                             "dpkg-query": "garbled\tline", "apt-get": "Inst"})
+    facts = run("spark_facts", {"models_dir": str(tmp_path / "models")}, path=tools)
+    assert facts.get("failed") is not True, facts.get("msg")
+    assert facts["facts"]["docker"]["error"] == "docker info did not answer with its JSON object"
+    assert facts["facts"]["gpu"]["present"] is False
+    driver = run("nvidia_driver_info", {"simulate_upgrade": True}, path=tools)
+    assert driver.get("failed") is not True, driver.get("msg")
+    assert driver["packages"] == [] and driver["nvidia_smi_versions"] == [] and driver["upgrade_changes"] == []
