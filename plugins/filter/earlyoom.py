@@ -15,6 +15,9 @@ description:
   - Reports every problem at once, each naming the role variable to fix. Problems are a threshold out of
     range, a name that cannot match (longer than the 15 characters of a process name), a regex that does not
     compile, and an avoid pattern that would shield the model server (the inverse configuration of seed 000).
+  - Bounds are C(memory_percent) 1 to 50, C(memory_kill_percent) 1 up to it, C(report_interval) 0 to 86400 and,
+    in C(extra_args), swap thresholds C(-s) 1 to 100 percent and C(-S) at least 1 KiB (0 is never reached, so
+    earlyoom, which acts when memory and swap are both low, would never act while swap is in use).
 author: sparkfleet.vllm contributors (@sparkfleet)
 positional: _input
 options:

@@ -1,12 +1,14 @@
 # Copyright: sparkfleet.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Hardware classes and the preflight verdict for playbooks; the logic is in module_utils."""
+"""Hardware classes, the preflight verdict and the host-preparation settings for playbooks; the logic
+is in module_utils."""
 
 from __future__ import annotations
 
 import json
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._hardware_classes import resolve_class
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._memory import host_settings_problems
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._preflight import image_checks, preflight
 
 
@@ -21,15 +23,14 @@ def inspect_object(stdout):
 
 
 def spark_preflight(facts, hardware_class_name, overrides=None, instances=None, images=None, missing_weights_gib=0.0,
-                    min_free_disk_gib=None, remedies=None):
+                    min_free_disk_gib=None, remedies=None, device_nodes=None):
     resolved = resolve_class(hardware_class_name, overrides)
     if resolved["errors"]:
         return {"ok": False, "checks": [], "reasons": resolved["errors"], "warnings": [], "lines": resolved["errors"]}
     inspected = [{"ref": result["item"], "inspect": inspect_object(result["stdout"]) if result["rc"] == 0 else None}
                  for result in images or [] if "rc" in result]
     return preflight(facts, hardware_class_name, resolved["values"], instances or [], inspected,
-                     float(missing_weights_gib or 0), None if min_free_disk_gib in (None, "") else float(min_free_disk_gib),
-                     remedies or [])
+                     float(missing_weights_gib or 0), min_free_disk_gib, remedies or [], device_nodes)
 
 
 def vllm_image_problems(inspect, ref, facts=None):
@@ -41,4 +42,5 @@ def vllm_image_problems(inspect, ref, facts=None):
 
 class FilterModule:
     def filters(self):
-        return {"hardware_class": hardware_class, "spark_preflight": spark_preflight, "vllm_image_problems": vllm_image_problems}
+        return {"hardware_class": hardware_class, "spark_preflight": spark_preflight, "vllm_image_problems": vllm_image_problems,
+                "host_settings_problems": host_settings_problems}

@@ -4,8 +4,11 @@
 
 from __future__ import annotations
 
+import pathlib
+
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_sweep import (
     correctness_gate,
+    plan_sweep,
     plan_variants,
     summarise_variant,
 )
@@ -13,6 +16,16 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_sweep import
 
 def vllm_sweep_variants(instance, draft_counts=None, variants=None):
     return plan_variants(instance or {}, draft_counts, variants or None)
+
+
+def controller_has(kind, path):
+    """Filters run on the controller, where the sweep's documents, prompts and task files are."""
+    found = pathlib.Path(path)
+    return found.is_dir() if kind == "directory" else found.is_file()
+
+
+def vllm_sweep_plan(instances, settings):
+    return plan_sweep(instances, settings or {}, controller_has)
 
 
 def vllm_sweep_record(variant, status, reason=None, correctness=None, baseline=None, bench=None, acceptance=None,
@@ -40,4 +53,4 @@ def vllm_sweep_record(variant, status, reason=None, correctness=None, baseline=N
 
 class FilterModule:
     def filters(self):
-        return {"vllm_sweep_variants": vllm_sweep_variants, "vllm_sweep_record": vllm_sweep_record}
+        return {"vllm_sweep_plan": vllm_sweep_plan, "vllm_sweep_variants": vllm_sweep_variants, "vllm_sweep_record": vllm_sweep_record}

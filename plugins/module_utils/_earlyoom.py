@@ -16,6 +16,8 @@ import typing as t
 
 COMM_MAX_LENGTH = 15
 MEMORY_PERCENT_RANGE = (1, 50)
+# Reports further apart than a day say nothing about the memory event an operator looks into.
+REPORT_INTERVAL_MAX = 86400
 # Characters that mean something to a regex and are written as a one-character class.
 BRACKETED_CHARACTERS = frozenset("().+?{}|")
 # Characters with no safe spelling inside EARLYOOM_ARGS (systemd splits on whitespace,
@@ -88,6 +90,21 @@ REFUSED_EXTRA = {
 }
 
 
+def threshold_problems(argument: str, flag: str, value: str) -> list[str]:
+    """A -s or -S value earlyoom takes but that would switch its swap condition off: earlyoom acts only
+    when memory and swap are both low, and a threshold of 0 is never reached while swap has a byte
+    free; a swap percent above 100 or a kill threshold above the warning one means nothing."""
+    first, _comma, kill = value.partition(",")
+    numbers = [int(first)] + ([int(kill)] if kill else [])
+    if flag == "-s" and not all(1 <= number <= 100 for number in numbers):
+        return [f"earlyoom_extra_args: {argument!r} is out of range; give swap percents from 1 to 100 (0 would never be reached)"]
+    if flag == "-S" and not all(number >= 1 for number in numbers):
+        return [f"earlyoom_extra_args: {argument!r} is out of range; give swap sizes of at least 1 KiB (0 would never be reached)"]
+    if kill and numbers[1] > numbers[0]:
+        return [f"earlyoom_extra_args: {argument!r} puts the kill threshold above the warning one; give KILL at most the first value"]
+    return []
+
+
 def extra_args_problems(extra_args: t.Any) -> list[str]:
     """Problems of earlyoom_extra_args: each flag must be one the role leaves to the operator, with a well-formed value."""
     if not isinstance(extra_args, list) or not all(isinstance(a, str) for a in extra_args):
@@ -102,6 +119,8 @@ def extra_args_problems(extra_args: t.Any) -> list[str]:
         if expecting:
             if not EXTRA_VALUES[expecting].match(argument):
                 errors.append(f"earlyoom_extra_args: {expecting} {argument!r} is not a threshold (PERCENT[,KILL_PERCENT] or KiB[,KiB])")
+            else:
+                errors += threshold_problems(f"{expecting} {argument}", expecting, argument)
             expecting = None
             continue
         flag = argument.split("=", 1)[0] if argument.startswith("--") else argument[:2]
@@ -112,6 +131,8 @@ def extra_args_problems(extra_args: t.Any) -> list[str]:
             if value:
                 if not EXTRA_VALUES[flag].match(value):
                     errors.append(f"earlyoom_extra_args: {argument!r} is not a threshold (PERCENT[,KILL_PERCENT] or KiB[,KiB])")
+                else:
+                    errors += threshold_problems(argument, flag, value)
             else:
                 expecting = flag
         elif argument not in EXTRA_SWITCHES:
@@ -167,8 +188,9 @@ def earlyoom_config(
                 f"earlyoom_memory_kill_percent: {memory_kill_percent!r} must be a whole percent from 1 up to "
                 f"earlyoom_memory_percent ({memory_percent!r}), or null for earlyoom's default (half of it)"
             )
-    if not isinstance(report_interval, int) or isinstance(report_interval, bool) or report_interval < 0:
-        errors.append(f"earlyoom_report_interval: {report_interval!r} must be a whole number of seconds >= 0 (0 disables reports)")
+    if not isinstance(report_interval, int) or isinstance(report_interval, bool) or not 0 <= report_interval <= REPORT_INTERVAL_MAX:
+        errors.append(f"earlyoom_report_interval: {report_interval!r} is out of range; give whole seconds from 0 (no reports) "
+                      f"to {REPORT_INTERVAL_MAX} (a day; reports further apart say nothing about a memory event)")
 
     for variable, names in (*prefer_lists.items(), *avoid_lists.items()):
         errors += name_problems(variable, names)

@@ -10,7 +10,10 @@ once; the instance plan and the preflight read the values, nothing else repeats 
 
 from __future__ import annotations
 
+import re
 import typing as t
+
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._model_catalog import Range
 
 GB10_ENV_SOURCE = (
     "seed 002: MAX_JOBS=2 and FLASHINFER_NVCC_THREADS=1 stop FlashInfer's JIT from spawning 20-32 compiler processes "
@@ -192,6 +195,25 @@ FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
     "env": ((dict,), "environment every instance gets"),
 }
 OVERRIDABLE = tuple(FIELDS)
+# Sizes without a pool to hold them to (a class without pool_gib, the CPU lab) stay under this.
+LARGEST_POOL_GIB = 1024
+# Each bound keeps the check the value drives meaningful: a zero or negative figure would pass every
+# host, a figure beyond any GPU is a typo (MiB for GiB). The pool bounds the figures taken from it.
+RANGES: dict[str, Range] = {
+    "gmu_ceiling": Range(0, 1, "the whole pool leaves nothing for the OS and the engine's own CUDA context",
+                         low_open=True, high_open=True),
+    "max_num_batched_tokens": Range(1, 2**20, "tokens in one scheduler step; no pool holds the activations of more "
+                                    "than 1M", whole=True),
+    "pool_gib": Range(0, LARGEST_POOL_GIB, "memory one GPU sees; the memory arithmetic divides it up", low_open=True,
+                      unit="GiB"),
+    "min_free_disk_gib": Range(0, 65536, "0 or less would pass a full disk", low_open=True, unit="GiB"),
+}
+# Figures that are part of the pool, with why: bounded above 0 and by pool_gib.
+WITHIN_POOL = {
+    "free_memory_baseline_gib": "memory free after a clean boot; 0 or less would hide crash-loop residue",
+    "shm_size_ceiling_gib": "the /dev/shm a container may ask for comes out of the pool",
+}
+DRIVER_BRANCH = re.compile(r"\d{3}")
 
 
 def resolve_class(name: t.Any, overrides: t.Any = None) -> dict[str, t.Any]:
@@ -210,10 +232,35 @@ def resolve_class(name: t.Any, overrides: t.Any = None) -> dict[str, t.Any]:
         elif (isinstance(value, bool) and bool not in FIELDS[key][0]) or not isinstance(value, FIELDS[key][0]):
             errors.append(f"sparkfleet_hardware_overrides.{key}: {value!r} has the wrong type ({FIELDS[key][1]})")
     values = {**CLASSES[name], **({} if errors else overrides)}
-    ceiling = values["gmu_ceiling"]
-    if not errors and not 0 < ceiling <= 1:
-        errors.append(f"sparkfleet_hardware_overrides.gmu_ceiling: {ceiling!r} must be a fraction between 0 and 1")
+    if not errors:
+        errors = range_problems(name, values, overrides)
     return {"name": name, "values": values if not errors else {}, "errors": errors}
+
+
+def range_problems(name: str, values: t.Mapping[str, t.Any], overrides: t.Mapping[str, t.Any]) -> list[str]:
+    """The class's values with the overrides, each in its range; a shipped value out of range only
+    through an overridden pool_gib is named at pool_gib."""
+    errors = []
+    for key, bound in RANGES.items():
+        if values[key] is not None:
+            errors += bound.problems(f"sparkfleet_hardware_overrides.{key}", values[key])
+    pool = values["pool_gib"] if values["pool_gib"] is not None and RANGES["pool_gib"].contains(values["pool_gib"]) else None
+    ceiling = pool or LARGEST_POOL_GIB
+    for key, why in WITHIN_POOL.items():
+        value = values[key]
+        if value is None:
+            continue
+        bound = Range(0, ceiling, why + (f"; the pool is {pool} GiB" if pool else ""), low_open=True, unit="GiB")
+        problem = bound.problem(f"sparkfleet_hardware_overrides.{key}", value)
+        if problem and key not in overrides and "pool_gib" in overrides:
+            problem = (f"sparkfleet_hardware_overrides.pool_gib: {pool!r} is below the {name} class's {key} of {value}; "
+                       f"raise pool_gib, or override {key} too ({why})")
+        errors += [problem] if problem else []
+    branch = values["driver_branch"]
+    if branch is not None and not DRIVER_BRANCH.fullmatch(branch):
+        errors.append(f"sparkfleet_hardware_overrides.driver_branch: {branch!r} is not a driver branch; give its three-digit "
+                      "major version such as '580', or null for any")
+    return errors
 
 
 def class_page(name: str) -> str:

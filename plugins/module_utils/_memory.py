@@ -1,17 +1,54 @@
 # Copyright: sparkfleet.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Memory admission on a unified pool. Private to the collection.
+"""Memory admission on a unified pool, and the host settings that guard it. Private to the collection.
 
 On a GB10 the GPU, the CPU and the page cache share one pool, and vLLM compares
 gpu_memory_utilization x total with the memory free at startup (seeds 002 and 004):
 "Free memory on device ... less than desired GPU memory utilization".
+
+``host_settings_problems`` bounds the numbers the host-preparation roles write (the swap role's
+swappiness, the headless role's memory sysctls, the exporter drop-ins): each bound refuses a value
+that would switch the protection off or that no host means.
 """
 
 from __future__ import annotations
 
 import typing as t
 
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._model_catalog import Range, as_number
+
 GIB = 1024**3
+# The headless role's memory sysctls (seed 002 Phase 0) with the values that keep their purpose;
+# a sysctl not listed here is the operator's own and passes as given.
+MEMORY_SYSCTLS: dict[str, Range] = {
+    "vm.min_free_kbytes": Range(1, 16 * 1024 * 1024, "the reserve the kernel keeps for allocations under pressure; seed "
+                                "002 keeps 5 GiB on a 128 GB pool, past 16 GiB the kernel reclaims and kills to hold it",
+                                whole=True, unit="KiB"),
+    "vm.vfs_cache_pressure": Range(1, 1000, "0 never reclaims dentries and inodes, which the kernel documents as a way to "
+                                   "run out of memory", whole=True),
+    "vm.dirty_background_ratio": Range(1, 100, "percent of memory dirty before background writeback", whole=True),
+    "vm.dirty_ratio": Range(1, 100, "percent of memory dirty before writers block; on a unified pool every dirty page is "
+                            "memory the engine lacks", whole=True),
+    "vm.panic_on_oom": Range(0, 0, "1 or 2 reboot the whole host on an out-of-memory instead of killing the one process",
+                             whole=True),
+    "vm.overcommit_memory": Range(0, 1, "2 (strict accounting) refuses the large virtual reservations CUDA makes, and the "
+                                  "engine does not start", whole=True),
+    "vm.max_map_count": Range(65530, 2**31 - 1, "below the kernel's 65530 an engine mapping many weight shards fails",
+                              whole=True),
+    "vm.zone_reclaim_mode": Range(0, 7, "a bit mask of three reclaim modes", whole=True),
+}
+HOST_SETTINGS: dict[str, Range] = {
+    "swap_swappiness": Range(0, 10, "seed 000 uses 1: should swap come back, a higher value pages the model's memory out "
+                             "before the page cache", whole=True),
+    # systemd refuses a sixth start within 10 s (StartLimitBurst=5, StartLimitIntervalSec=10), so
+    # faster restarts leave a crash-looping exporter dead for good.
+    "exporter_dropins_restart_sec": Range(2, 300, "below 2 s five quick restarts hit systemd's start limit and the exporter "
+                                          "stays dead; past 5 minutes monitoring is blind too long", whole=True, unit="s"),
+    "exporter_dropins_oom_score_adjust": Range(-1000, -1, "0 or above gives the exporter no protection, a positive value "
+                                               "makes the kernel kill it first", whole=True),
+    "exporter_dropins_self_test_timeout": Range(1, 600, "seconds the self-test waits for systemd to restart an exporter",
+                                                whole=True, unit="s"),
+}
 
 
 def parse_meminfo(text: str) -> dict[str, int]:
@@ -38,3 +75,26 @@ def admission_problem(name: str, gpu_memory_utilization: float, meminfo: t.Mappi
             "memory first (stop what holds it, drop caches)"
         )
     return None
+
+
+def host_settings_problems(settings: t.Mapping[str, t.Any]) -> list[str]:
+    """Problems of the host-preparation settings given (a role passes its own): each named
+    ``"<variable>: <value> <what is wrong>; <the fix> (<why>)"``."""
+    errors = [p for name, bound in HOST_SETTINGS.items() if name in settings
+              for p in bound.problems(name, settings[name])]
+    restart, timeout = (as_number(settings.get(name), whole=True) for name in
+                        ("exporter_dropins_restart_sec", "exporter_dropins_self_test_timeout"))
+    if not errors and restart is not None and timeout is not None and timeout <= restart:
+        errors.append(f"exporter_dropins_self_test_timeout: {timeout} is not above exporter_dropins_restart_sec ({restart}); "
+                      "systemd waits that long before the restart, so the self-test would always fail. Raise it")
+    sysctls = settings.get("headless_sysctl")
+    if "headless_sysctl" in settings and not isinstance(sysctls, dict):
+        errors.append(f"headless_sysctl: {sysctls!r} is not a mapping; give sysctl names and their values")
+    elif isinstance(sysctls, dict):
+        errors += [p for name, bound in MEMORY_SYSCTLS.items() if name in sysctls
+                   for p in bound.problems(f"headless_sysctl['{name}']", sysctls[name])]
+        background, ratio = (as_number(sysctls.get(name), whole=True) for name in ("vm.dirty_background_ratio", "vm.dirty_ratio"))
+        if background is not None and ratio is not None and background > ratio:
+            errors.append(f"headless_sysctl['vm.dirty_background_ratio']: {background} is above vm.dirty_ratio ({ratio}); "
+                          "writers would block before background writeback starts. Lower it")
+    return errors

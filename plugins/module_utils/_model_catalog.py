@@ -13,6 +13,8 @@ and which are derived (and how), so an operator knows how far to trust the memor
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import re
 import typing as t
 
@@ -275,9 +277,137 @@ DRAFTER_KEYS: dict[str, tuple[type, ...]] = {
 BROKEN_SETTINGS = ("attention_backend", "prefix_caching", "speculative_method", "quantization", "moe_backend", "enable_expert_parallel")
 TOPOLOGIES = ("cluster",)
 ENTRY_ID = re.compile(r"[a-z0-9][a-z0-9.-]*")
-VERSION = re.compile(r"\d+(\.\d+){1,2}")
+# A release as PEP 440 writes it: vLLM publishes 0.10.1.1, 0.32.0rc1, nightly 0.33.0.dev5+g1a2b3c and
+# 0.32.0+cpu builds. Comparisons use the release numbers alone: a release candidate or a build of
+# a release carries that release's code, and a dev build of the next one carries it too.
+VERSION = re.compile(r"(?P<release>\d+(\.\d+){1,3})((a|b|rc)\d+)?(\.post\d+)?(\.dev\d+)?(\+[A-Za-z0-9]+([._-][A-Za-z0-9]+)*)?")
+# Acceptance compounds towards zero along the draft (the reason is the refusal's own words).
+MAX_DRAFT_TOKENS = 16
+DRAFT_TOKENS_WHY = ("a draft token counts only when every one before it was accepted; seed 001's best was 8, "
+                    f"past {MAX_DRAFT_TOKENS} more drafts only cost")
+_DECIMAL = re.compile(r"[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?")
+_WHOLE = re.compile(r"[+-]?\d+")
 # Checkpoint formats that are already quantized; anything else is quantized at load time by --quantization.
 UNQUANTIZED = frozenset({"bf16", "fp16", "fp32"})
+
+
+def as_number(value: t.Any, whole: bool = False) -> int | float | None:
+    """A finite number (whole when asked) from an inventory value, numeric text included (extra vars are
+    text); None for anything else, so that "5%" or "two" is refused instead of read as 0."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, str):
+        text = value.strip()
+        if _WHOLE.fullmatch(text):
+            return int(text)
+        if whole or not _DECIMAL.fullmatch(text):
+            return None
+        value = float(text)
+    if isinstance(value, int):
+        return value
+    if not isinstance(value, float) or not math.isfinite(value):
+        return None
+    if whole:
+        return int(value) if value.is_integer() else None
+    return value
+
+
+@dataclasses.dataclass(frozen=True)
+class Range:
+    """The values a number may take, and why: a bound that lets a check be switched off by a zero, a
+    negative or a typo is what this refuses."""
+
+    low: float
+    high: float
+    why: str
+    low_open: bool = False
+    high_open: bool = False
+    whole: bool = False
+    unit: str = ""
+
+    def span(self) -> str:
+        kind = "a whole number" if self.whole else "a number"
+        if self.low == self.high:
+            return f"{self.low}" + (f" {self.unit}" if self.unit else "")
+        if not self.low_open and not self.high_open:
+            limits = f"from {self.low} to {self.high}"
+        else:
+            low = f"above {self.low}" if self.low_open else f"at least {self.low}"
+            high = f"below {self.high}" if self.high_open else f"at most {self.high}"
+            limits = f"{low} and {high}"
+        return f"{kind} {limits}" + (f" {self.unit}" if self.unit else "")
+
+    def contains(self, number: float) -> bool:
+        above = number > self.low if self.low_open else number >= self.low
+        below = number < self.high if self.high_open else number <= self.high
+        return above and below
+
+    def problem(self, field: str, value: t.Any, text: bool = True) -> str | None:
+        """``"<field>: <value> <what is wrong>; <the fix> (<why>)"``, or None when the value is in range.
+        ``text`` False refuses numeric text too, for values handed on unconverted."""
+        number = None if isinstance(value, str) and not text else as_number(value, self.whole)
+        if number is None:
+            return f"{field}: {value!r} is not {'a whole number' if self.whole else 'a number'}; give {self.span()} ({self.why})"
+        if not self.contains(number):
+            return f"{field}: {value!r} is out of range; give {self.span()} ({self.why})"
+        return None
+
+    def problems(self, field: str, value: t.Any, text: bool = True) -> list[str]:
+        found = self.problem(field, value, text)
+        return [found] if found else []
+
+
+# The numbers of an entry: each bound keeps the memory arithmetic and the context check meaningful.
+ENTRY_RANGES: dict[str, Range] = {
+    "max_context": Range(1, 10_485_760, "the longest context in tokens; no released model declares more than 10M", whole=True),
+    "weights_gib": Range(0, 1024, "the memory arithmetic subtracts it from the pool; 0 would hide the weights",
+                         low_open=True, unit="GiB"),
+    "kv_bytes_per_token": Range(1, 2**22, "the KV cache one token takes over all layers; 0 would switch the memory "
+                                "check off, and no model takes 4 MiB", whole=True),
+    "overhead_gib": Range(0, 64, "activations and CUDA graphs take some memory in every engine; 0 or less would hide it",
+                          low_open=True, unit="GiB"),
+    "overhead_gib_per_1k_batched": Range(0, 4, "activation memory grows with the batched tokens; a negative rate "
+                                         "would hand it to the KV cache", unit="GiB"),
+}
+DRAFTER_RANGES: dict[str, Range] = {
+    "num_speculative_tokens": Range(1, MAX_DRAFT_TOKENS, "the recommended draft count; " + DRAFT_TOKENS_WHY, whole=True),
+    "weights_gib": Range(0, 64, "0 for a head built into the checkpoint; a negative size would hide the target's weights",
+                         unit="GiB"),
+}
+
+
+TYPE_WORDS = {str: "text", int: "a whole number", float: "a number", bool: "true or false", list: "a list", dict: "a mapping",
+              type(None): "null"}
+
+
+def wrong_type(field: str, value: t.Any, kinds: tuple[type, ...]) -> str:
+    wanted = " or ".join(dict.fromkeys(TYPE_WORDS[kind] for kind in kinds))
+    return f"{field}: {value!r} has the wrong type; give {wanted}"
+
+
+def drafter_problems(field: str, method: str, drafter: t.Mapping[str, t.Any]) -> list[str]:
+    errors = [f"{field}.{key}: unknown key" for key in sorted(set(drafter) - set(DRAFTER_KEYS))]
+    for key, kinds in DRAFTER_KEYS.items():
+        if key not in drafter or key == "model":
+            continue
+        value = drafter[key]
+        if not isinstance(value, kinds) or isinstance(value, bool):
+            errors.append(wrong_type(f"{field}.{key}", value, kinds))
+        elif key in DRAFTER_RANGES:
+            errors += DRAFTER_RANGES[key].problems(f"{field}.{key}", value)
+    if "num_speculative_tokens" not in drafter:
+        errors.append(f"{field}.num_speculative_tokens: missing; give {DRAFTER_RANGES['num_speculative_tokens'].span()}, "
+                      "the draft count instances get unless they set their own")
+    model = drafter.get("model")
+    if "model" not in drafter or (model is None and method != "mtp"):
+        errors.append(f"{field}.model: missing; give the drafter's Hub id (such as google/gemma-4-31B-it-assistant)"
+                      + (", or null for an MTP head built into the checkpoint" if method == "mtp" else
+                         f": a {method} drafter is a checkpoint of its own"))
+    elif model is not None and (not isinstance(model, str) or not model or any(c.isspace() for c in model)):
+        errors.append(f"{field}.model: {model!r} is not a Hub id; give the drafter's id (such as "
+                      "google/gemma-4-31B-it-assistant)" + (", or null for an MTP head built into the checkpoint"
+                                                           if method == "mtp" else ""))
+    return errors
 
 
 def catalog_problems(entries: t.Any, where: str = "vllm_catalog_extra") -> list[str]:
@@ -298,7 +428,9 @@ def catalog_problems(entries: t.Any, where: str = "vllm_catalog_extra") -> list[
             errors.append(f"{field}.{key}: unknown key")
         for key, kinds in {**REQUIRED, **OPTIONAL}.items():
             if key in entry and (not isinstance(entry[key], kinds) or (isinstance(entry[key], bool) and bool not in kinds)):
-                errors.append(f"{field}.{key}: {entry[key]!r} has the wrong type")
+                errors.append(wrong_type(f"{field}.{key}", entry[key], kinds))
+            elif key in entry and key in ENTRY_RANGES:
+                errors += ENTRY_RANGES[key].problems(f"{field}.{key}", entry[key])
         if not entry.get("repo") and not entry.get("path"):
             errors.append(f"{field}: give repo (a Hub id) or path (where the checkpoint is on the host)")
         for method, drafter in (entry.get("drafters") or {}).items() if isinstance(entry.get("drafters"), dict) else ():
@@ -306,10 +438,7 @@ def catalog_problems(entries: t.Any, where: str = "vllm_catalog_extra") -> list[
                 errors.append(f"{field}.drafters.{method}: a drafter method (mtp, dflash, eagle, eagle3, draft_model) "
                               "mapping to its settings")
                 continue
-            for key in sorted(set(drafter) - set(DRAFTER_KEYS)):
-                errors.append(f"{field}.drafters.{method}.{key}: unknown key")
-            if not isinstance(drafter.get("num_speculative_tokens"), int) or drafter.get("num_speculative_tokens", 0) < 1:
-                errors.append(f"{field}.drafters.{method}.num_speculative_tokens: the recommended draft count, at least 1")
+            errors += drafter_problems(f"{field}.drafters.{method}", method, drafter)
         for index, rule in enumerate(entry.get("broken") or []) if isinstance(entry.get("broken"), list) else ():
             errors += broken_rule_problems(f"{field}.broken[{index}]", rule)
     return errors
@@ -319,7 +448,7 @@ def broken_rule_problems(field: str, rule: t.Any) -> list[str]:
     if not isinstance(rule, dict) or rule.get("setting") not in BROKEN_SETTINGS or not isinstance(rule.get("values"), list) \
             or not isinstance(rule.get("reason"), str):
         return [f"{field}: needs setting (one of {', '.join(BROKEN_SETTINGS)}), values (a list) and reason"]
-    errors = [f"{field}.{key}: {rule[key]!r} is not a version such as 0.29.0" for key in ("fixed_in", "broken_from")
+    errors = [f"{field}.{key}: {rule[key]!r} is not a version such as 0.29.0 (or 0.29.0rc1); give the vLLM release" for key in ("fixed_in", "broken_from")
               if key in rule and not (isinstance(rule[key], str) and VERSION.fullmatch(rule[key]))]
     if "topology" in rule and rule["topology"] not in TOPOLOGIES:
         errors.append(f"{field}.topology: {rule['topology']!r}; only cluster (the rule holds across nodes only), or leave it out")
@@ -327,7 +456,12 @@ def broken_rule_problems(field: str, rule: t.Any) -> list[str]:
 
 
 def version_tuple(version: str) -> tuple[int, ...]:
-    return tuple(int(part) for part in version.split("."))
+    """The release numbers of a version VERSION accepts (0.32.0rc1 -> (0, 32, 0)); callers check the
+    form first, so anything else is a programming error."""
+    found = VERSION.fullmatch(version) if isinstance(version, str) else None
+    if not found:
+        raise ValueError(f"{version!r} is not a version such as 0.32.0")
+    return tuple(int(part) for part in found.group("release").split("."))
 
 
 def drafter_index(catalog: t.Mapping[str, t.Mapping[str, t.Any]]) -> dict[str, str]:

@@ -13,7 +13,8 @@ from __future__ import annotations
 import re
 import typing as t
 
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._model_catalog import version_tuple
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._hardware_classes import RANGES
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._model_catalog import as_number, version_tuple
 
 GIB = 1024**3
 ARCHITECTURES = {"aarch64": "arm64", "arm64": "arm64", "x86_64": "amd64", "amd64": "amd64"}
@@ -78,11 +79,30 @@ def image_checks(images: t.Sequence[t.Mapping[str, t.Any]], facts: t.Mapping[str
     return checks
 
 
+def settings_problems(min_free_disk_gib: t.Any, device_nodes: t.Any = None) -> list[str]:
+    """The preflight role's own settings; ``device_nodes`` None when the caller does not pass them."""
+    errors = []
+    if min_free_disk_gib not in (None, ""):
+        bound = RANGES["min_free_disk_gib"]
+        problem = bound.problem("preflight_min_free_disk_gib", min_free_disk_gib)
+        errors += [problem + "; or null for the hardware class's figure"] if problem else []
+    if device_nodes is not None and (not isinstance(device_nodes, list) or not device_nodes
+                                     or not all(isinstance(n, str) and n.startswith("/dev/") for n in device_nodes)):
+        errors.append(f"preflight_device_nodes: {device_nodes!r} must list the GPU's device nodes, globs under /dev/ such as "
+                      "/dev/nvidia*; without them no stray holder of the GPU is found (seed 002's zombie CUDA context)")
+    return errors
+
+
 def preflight(facts: t.Mapping[str, t.Any], hardware_class: str, hardware: t.Mapping[str, t.Any],
               instances: t.Sequence[t.Mapping[str, t.Any]], images: t.Sequence[t.Mapping[str, t.Any]] = (),
-              missing_weights_gib: float = 0.0, min_free_disk_gib: float | None = None,
-              remedies: t.Collection[str] = ()) -> dict[str, t.Any]:
-    """The verdict: ``ok``, ``checks`` (name, status pass/fail/warn/remedied, detail) and ``reasons`` (the failures)."""
+              missing_weights_gib: float = 0.0, min_free_disk_gib: t.Any = None,
+              remedies: t.Collection[str] = (), device_nodes: t.Any = None) -> dict[str, t.Any]:
+    """The verdict: ``ok``, ``checks`` (name, status pass/fail/warn/remedied, detail) and ``reasons`` (the failures).
+    Settings out of range are the only reasons when there are any: no check runs on them."""
+    refused = settings_problems(min_free_disk_gib, device_nodes)
+    if refused:
+        return {"ok": False, "checks": [], "reasons": refused, "warnings": [], "lines": refused}
+    min_free_disk_gib = None if min_free_disk_gib in (None, "") else as_number(min_free_disk_gib)
     checks = []
     board = facts["board"]
     wanted_board = hardware["board"]

@@ -14,6 +14,7 @@ import typing as t
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._model_catalog import (
     MULTIMODAL_FLOOR,
     UNQUANTIZED,
+    VERSION,
     drafter_index,
     version_tuple,
     weights_path,
@@ -64,7 +65,8 @@ def setting_value(instance: t.Mapping[str, t.Any], setting: str) -> t.Any:
 def broken_findings(where: str, entry_id: str, entry: t.Mapping[str, t.Any], instance: t.Mapping[str, t.Any],
                     vllm_version: str, cluster: bool = False) -> tuple[list[str], list[str]]:
     errors, warnings = [], []
-    version = version_tuple(vllm_version) if vllm_version else None
+    # A malformed vllm_version is the plan's to refuse (it names the variable); here it counts as unknown.
+    version = version_tuple(vllm_version) if isinstance(vllm_version, str) and VERSION.fullmatch(vllm_version) else None
     for rule in entry["broken"]:
         if rule.get("topology") == "cluster" and not cluster:
             continue

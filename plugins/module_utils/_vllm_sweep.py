@@ -12,13 +12,88 @@ saw 5 % run to run). ``schedule`` recommends vLLM's per-batch-size draft counts.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import re
 import statistics
 import typing as t
 
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._model_catalog import (
+    DRAFT_TOKENS_WHY,
+    MAX_DRAFT_TOKENS,
+    Range,
+    as_number,
+)
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_correctness import BUILTIN_CASES
+
 VARIANT_ID = re.compile(r"[a-z0-9][a-z0-9-]{0,40}")
+LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,60}")
+DRAFT_COUNT = Range(0, MAX_DRAFT_TOKENS, "0 is the baseline without speculation; " + DRAFT_TOKENS_WHY, whole=True)
+CONCURRENCY = Range(1, 1024, "requests in flight at once; past 1024 the batch is bound by max_num_seqs, not the draft length",
+                    whole=True)
+# The numbers a variant may change, bounded as the instance plan bounds them, so that a typo is
+# refused before the first variant rather than when its turn comes hours later.
+VARIANT_RANGES: dict[str, Range] = {
+    "max_num_seqs": Range(1, 4096, "vLLM preallocates per-sequence buffers; on one box a few hundred is already the KV "
+                          "cache's limit", whole=True),
+    "max_num_batched_tokens": Range(1, 1_048_576, "the step's activations grow with it; vLLM's own defaults stay at or "
+                                    "below 16384", whole=True),
+    "max_model_len": Range(1, 10_485_760, "no released model declares more than 10M tokens", whole=True),
+    "gpu_memory_utilization": Range(0, 1, "a share of the whole memory pool", low_open=True, high_open=True),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    """One setting of playbooks/mtp_sweep.yml: how it is checked and documented."""
+
+    name: str
+    kind: str
+    doc: str
+    range: Range | None = None
+    choices: tuple[str, ...] = ()
+
+
+SWEEP_SETTINGS: tuple[Setting, ...] = (
+    Setting("sweep_instance", "instance", "The instance to sweep, by name in the host's vllm_instances."),
+    Setting("sweep_label", "label", "Names the result folder and the benchmark labels: letters, digits and _.- (61 at most)."),
+    Setting("sweep_draft_counts", "draft_counts", f"Draft counts to try, 0 (the baseline) to {MAX_DRAFT_TOKENS}.",
+            DRAFT_COUNT),
+    Setting("sweep_variants", "variants", "Named setting overrides instead of draft counts: [{name, settings}]."),
+    Setting("sweep_repeats", "number", "Benchmark runs of each variant; the spread needs at least two.",
+            Range(1, 20, "each repeat reruns every concurrency; past 20 it adds hours, not precision", whole=True)),
+    Setting("sweep_concurrencies", "concurrencies", "Concurrencies benchmarked, each once.", CONCURRENCY),
+    Setting("sweep_target_concurrency", "concurrency", "The concurrency whose throughput decides; one of sweep_concurrencies."),
+    Setting("sweep_single_stream", "concurrency", "The concurrency of the TPOT tie-break; one of sweep_concurrencies."),
+    Setting("sweep_ttft_budget_ms", "optional", "Highest mean TTFT a winner may have, in ms; null for none.",
+            Range(0, 600_000, "a budget of 0 or less refuses every variant, past 10 minutes it refuses none", low_open=True,
+                  unit="ms")),
+    Setting("sweep_noise_floor_pct", "number", "Least margin in percent, on top of the measured spread, a more complex "
+            "variant must win by.", Range(0, 50, "seed 001 saw 5 % run to run; no variant wins by more than 50 %, so the "
+                                          "simplest would always stay", unit="percent")),
+    Setting("sweep_max_changed_answers", "number", "Changed greedy answers the correctness gate accepts.",
+            Range(0, len(BUILTIN_CASES) // 4, f"greedy answers should not change with the draft length; past a quarter of "
+                  f"the {len(BUILTIN_CASES)} cases the gate no longer gates", whole=True)),
+    Setting("sweep_prompts_per_concurrency", "number", "Prompts per concurrency in each benchmark run.",
+            Range(1, 256, "each is a full request; past 256 a run takes longer than it teaches", whole=True)),
+    Setting("sweep_input_tokens", "number", "Prompt size of the benchmark, in tokens.",
+            Range(1, 262_144, "the longest context a catalog model takes", whole=True, unit="tokens")),
+    Setting("sweep_output_tokens", "number", "Tokens generated per benchmark request.",
+            Range(1, 32_768, "decode speed is measured over them; past 32768 a request outlasts the run", whole=True,
+                  unit="tokens")),
+    Setting("sweep_acceptance_max_tokens", "number", "Tokens generated per acceptance prompt.",
+            Range(1, 4096, "acceptance per category is a rate; more tokens only lengthen the sweep", whole=True, unit="tokens")),
+    Setting("sweep_correctness_max_tokens", "number", "Tokens generated per correctness case.",
+            Range(1, 4096, "the cases' answers are short; more tokens only lengthen the sweep", whole=True, unit="tokens")),
+    Setting("sweep_prefix_cache", "choice", "How benchmark prompts avoid the prefix cache.", choices=("disjoint", "reset")),
+    Setting("sweep_runner", "choice", "Where vllm bench runs.", choices=("auto", "exec", "container", "local")),
+    Setting("sweep_keep_winner", "bool", "Leave the winner deployed (else the starting settings come back)."),
+    Setting("sweep_documents_dir", "directory", "The controller folder of the benchmark's documents."),
+    Setting("sweep_prompts_file", "file", "The controller file of the acceptance prompts per category."),
+    Setting("sweep_drain_tasks", "tasks", "The task file that drains the host at its gateway; empty for none."),
+    Setting("sweep_undrain_tasks", "tasks", "The task file that undrains it; empty for none."),
+)
 FIGURES = ("output_throughput", "mean_tpot_ms", "mean_ttft_ms", "mean_itl_ms", "p99_ttft_ms", "p99_itl_ms", "acceptance")
 # Settings a variant may change; the rest (name, port, key, addresses, served names) is the instance's.
 OVERRIDABLE = frozenset({"speculative", "max_num_batched_tokens", "max_num_seqs", "attention_backend", "moe_backend",
@@ -36,11 +111,28 @@ def draft_count(instance: t.Mapping[str, t.Any]) -> int:
     return speculative.get("num_speculative_tokens", 0) if isinstance(speculative, dict) else 0
 
 
-def plan_variants(base: t.Mapping[str, t.Any], draft_counts: t.Any = None, variants: t.Any = None) -> dict[str, t.Any]:
+def variant_setting_problems(where: str, settings: t.Mapping[str, t.Any]) -> list[str]:
+    """A variant's settings reach the instance plan as given, so numbers must be numbers, not text."""
+    errors = [p for key, bound in VARIANT_RANGES.items() if key in settings
+              for p in bound.problems(f"{where}.settings.{key}", settings[key], text=False)]
+    speculative = settings.get("speculative")
+    if speculative is None:
+        return errors
+    if not isinstance(speculative, dict):
+        return errors + [f"{where}.settings.speculative: {speculative!r} is not a mapping; give method, num_speculative_tokens "
+                         "(and model for a drafter), as in vllm_instances"]
+    if "num_speculative_tokens" in speculative:
+        errors += DRAFT_COUNT.problems(f"{where}.settings.speculative.num_speculative_tokens", speculative["num_speculative_tokens"],
+                                       text=False)
+    return errors
+
+
+def plan_variants(base: t.Mapping[str, t.Any] | None, draft_counts: t.Any = None, variants: t.Any = None) -> dict[str, t.Any]:
     """``{"variants": [...], "errors": [...]}``. ``draft_counts`` keeps the base's drafter and changes
     num_speculative_tokens (0 turns speculation off, the baseline); ``variants`` is a list of
     ``{"name": ..., "settings": {...}}`` overrides. Each variant: name, id (of its settings),
-    settings (the overrides), draft_count, rank (0 = simplest)."""
+    settings (the overrides), draft_count, rank (0 = simplest). A base of None (no such instance,
+    refused by the caller) still has the counts and variants checked, against no drafter."""
     errors: list[str] = []
     planned: list[dict[str, t.Any]] = []
     if variants:
@@ -60,13 +152,22 @@ def plan_variants(base: t.Mapping[str, t.Any], draft_counts: t.Any = None, varia
                 errors.append(f"{where}.settings: {', '.join(unknown)} cannot change between variants "
                               "(they name or address the instance); overridable: " + ", ".join(sorted(OVERRIDABLE)))
                 continue
+            problems = variant_setting_problems(where, variant["settings"])
+            if problems:
+                errors += problems
+                continue
             planned.append({"name": name, "settings": variant["settings"]})
     else:
-        counts = [0, 1, 2, 3, 4, 5] if draft_counts is None else draft_counts
-        if not isinstance(counts, list) or not counts or not all(isinstance(k, int) and not isinstance(k, bool) and 0 <= k <= 16 for k in counts):
-            return {"variants": [], "errors": [f"sweep_draft_counts: {counts!r} must be a list of whole numbers from 0 to 16"]}
-        speculative = base.get("speculative") if isinstance(base.get("speculative"), dict) else {}
-        if any(counts) and not speculative.get("method"):
+        given = [0, 1, 2, 3, 4, 5] if draft_counts is None else draft_counts
+        if not isinstance(given, list) or not given:
+            return {"variants": [], "errors": [f"sweep_draft_counts: {given!r} is not a list of draft counts; give a non-empty "
+                                               f"list of {DRAFT_COUNT.span()} ({DRAFT_COUNT.why})"]}
+        problems = [p for index, k in enumerate(given) for p in DRAFT_COUNT.problems(f"sweep_draft_counts[{index}]", k)]
+        if problems:
+            return {"variants": [], "errors": problems}
+        counts = [as_number(k, whole=True) for k in given]
+        speculative = (base or {}).get("speculative") if isinstance((base or {}).get("speculative"), dict) else {}
+        if any(counts) and base is not None and not speculative.get("method"):
             errors.append("sweep_draft_counts: the instance has no speculative method to vary; give it speculative "
                           "(method, and model for a drafter) or use sweep_variants")
         for count in sorted(set(counts)):
@@ -75,13 +176,109 @@ def plan_variants(base: t.Mapping[str, t.Any], draft_counts: t.Any = None, varia
     names = [variant["name"] for variant in planned]
     errors += [f"sweep: variant name {name} is used twice" for name in sorted({n for n in names if names.count(n) > 1})]
     for variant in planned:
-        merged = {**base, **variant["settings"]}
+        merged = {**(base or {}), **variant["settings"]}
         variant["draft_count"] = draft_count(merged)
         variant["id"] = f"{variant['name']}-{variant_id(variant['settings'])}"
     # Fewer draft tokens is simpler; among equals, the order given.
     for rank, variant in enumerate(sorted(planned, key=lambda v: (v["draft_count"], planned.index(v)))):
         variant["rank"] = rank
     return {"variants": sorted(planned, key=lambda v: v["rank"]) if not errors else [], "errors": errors}
+
+
+SETTINGS_BY_NAME = {setting.name: setting for setting in SWEEP_SETTINGS}
+# vllm_sweep_report's objective, as the playbook fills it from its settings.
+OBJECTIVE_SETTINGS = {"target_concurrency": "sweep_target_concurrency", "single_stream": "sweep_single_stream",
+                      "ttft_budget_ms": "sweep_ttft_budget_ms", "noise_floor_pct": "sweep_noise_floor_pct"}
+PathCheck = t.Callable[[str, str], bool]
+
+
+def setting_value(setting: Setting, field: str, value: t.Any, concurrencies: t.Sequence[int],
+                  exists: PathCheck) -> tuple[t.Any, str | None]:
+    """One setting's value (numbers as numbers: extra vars arrive as text) and its problem, or None."""
+    kind = setting.kind
+    if kind in ("number", "optional"):
+        if kind == "optional" and value in (None, ""):
+            return None, None
+        problem = setting.range.problem(field, value)
+        if problem and isinstance(value, str) and value.strip().endswith("%"):
+            problem += "; write the percent without %"
+        return (None, problem) if problem else (as_number(value, setting.range.whole), None)
+    if kind == "concurrencies":
+        if not isinstance(value, list) or not value:
+            return None, f"{field}: {value!r} is not a list of concurrencies; give a non-empty list of {CONCURRENCY.span()}"
+        problems = [p for index, c in enumerate(value) for p in CONCURRENCY.problems(f"{field}[{index}]", c)]
+        if problems:
+            return None, "; ".join(problems)
+        numbers = [as_number(c, whole=True) for c in value]
+        if len(set(numbers)) != len(numbers):
+            return None, f"{field}: {value!r} repeats a concurrency; give each once"
+        return numbers, None
+    if kind == "concurrency":
+        number = as_number(value, whole=True)
+        if number is None or number not in concurrencies:
+            return None, f"{field}: {value!r} is not one of the concurrencies measured ({', '.join(map(str, concurrencies))}); give one"
+        return number, None
+    if kind == "label":
+        ok = isinstance(value, str) and LABEL.fullmatch(value)
+        return value, None if ok else (f"{field}: {value!r} is not a plain label; give letters, digits and _.- (at most 61, it "
+                                       "names the result folder)")
+    if kind == "choice":
+        return value, None if value in setting.choices else f"{field}: {value!r} is not one of {', '.join(setting.choices)}; give one"
+    if kind == "bool":
+        return value, None if isinstance(value, bool) else f"{field}: {value!r} is not true or false; give one"
+    if kind == "tasks" and value == "":
+        return value, None
+    wanted = "directory" if kind == "directory" else "file"
+    found = isinstance(value, str) and bool(value) and exists(wanted, value)
+    what = setting.doc[0].lower() + setting.doc[1:].rstrip(".")
+    return value, None if found else f"{field}: {value!r} is no {wanted} on the controller; give {what}"
+
+
+def plan_sweep(instances: t.Any, settings: t.Mapping[str, t.Any], exists: PathCheck) -> dict[str, t.Any]:
+    """Every setting of playbooks/mtp_sweep.yml checked at once, before the first variant, and the
+    variants planned: ``{"base", "variants", "settings", "errors"}``; ``settings`` holds the checked
+    values (numbers as numbers), ``variants`` is empty when there is any error. ``exists(kind, path)``
+    says whether the controller has that directory or file."""
+    present = [i for i in instances if isinstance(i, dict)] if isinstance(instances, list) else []
+    name = settings.get("sweep_instance")
+    base = next((i for i in present if isinstance(name, str) and i.get("name") == name), None)
+    errors = [] if base is not None else [
+        f"sweep_instance: {name!r} is not an instance of this host's vllm_instances "
+        f"({', '.join(str(i.get('name')) for i in present) or 'none'}); give one with -e sweep_instance=NAME"]
+    values: dict[str, t.Any] = {"sweep_instance": name}
+    for setting in SWEEP_SETTINGS:
+        # The draft counts and the variants are plan_variants' to check; a concurrency is only
+        # judged against concurrencies that are themselves right.
+        if setting.kind in ("instance", "draft_counts", "variants") or (
+                setting.kind == "concurrency" and values.get("sweep_concurrencies") is None):
+            continue
+        value, problem = setting_value(setting, setting.name, settings.get(setting.name), values.get("sweep_concurrencies"), exists)
+        values[setting.name] = value
+        errors += [problem] if problem else []
+    planned = plan_variants(base, settings.get("sweep_draft_counts"), settings.get("sweep_variants") or None)
+    errors += planned["errors"]
+    return {"base": base or {}, "variants": [] if errors else planned["variants"], "settings": values, "errors": errors}
+
+
+def objective_problems(objective: t.Mapping[str, t.Any], concurrencies: t.Any,
+                       max_num_seqs: t.Any) -> tuple[dict[str, t.Any], list[str]]:
+    """vllm_sweep_report's options checked as the sweep's settings are, each named by its option:
+    the objective with its numbers as numbers, and every problem."""
+    errors = []
+    measured, problem = setting_value(SETTINGS_BY_NAME["sweep_concurrencies"], "concurrencies", concurrencies, [],
+                                      lambda _kind, _path: False)
+    errors += [problem] if problem else []
+    checked = {"single_stream": 1, "ttft_budget_ms": None, "noise_floor_pct": 0.0, **objective}
+    for key, name in OBJECTIVE_SETTINGS.items():
+        if key == "target_concurrency" and key not in objective:
+            errors.append("objective.target_concurrency: missing; give the concurrency whose throughput decides")
+            continue
+        if measured is None and SETTINGS_BY_NAME[name].kind == "concurrency":
+            continue
+        checked[key], found = setting_value(SETTINGS_BY_NAME[name], f"objective.{key}", checked.get(key), measured,
+                                            lambda _kind, _path: False)
+        errors += [found] if found else []
+    return checked, errors + VARIANT_RANGES["max_num_seqs"].problems("max_num_seqs", max_num_seqs)
 
 
 def spread(values: t.Sequence[float]) -> dict[str, t.Any]:

@@ -39,6 +39,8 @@ options:
     description:
       - C(target_concurrency), C(single_stream) (default 1), C(ttft_budget_ms) (null for none) and C(noise_floor_pct)
         (least margin a more complex variant must win by, on top of the measured spread).
+      - Checked as the sweep's settings are; the concurrencies among O(concurrencies), C(ttft_budget_ms) above 0 and
+        at most 600000, C(noise_floor_pct) a number from 0 to 50 (C(5%) is refused, not read as 0).
     type: dict
     required: true
   concurrencies:
@@ -47,11 +49,14 @@ options:
     elements: int
     required: true
   max_num_seqs:
-    description: The instance's max_num_seqs, the last batch size of the schedule.
+    description: The instance's max_num_seqs, the last batch size of the schedule (1 to 4096).
     type: int
     default: 256
   vllm_version:
-    description: The vLLM release served, to say whether the schedule is supported.
+    description:
+      - The vLLM release served, to say whether the schedule is supported.
+      - A PEP 440 pre-release, development or local version (C(0.32.0rc1), C(0.33.0.dev5), C(0.32.0+cpu)) counts as
+        its release numbers.
     type: str
     default: ""
   plot:
@@ -124,8 +129,14 @@ import json
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._files import write_changed
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._model_catalog import version_tuple
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_sweep import decide, figure, report_markdown, schedule
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._model_catalog import VERSION, version_tuple
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_sweep import (
+    decide,
+    figure,
+    objective_problems,
+    report_markdown,
+    schedule,
+)
 
 try:
     import matplotlib
@@ -178,13 +189,15 @@ def main():
     params = module.params
     if params["plot"] and pyplot is None:
         module.fail_json(msg=missing_required_lib("matplotlib"), ok=False, reasons=[missing_required_lib("matplotlib")])
-    objective = {"single_stream": 1, "ttft_budget_ms": None, "noise_floor_pct": 0.0, **params["objective"]}
-    if objective.get("target_concurrency") not in params["concurrencies"]:
-        reason = f"objective.target_concurrency {objective.get('target_concurrency')!r} is not one of the concurrencies measured"
-        module.fail_json(msg=reason, ok=False, reasons=[reason])
+    objective, problems = objective_problems(params["objective"], params["concurrencies"], params["max_num_seqs"])
+    version = params["vllm_version"]
+    if version and not VERSION.fullmatch(version):
+        problems.append(f"vllm_version: {version!r} is not a vLLM release; give the image's release such as 0.32.0 "
+                        "(0.32.0rc1, 0.33.0.dev5 and 0.32.0+cpu are read as their release), or leave it empty")
+    if problems:
+        module.fail_json(msg="; ".join(problems), ok=False, reasons=problems)
     results = params["results"]
     decision = decide(results, objective)
-    version = params["vllm_version"]
     recommended, note = None, ""
     if version and version_tuple(version) >= version_tuple(SCHEDULE_SINCE):
         recommended = schedule(results, params["concurrencies"], params["max_num_seqs"], objective["noise_floor_pct"])

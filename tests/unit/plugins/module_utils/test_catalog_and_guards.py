@@ -4,7 +4,7 @@ the memory arithmetic, as the plan applies them."""
 import pytest
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._hardware_classes import CLASSES, resolve_class
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._model_catalog import CATALOG, catalog_problems
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._model_catalog import CATALOG, VERSION, as_number, catalog_problems, version_tuple
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_plan import build_plan
 
 DIGEST = "sha256:" + "ab" * 32
@@ -207,3 +207,108 @@ def test_overrides_lay_settings_over_named_instances_and_are_checked():
     assert "vllm_instance_overrides.caht: no instance of that name in vllm_instances; did you mean chat?" in only_error(
         *instances, overrides={"caht": {"max_num_seqs": 4}})
     assert "max_num_seq: unknown key" in only_error(*instances, overrides={"chat": {"max_num_seq": 4}})
+
+
+@pytest.mark.parametrize(("changes", "expected"), [
+    pytest.param({"weights_gib": -5}, "embeddings.weights_gib: -5 is out of range; give a number above 0 and at most 1024 GiB",
+                 id="negative-weights"),
+    pytest.param({"weights_gib": 0}, "embeddings.weights_gib: 0 is out of range", id="no-weights"),
+    pytest.param({"max_context": 0}, "embeddings.max_context: 0 is out of range; give a whole number from 1 to 10485760", id="no-context"),
+    pytest.param({"kv_bytes_per_token": 0}, "embeddings.kv_bytes_per_token: 0 is out of range; give a whole number from 1 to 4194304 "
+                 "(the KV cache one token takes over all layers; 0 would switch the memory check off", id="kv-check-off"),
+    pytest.param({"overhead_gib": -1.5}, "embeddings.overhead_gib: -1.5 is out of range; give a number above 0 and at most 64 GiB",
+                 id="negative-overhead"),
+    pytest.param({"overhead_gib_per_1k_batched": -0.1}, "embeddings.overhead_gib_per_1k_batched: -0.1 is out of range; give a number "
+                 "from 0 to 4 GiB", id="negative-activation-rate"),
+    pytest.param({"max_context": 8192.0}, "embeddings.max_context: 8192.0 has the wrong type; give a whole number", id="float-context"),
+    pytest.param({"drafters": {"mtp": {"model": "a/b", "num_speculative_tokens": 40}}},
+                 "embeddings.drafters.mtp.num_speculative_tokens: 40 is out of range; give a whole number from 1 to 16", id="drafts"),
+    pytest.param({"drafters": {"mtp": {"model": "a/b"}}}, "embeddings.drafters.mtp.num_speculative_tokens: missing", id="no-draft-count"),
+    pytest.param({"drafters": {"mtp": {"model": "a/b", "num_speculative_tokens": 2, "weights_gib": -1}}},
+                 "embeddings.drafters.mtp.weights_gib: -1 is out of range; give a number from 0 to 64 GiB", id="negative-drafter"),
+])
+def test_catalog_extra_numbers_are_bounded(changes, expected):
+    found = catalog_problems({"embeddings": {**EMBEDDINGS["embeddings"], **changes}})
+    assert any(expected in e for e in found), found
+    assert all(e.startswith("vllm_catalog_extra.embeddings.") for e in found)
+
+
+@pytest.mark.parametrize(("drafter", "expected"), [
+    pytest.param({"model": 5}, "dflash.model: 5 is not a Hub id; give the drafter's id", id="number"),
+    pytest.param({"model": ""}, "dflash.model: '' is not a Hub id; give the drafter's id", id="empty"),
+    pytest.param({"model": "z-lab/my drafter"}, "dflash.model: 'z-lab/my drafter' is not a Hub id", id="spaces"),
+    pytest.param({"model": None}, "dflash.model: missing; give the drafter's Hub id (such as google/gemma-4-31B-it-assistant): "
+                 "a dflash drafter is a checkpoint of its own", id="null-for-a-drafter-checkpoint"),
+    pytest.param({}, "dflash.model: missing", id="absent"),
+])
+def test_a_catalog_drafter_model_that_is_empty_or_a_number_is_refused_not_raised(drafter, expected):
+    """It used to raise AttributeError in the plan, which no_log shows the operator as 'censored'."""
+    extra = {"embeddings": {**EMBEDDINGS["embeddings"], "drafters": {"dflash": {"num_speculative_tokens": 4, **drafter}}}}
+    message = only_error(instance(catalog="embeddings", gpu_memory_utilization=0.2, speculative={"method": "mtp", "model": "/m/x"}),
+                         catalog_extra=extra)
+    assert message.startswith("vllm_catalog_extra.embeddings.drafters.") and expected in message
+    built_in = {"embeddings": {**EMBEDDINGS["embeddings"], "drafters": {"mtp": {"model": None, "num_speculative_tokens": 2}}}}
+    assert catalog_problems(built_in) == [], "an MTP head built into the checkpoint has model: null"
+
+
+@pytest.mark.parametrize(("version", "release"), [
+    ("0.32.0", (0, 32, 0)), ("0.32.0rc1", (0, 32, 0)), ("0.33.0.dev5", (0, 33, 0)), ("0.32.0+cpu", (0, 32, 0)),
+    ("0.33.0.dev5+g1a2b3c.d20260101", (0, 33, 0)), ("0.10.1.1", (0, 10, 1, 1)), ("0.19.1.post1", (0, 19, 1)), ("13.0", (13, 0)),
+])
+def test_pep_440_versions_compare_by_their_release(version, release):
+    assert VERSION.fullmatch(version) and version_tuple(version) == release
+
+
+def test_versions_decide_known_breakage_by_release_and_a_bad_one_is_refused_not_raised():
+    twelve = instance(catalog="gemma-4-12b-it-nvfp4", speculative={"method": "mtp"})
+    assert errors(twelve, vllm_version="0.29.0rc1") == [], "a release candidate of the fixed release counts as fixed"
+    assert "tripped CUDA graph capture" in only_error(twelve, vllm_version="0.28.1+cu130")
+    for bad in ("latest", "v0.32.0", "0.32.0-rc1 ", "0"):
+        assert f"vllm_version: {bad!r} must be the image's vLLM release" in only_error(twelve, vllm_version=bad)
+    with pytest.raises(ValueError, match="is not a version such as 0.32.0"):
+        version_tuple("latest")
+    bad_rule = {"setting": "prefix_caching", "values": [True], "reason": "r", "fixed_in": "0.29"}
+    assert catalog_problems({"e": {**EMBEDDINGS["embeddings"], "broken": [bad_rule]}}) == []
+    bad_rule["fixed_in"] = "v0.29.0"
+    assert "e.broken[0].fixed_in: 'v0.29.0' is not a version such as 0.29.0" in catalog_problems(
+        {"e": {**EMBEDDINGS["embeddings"], "broken": [bad_rule]}})[0]
+
+
+@pytest.mark.parametrize(("overrides", "expected"), [
+    pytest.param({"min_free_disk_gib": -100}, "sparkfleet_hardware_overrides.min_free_disk_gib: -100 is out of range; give a number "
+                 "above 0 and at most 65536 GiB (0 or less would pass a full disk)", id="disk-check-off"),
+    pytest.param({"free_memory_baseline_gib": -5}, "sparkfleet_hardware_overrides.free_memory_baseline_gib: -5 is out of range; give a "
+                 "number above 0 and at most 121.69 GiB", id="negative-baseline"),
+    pytest.param({"free_memory_baseline_gib": 400}, "free_memory_baseline_gib: 400 is out of range; give a number above 0 and at most "
+                 "121.69 GiB (memory free after a clean boot; 0 or less would hide crash-loop residue; the pool is 121.69 GiB)",
+                 id="baseline-above-the-pool"),
+    pytest.param({"shm_size_ceiling_gib": 0}, "sparkfleet_hardware_overrides.shm_size_ceiling_gib: 0 is out of range", id="no-shm"),
+    pytest.param({"pool_gib": -1}, "sparkfleet_hardware_overrides.pool_gib: -1 is out of range; give a number above 0 and at most "
+                 "1024 GiB", id="negative-pool"),
+    pytest.param({"pool_gib": 50}, "sparkfleet_hardware_overrides.pool_gib: 50 is below the dgx_spark class's free_memory_baseline_gib "
+                 "of 99.0; raise pool_gib, or override free_memory_baseline_gib too", id="pool-below-the-class-baseline"),
+    pytest.param({"max_num_batched_tokens": 0}, "sparkfleet_hardware_overrides.max_num_batched_tokens: 0 is out of range; give a whole "
+                 "number from 1 to 1048576", id="no-batch"),
+    pytest.param({"gmu_ceiling": 1.0}, "sparkfleet_hardware_overrides.gmu_ceiling: 1.0 is out of range; give a number above 0 and "
+                 "below 1 (the whole pool leaves nothing for the OS", id="whole-pool"),
+    pytest.param({"gmu_ceiling": -0.5}, "sparkfleet_hardware_overrides.gmu_ceiling: -0.5 is out of range", id="negative-ceiling"),
+    pytest.param({"driver_branch": "58"}, "sparkfleet_hardware_overrides.driver_branch: '58' is not a driver branch; give its "
+                 "three-digit major version such as '580'", id="driver-branch"),
+])
+def test_hardware_overrides_are_bounded(overrides, expected):
+    resolved = resolve_class("dgx_spark", overrides)
+    assert resolved["values"] == {} and any(expected in e for e in resolved["errors"]), resolved["errors"]
+
+
+def test_hardware_overrides_in_range_apply():
+    values = resolve_class("cpu_lab", {"free_memory_baseline_gib": 20, "shm_size_ceiling_gib": 4, "min_free_disk_gib": 0.5})["values"]
+    assert values["free_memory_baseline_gib"] == 20 and values["shm_size_ceiling_gib"] == 4
+    assert resolve_class("dgx_spark", {"pool_gib": 110, "free_memory_baseline_gib": 90, "driver_branch": None})["errors"] == []
+
+
+@pytest.mark.parametrize(("value", "whole", "number"), [
+    (3, True, 3), ("3", True, 3), (3.0, True, 3), (2.5, True, None), ("2.5", False, 2.5), ("5%", False, None), ("two", False, None),
+    (True, False, None), (float("nan"), False, None), (float("inf"), False, None), (None, False, None), ("", False, None),
+])
+def test_numbers_are_read_from_inventory_values_or_refused(value, whole, number):
+    assert as_number(value, whole) == number

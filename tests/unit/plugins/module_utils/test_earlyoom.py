@@ -123,3 +123,22 @@ def test_extra_args_are_checked_like_the_structured_settings(extra, fragment):
 
 def test_harmless_extra_args_pass_through():
     assert extra_args_problems(["-s", "10,5", "-S5", "-n", "--sort-by-rss", "-p"]) == []
+
+
+@pytest.mark.parametrize(("extra", "fragment"), [
+    pytest.param(["-s", "0"], "'-s 0' is out of range; give swap percents from 1 to 100 (0 would never be reached)", id="swap-off"),
+    pytest.param(["-s0,0"], "'-s0,0' is out of range; give swap percents from 1 to 100", id="swap-off-joined"),
+    pytest.param(["-s", "150"], "'-s 150' is out of range", id="above-100"),
+    pytest.param(["-s", "10,20"], "'-s 10,20' puts the kill threshold above the warning one", id="kill-above-warning"),
+    pytest.param(["-S", "0"], "'-S 0' is out of range; give swap sizes of at least 1 KiB", id="swap-size-off"),
+])
+def test_swap_thresholds_that_switch_the_guard_off_are_refused(extra, fragment):
+    problems = extra_args_problems(extra)
+    assert len(problems) == 1 and problems[0].startswith(f"earlyoom_extra_args: {fragment}")
+
+
+@pytest.mark.parametrize("interval", [-1, 86401, 10**9, "3600", True])
+def test_report_interval_out_of_range_is_refused(interval):
+    errors = config(report_interval=interval)["errors"]
+    assert errors and errors[0].startswith(f"earlyoom_report_interval: {interval!r} is out of range; give whole seconds from 0")
+    assert config(report_interval=86400)["errors"] == [] and config(report_interval=0)["errors"] == []

@@ -4,6 +4,8 @@ the hardware class and the plan: each check passing, failing with its reason, or
 import json
 import pathlib
 
+import pytest
+
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._hardware_classes import resolve_class
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_facts import summarise
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._preflight import image_checks, preflight
@@ -138,3 +140,29 @@ def test_a_pulled_image_is_judged_before_any_launch():
     assert "needs CUDA 13.1 (driver branch 590 or later)" in vllm_image_problems(newer, "vllm@sha256:1", gb10())[0]
     assert vllm_image_problems(newer, "vllm@sha256:1", None) == [], "no facts, nothing to judge"
     assert vllm_image_problems({"Architecture": "arm64", "Config": {}}, "vllm@sha256:1", gb10()) == []
+
+
+@pytest.mark.parametrize(("min_free_disk_gib", "device_nodes", "expected"), [
+    pytest.param(-5, None, "preflight_min_free_disk_gib: -5 is out of range; give a number above 0 and at most 65536 GiB (0 or less "
+                 "would pass a full disk); or null for the hardware class's figure", id="disk-check-off"),
+    pytest.param(0, None, "preflight_min_free_disk_gib: 0 is out of range", id="zero-disk"),
+    pytest.param("5%", None, "preflight_min_free_disk_gib: '5%' is not a number", id="not-a-number"),
+    pytest.param(10**9, None, "preflight_min_free_disk_gib: 1000000000 is out of range", id="absurd"),
+    pytest.param(None, [], "preflight_device_nodes: [] must list the GPU's device nodes", id="no-device-nodes"),
+    pytest.param(None, ["nvidia*"], "preflight_device_nodes: ['nvidia*'] must list the GPU's device nodes, globs under /dev/",
+                 id="not-under-dev"),
+])
+def test_preflight_settings_out_of_range_are_refused_before_any_check(min_free_disk_gib, device_nodes, expected):
+    result = verdict(gb10(), min_free_disk_gib=min_free_disk_gib, device_nodes=device_nodes)
+    assert not result["ok"] and result["checks"] == [] and len(result["reasons"]) == 1
+    assert result["reasons"][0].startswith(expected)
+
+
+def test_the_filter_passes_the_role_settings_through():
+    from ansible_collections.sparkfleet.vllm.plugins.filter.hardware import spark_preflight
+
+    # Before, a text value reached float() and "5%" raised; now it is a reason that names the variable.
+    assert spark_preflight(gb10(), "dgx_spark", {}, [], [], 0, "5%")["reasons"][0].startswith("preflight_min_free_disk_gib: '5%'")
+    text = spark_preflight(gb10(), "dgx_spark", {}, [], [], 0, "900", [], ["/dev/nvidia*"])
+    assert "need 900.00 GiB" in next(c["detail"] for c in text["checks"] if c["name"] == "free disk")
+    assert spark_preflight(gb10(), "dgx_spark", {}, [], [], 0, None, [], [])["reasons"][0].startswith("preflight_device_nodes: []")

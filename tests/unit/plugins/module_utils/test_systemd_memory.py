@@ -1,7 +1,10 @@
+import pathlib
 import shlex
 
 import pytest
+import yaml
 
+from ansible_collections.sparkfleet.vllm.plugins.filter.hardware import host_settings_problems
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._memory import admission_problem, parse_meminfo
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._systemd import exec_line, quote_exec_argument
 
@@ -46,3 +49,48 @@ def test_admission():
     assert admission_problem("llm", 0.5, info) is None
     problem = admission_problem("llm", 0.95, info)
     assert "22.28 GiB of the 23.46 GiB pool" in problem and "21.09 GiB is available" in problem
+
+
+ROLES = pathlib.Path(__file__).resolve().parents[4] / "roles"
+
+
+def test_the_roles_defaults_are_in_range():
+    for role in ("swap", "headless", "exporter_dropins"):
+        defaults = yaml.safe_load((ROLES / role / "defaults" / "main.yml").read_text())
+        assert host_settings_problems(defaults) == [], role
+
+
+@pytest.mark.parametrize(("settings", "expected"), [
+    pytest.param({"swap_swappiness": 60}, "swap_swappiness: 60 is out of range; give a whole number from 0 to 10 (seed 000 uses 1",
+                 id="swappiness"),
+    pytest.param({"swap_swappiness": "1%"}, "swap_swappiness: '1%' is not a whole number", id="swappiness-text"),
+    pytest.param({"headless_sysctl": {"vm.panic_on_oom": 1}}, "headless_sysctl['vm.panic_on_oom']: 1 is out of range; give 0 (1 or 2 "
+                 "reboot the whole host", id="panic-on-oom"),
+    pytest.param({"headless_sysctl": {"vm.overcommit_memory": 2}}, "headless_sysctl['vm.overcommit_memory']: 2 is out of range; give a "
+                 "whole number from 0 to 1 (2 (strict accounting)", id="strict-overcommit"),
+    pytest.param({"headless_sysctl": {"vm.min_free_kbytes": 64 * 1024 * 1024}}, "headless_sysctl['vm.min_free_kbytes']: 67108864 is "
+                 "out of range; give a whole number from 1 to 16777216 KiB", id="reserve-in-the-tens-of-gib"),
+    pytest.param({"headless_sysctl": {"vm.vfs_cache_pressure": 0}}, "headless_sysctl['vm.vfs_cache_pressure']: 0 is out of range",
+                 id="never-reclaim"),
+    pytest.param({"headless_sysctl": {"vm.dirty_ratio": 500}}, "headless_sysctl['vm.dirty_ratio']: 500 is out of range", id="dirty"),
+    pytest.param({"headless_sysctl": {"vm.dirty_background_ratio": 20, "vm.dirty_ratio": 5}},
+                 "headless_sysctl['vm.dirty_background_ratio']: 20 is above vm.dirty_ratio (5)", id="background-above-ratio"),
+    pytest.param({"headless_sysctl": {"vm.max_map_count": 1000}}, "headless_sysctl['vm.max_map_count']: 1000 is out of range",
+                 id="map-count"),
+    pytest.param({"headless_sysctl": ["vm.dirty_ratio=5"]}, "headless_sysctl: ['vm.dirty_ratio=5'] is not a mapping", id="not-a-dict"),
+    pytest.param({"exporter_dropins_restart_sec": 0}, "exporter_dropins_restart_sec: 0 is out of range; give a whole number from 2 to "
+                 "300 s (below 2 s five quick restarts hit systemd's start limit", id="restart-limit"),
+    pytest.param({"exporter_dropins_oom_score_adjust": 500}, "exporter_dropins_oom_score_adjust: 500 is out of range; give a whole "
+                 "number from -1000 to -1", id="exporter-killed-first"),
+    pytest.param({"exporter_dropins_restart_sec": 30, "exporter_dropins_self_test_timeout": 30},
+                 "exporter_dropins_self_test_timeout: 30 is not above exporter_dropins_restart_sec (30)", id="self-test-too-short"),
+    pytest.param({"exporter_dropins_self_test_timeout": 10**6}, "exporter_dropins_self_test_timeout: 1000000 is out of range",
+                 id="self-test-forever"),
+])
+def test_host_settings_that_switch_a_protection_off_are_refused(settings, expected):
+    problems = host_settings_problems(settings)
+    assert len(problems) == 1 and problems[0].startswith(expected), problems
+
+
+def test_unknown_sysctls_are_the_operators_own():
+    assert host_settings_problems({"headless_sysctl": {"kernel.numa_balancing": 0, "vm.dirty_ratio": "5"}}) == []

@@ -1,11 +1,19 @@
 """The speculative-decoding sweep: variants, the correctness gate, spread, the decision and the schedule."""
 
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
 import pytest
 
-from ansible_collections.sparkfleet.vllm.plugins.filter.sweep import vllm_sweep_record
+from ansible_collections.sparkfleet.vllm.plugins.filter.sweep import vllm_sweep_plan, vllm_sweep_record
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_metrics import busy_problem, parse_samples
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_sweep import (
     decide,
+    objective_problems,
+    plan_sweep,
     plan_variants,
     report_markdown,
     schedule,
@@ -13,7 +21,18 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_sweep import
     summarise_variant,
 )
 
+ROOT = pathlib.Path(__file__).resolve().parents[4]
+COLLECTIONS = ROOT / ".cache" / "collections"
+REPORT_MODULE = COLLECTIONS / "ansible_collections" / "sparkfleet" / "vllm" / "plugins" / "modules" / "vllm_sweep_report.py"
 BASE = {"name": "chat", "speculative": {"method": "mtp", "model": "/models/assistant", "num_speculative_tokens": 2}}
+# playbooks/mtp_sweep.yml's defaults, as its validation task passes them.
+SETTINGS = dict(sweep_instance="chat", sweep_label="chat-sweep", sweep_draft_counts=[0, 1, 2, 3, 4, 5], sweep_variants=[],
+                sweep_repeats=3, sweep_concurrencies=[1, 8], sweep_target_concurrency=8, sweep_single_stream=1,
+                sweep_ttft_budget_ms=None, sweep_noise_floor_pct=0, sweep_max_changed_answers=0, sweep_prompts_per_concurrency=4,
+                sweep_input_tokens=1000, sweep_output_tokens=256, sweep_acceptance_max_tokens=128, sweep_correctness_max_tokens=96,
+                sweep_prefix_cache="disjoint", sweep_runner="auto", sweep_keep_winner=True,
+                sweep_documents_dir=str(ROOT / "docs"), sweep_prompts_file=str(ROOT / "playbooks" / "files" / "sweep_prompts.yml"),
+                sweep_drain_tasks=str(ROOT / "playbooks" / "tasks" / "gateway_drain.yml"), sweep_undrain_tasks="")
 OBJECTIVE = {"target_concurrency": 8, "single_stream": 1, "ttft_budget_ms": None, "noise_floor_pct": 0.0}
 
 
@@ -43,7 +62,7 @@ def test_draft_counts_become_ranked_variants_with_stable_ids():
 
 def test_bad_sweeps_are_refused():
     assert "no speculative method to vary" in plan_variants({"name": "chat"}, [0, 2])["errors"][0]
-    assert "whole numbers from 0 to 16" in plan_variants(BASE, [0, "two"])["errors"][0]
+    assert "sweep_draft_counts[1]: 'two' is not a whole number; give a whole number from 0 to 16" in plan_variants(BASE, [0, "two"])["errors"][0]
     found = plan_variants(BASE, variants=[{"name": "Big", "settings": {}}, {"name": "port", "settings": {"port": 9}},
                                           {"name": "a", "settings": {}}, {"name": "a", "settings": {"max_num_seqs": 4}}])["errors"]
     assert any("must be lower-case" in e for e in found) and any("port cannot change between variants" in e for e in found)
@@ -152,3 +171,129 @@ def test_a_variant_the_gate_rejects_is_reported_without_figures():
     text = report_markdown("lab sweep", [k0, rejected], decision, OBJECTIVE)
     assert decision["winner"] == "k0" and "other: out, correctness gate" in " ".join(decision["reasons"])
     assert "(fails the gate).\n\nNot benchmarked: the correctness gate rejected it." in text
+
+
+def swept(**changes):
+    return vllm_sweep_plan([{"name": "embed"}, BASE], {**SETTINGS, **changes})
+
+
+def test_the_playbook_defaults_plan_the_draft_lengths_and_text_numbers_become_numbers():
+    planned = swept()
+    assert planned["errors"] == [] and planned["base"] == BASE
+    assert [v["name"] for v in planned["variants"]] == ["k0", "k1", "k2", "k3", "k4", "k5"]
+    # Extra vars arrive as text (-e sweep_repeats=5); the variants read the checked numbers.
+    settings = swept(sweep_repeats="5", sweep_noise_floor_pct="2.5", sweep_ttft_budget_ms="1500")["settings"]
+    assert (settings["sweep_repeats"], settings["sweep_noise_floor_pct"], settings["sweep_ttft_budget_ms"]) == (5, 2.5, 1500)
+
+
+@pytest.mark.parametrize(("changes", "expected"), [
+    pytest.param({"sweep_noise_floor_pct": "5%"}, "sweep_noise_floor_pct: '5%' is not a number; give a number from 0 to 50 percent",
+                 id="percent-sign-is-not-zero"),
+    pytest.param({"sweep_noise_floor_pct": 80}, "sweep_noise_floor_pct: 80 is out of range; give a number from 0 to 50", id="floor-too-high"),
+    pytest.param({"sweep_noise_floor_pct": -1}, "sweep_noise_floor_pct: -1 is out of range", id="negative-floor"),
+    pytest.param({"sweep_repeats": 0}, "sweep_repeats: 0 is out of range; give a whole number from 1 to 20", id="no-repeats"),
+    pytest.param({"sweep_repeats": 2.5}, "sweep_repeats: 2.5 is not a whole number", id="fractional-repeats"),
+    pytest.param({"sweep_draft_counts": [0, 2_000_000]}, "sweep_draft_counts[1]: 2000000 is out of range; give a whole number "
+                 "from 0 to 16 (0 is the baseline without speculation; a draft token counts only when every one before it was "
+                 "accepted", id="draft-count-in-the-millions"),
+    pytest.param({"sweep_draft_counts": []}, "sweep_draft_counts: [] is not a list of draft counts", id="no-draft-counts"),
+    pytest.param({"sweep_concurrencies": [1, 5_000_000]}, "sweep_concurrencies[1]: 5000000 is out of range; give a whole number from 1 to 1024",
+                 id="concurrency-in-the-millions"),
+    pytest.param({"sweep_concurrencies": [1, 8, 8]}, "sweep_concurrencies: [1, 8, 8] repeats a concurrency", id="repeated-concurrency"),
+    pytest.param({"sweep_target_concurrency": 4}, "sweep_target_concurrency: 4 is not one of the concurrencies measured (1, 8)",
+                 id="target-not-measured"),
+    pytest.param({"sweep_single_stream": "one"}, "sweep_single_stream: 'one' is not one of the concurrencies measured", id="single-stream"),
+    pytest.param({"sweep_ttft_budget_ms": 0}, "sweep_ttft_budget_ms: 0 is out of range; give a number above 0 and at most 600000 ms",
+                 id="zero-budget"),
+    pytest.param({"sweep_max_changed_answers": 20}, "sweep_max_changed_answers: 20 is out of range; give a whole number from 0 to 5 "
+                 "(greedy answers should not change", id="gate-switched-off"),
+    pytest.param({"sweep_prompts_per_concurrency": 10**6}, "sweep_prompts_per_concurrency: 1000000 is out of range", id="prompts"),
+    pytest.param({"sweep_input_tokens": 0}, "sweep_input_tokens: 0 is out of range; give a whole number from 1 to 262144 tokens",
+                 id="input-tokens"),
+    pytest.param({"sweep_output_tokens": -5}, "sweep_output_tokens: -5 is out of range", id="output-tokens"),
+    pytest.param({"sweep_acceptance_max_tokens": "lots"}, "sweep_acceptance_max_tokens: 'lots' is not a whole number", id="acceptance"),
+    pytest.param({"sweep_correctness_max_tokens": 10**6}, "sweep_correctness_max_tokens: 1000000 is out of range", id="correctness"),
+    pytest.param({"sweep_prefix_cache": "off"}, "sweep_prefix_cache: 'off' is not one of disjoint, reset", id="prefix-cache"),
+    pytest.param({"sweep_runner": "ssh"}, "sweep_runner: 'ssh' is not one of auto, exec, container, local", id="runner"),
+    pytest.param({"sweep_keep_winner": "yes"}, "sweep_keep_winner: 'yes' is not true or false", id="keep-winner"),
+    pytest.param({"sweep_label": "a b"}, "sweep_label: 'a b' is not a plain label", id="label"),
+    pytest.param({"sweep_instance": "caht"}, "sweep_instance: 'caht' is not an instance of this host's vllm_instances (embed, chat)",
+                 id="unknown-instance"),
+    pytest.param({"sweep_documents_dir": "/nonexistent"}, "sweep_documents_dir: '/nonexistent' is no directory on the controller",
+                 id="documents"),
+    pytest.param({"sweep_prompts_file": str(ROOT / "docs")}, "is no file on the controller; give the controller file of the acceptance",
+                 id="prompts-file"),
+    pytest.param({"sweep_undrain_tasks": "/nonexistent.yml"}, "sweep_undrain_tasks: '/nonexistent.yml' is no file on the controller",
+                 id="undrain-tasks"),
+    pytest.param({"sweep_variants": [{"name": "a", "settings": {}}, {"name": "b", "settings": {}},
+                                     {"name": "c", "settings": {"speculative": {"method": "mtp", "num_speculative_tokens": 40}}}]},
+                 "sweep_variants[2].settings.speculative.num_speculative_tokens: 40 is out of range; give a whole number from 0 to 16",
+                 id="variant-draft-count"),
+    pytest.param({"sweep_variants": [{"name": "seqs", "settings": {"max_num_seqs": 2_000_000}}]},
+                 "sweep_variants[0].settings.max_num_seqs: 2000000 is out of range; give a whole number from 1 to 4096", id="variant-seqs"),
+    pytest.param({"sweep_variants": [{"name": "seqs", "settings": {"max_num_seqs": "64"}}]},
+                 "sweep_variants[0].settings.max_num_seqs: '64' is not a whole number", id="variant-number-as-text"),
+    pytest.param({"sweep_variants": [{"name": "gmu", "settings": {"gpu_memory_utilization": 1.5}}]},
+                 "sweep_variants[0].settings.gpu_memory_utilization: 1.5 is out of range; give a number above 0 and below 1",
+                 id="variant-gmu"),
+    pytest.param({"sweep_variants": [{"name": "spec", "settings": {"speculative": "mtp"}}]},
+                 "sweep_variants[0].settings.speculative: 'mtp' is not a mapping", id="variant-speculative"),
+])
+def test_each_sweep_setting_is_refused_before_the_first_variant(changes, expected):
+    planned = swept(**changes)
+    assert planned["variants"] == [], "no variant runs when any setting is wrong"
+    assert any(e.startswith(expected) or expected in e for e in planned["errors"]), planned["errors"]
+
+
+def test_every_problem_is_named_at_once_even_without_the_instance():
+    found = swept(sweep_instance=None, sweep_noise_floor_pct="5%", sweep_draft_counts=[0, 99])["errors"]
+    assert [e.split(":")[0] for e in found] == ["sweep_instance", "sweep_noise_floor_pct", "sweep_draft_counts[1]"]
+    assert found[1].endswith("write the percent without %")
+
+
+def test_the_sweep_plan_checks_paths_through_the_given_check():
+    checked = []
+    plan_sweep([BASE], SETTINGS, lambda kind, path: checked.append(kind) or True)
+    assert checked == ["directory", "file", "file"], "the documents folder, the prompts file and the drain tasks; no undrain tasks"
+
+
+def test_the_report_options_are_checked_like_the_settings():
+    objective, found = objective_problems({"target_concurrency": 8, "noise_floor_pct": "abc"}, [1, 8], 256)
+    assert found == ["objective.noise_floor_pct: 'abc' is not a number; give a number from 0 to 50 percent (seed 001 saw 5 % run "
+                     "to run; no variant wins by more than 50 %, so the simplest would always stay)"]
+    objective, found = objective_problems({"target_concurrency": "8", "noise_floor_pct": "2"}, [1, 8], 256)
+    assert found == [] and objective == {"target_concurrency": 8, "single_stream": 1, "ttft_budget_ms": None, "noise_floor_pct": 2}
+    found = objective_problems({"single_stream": 1}, [1, 8], 10**7)[1]
+    assert found[0].startswith("objective.target_concurrency: missing") and found[1].startswith("max_num_seqs: 10000000 is out of range")
+
+
+def report(tmp_path, **args):
+    options = {"dest": str(tmp_path), "title": "lab sweep", "results": [result("k0", 0, 0, [100.0, 104.0])],
+               "objective": {"target_concurrency": 8, "noise_floor_pct": 0}, "concurrencies": [1, 8], "plot": False, **args}
+    payload = {"ANSIBLE_MODULE_ARGS": {"_ansible_check_mode": False, **options}}
+    env = {**os.environ, "PYTHONPATH": str(COLLECTIONS)}
+    done = subprocess.run([sys.executable, str(REPORT_MODULE)], input=json.dumps(payload), capture_output=True, text=True,
+                          env=env, check=False)
+    return json.loads(done.stdout)
+
+
+def test_vllm_sweep_report_refuses_a_floor_that_is_not_a_number(tmp_path):
+    refused = report(tmp_path, objective={"target_concurrency": 8, "noise_floor_pct": "abc"})
+    assert refused["failed"] and "Traceback" not in json.dumps(refused)
+    assert refused["msg"].startswith("objective.noise_floor_pct: 'abc' is not a number; give a number from 0 to 50 percent")
+    assert report(tmp_path, objective={"target_concurrency": 3})["msg"].startswith(
+        "objective.target_concurrency: 3 is not one of the concurrencies measured (1, 8)")
+    assert list(tmp_path.iterdir()) == [], "nothing written"
+
+
+@pytest.mark.parametrize("version", ["0.32.0rc1", "0.33.0.dev5+g1a2b3c"])
+def test_vllm_sweep_report_reads_pre_release_and_local_versions_as_their_release(tmp_path, version):
+    done = report(tmp_path, vllm_version=version)
+    assert not done.get("failed"), done
+    assert done["schedule_note"].startswith("No per-batch-size schedule: fewer than two speculative variants passed")
+
+
+def test_vllm_sweep_report_refuses_a_version_it_cannot_read(tmp_path):
+    refused = report(tmp_path, vllm_version="latest")
+    assert refused["failed"] and refused["msg"].startswith("vllm_version: 'latest' is not a vLLM release; give the image's release")
+    assert "0.31.9" in report(tmp_path, vllm_version="0.31.9rc2")["schedule_note"]
