@@ -28,7 +28,7 @@ import typing as t
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._cluster import NETWORK_ENV, ray_start_args, serve_cluster_args
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._hardware_classes import resolve_class
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._model_catalog import CATALOG, VERSION, catalog_problems
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._model_catalog import CATALOG, MAX_DRAFT_TOKENS, VERSION, catalog_problems
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._systemd import exec_line
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_guards import (
     GIB,
@@ -77,7 +77,6 @@ GUARD_ARGS = ("--middleware", "sparkfleet_vllm_guard.KeyOnEveryRoute", "--disabl
 SPECULATIVE_METHODS = ("mtp", "ngram", "draft_model", "eagle", "eagle3", "dflash")
 DRAFTER_METHODS = frozenset(SPECULATIVE_METHODS) - {"ngram"}
 SPECULATIVE_KEYS = ("method", "num_speculative_tokens", "model", "options")
-MAX_DRAFT_TOKENS = 16
 CONFIG_HASH_LABEL = "sparkfleet.vllm.config-hash"
 INSTANCE_LABEL = "sparkfleet.vllm.instance"
 # Environment names the role sets itself: an instance's env may never replace them.

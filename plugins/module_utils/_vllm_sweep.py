@@ -26,6 +26,7 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._model_catalog imp
     as_number,
 )
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_correctness import BUILTIN_CASES
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_plan import KEYS_BY_NAME
 
 VARIANT_ID = re.compile(r"[a-z0-9][a-z0-9-]{0,40}")
 LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,60}")
@@ -35,11 +36,8 @@ CONCURRENCY = Range(1, 1024, "requests in flight at once; past 1024 the batch is
 # The numbers a variant may change, bounded as the instance plan bounds them, so that a typo is
 # refused before the first variant rather than when its turn comes hours later.
 VARIANT_RANGES: dict[str, Range] = {
-    "max_num_seqs": Range(1, 4096, "vLLM preallocates per-sequence buffers; on one box a few hundred is already the KV "
-                          "cache's limit", whole=True),
-    "max_num_batched_tokens": Range(1, 1_048_576, "the step's activations grow with it; vLLM's own defaults stay at or "
-                                    "below 16384", whole=True),
-    "max_model_len": Range(1, 10_485_760, "no released model declares more than 10M tokens", whole=True),
+    **{name: Range(1, KEYS_BY_NAME[name].maximum or 1, KEYS_BY_NAME[name].bound, whole=True)
+       for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len")},
     "gpu_memory_utilization": Range(0, 1, "a share of the whole memory pool", low_open=True, high_open=True),
 }
 
