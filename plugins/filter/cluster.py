@@ -4,8 +4,13 @@
 
 from __future__ import annotations
 
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._cluster import agreement_problems, cluster_nodes
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._cluster import agreement_problems, cluster_nodes, fleet_cluster_problems
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._fabric import nccl_buffer_problem, nccl_max_bytes
+
+# What each node's own host vars add to the declaration of its group: key -> variable.
+NODE_VARS = {"ansible_host": "ansible_host", "ansible_port": "ansible_port", "node_env": "cluster_node_env",
+             "vllm_env": "vllm_env", "fast_interface": "cluster_fast_interface", "rdma_devices": "cluster_rdma_devices",
+             "gid_index": "cluster_gid_index"}
 
 
 def cluster_layout(declaration, reports, inventory):
@@ -21,6 +26,24 @@ def cluster_nccl_problem(command, pool_bytes=None):
     return nccl_buffer_problem(nccl_max_bytes(command), pool_bytes) if command else None
 
 
+def cluster_node_vars(nodes, hostvars):
+    known = [node for node in nodes if isinstance(node, str) and node in hostvars] if isinstance(nodes, list) else []
+    node_vars = {}
+    for node in known:
+        variables = hostvars[node]
+        values = {key: variables[name] for key, name in NODE_VARS.items() if name in variables}
+        values["hardware_env"] = (variables.get("sparkfleet_hardware_overrides") or {}).get("env")
+        node_vars[node] = values
+    return node_vars
+
+
+def cluster_fleet_problems(hosts, hostvars, cluster=None):
+    declarations = {host: {name: hostvars[host][name] for name in ("cluster_name", "cluster_nodes") if name in hostvars[host]}
+                    for host in hosts if host in hostvars}
+    return fleet_cluster_problems(declarations, cluster or None)
+
+
 class FilterModule:
     def filters(self):
-        return {"cluster_layout": cluster_layout, "cluster_agreement": cluster_agreement, "cluster_nccl_problem": cluster_nccl_problem}
+        return {"cluster_layout": cluster_layout, "cluster_agreement": cluster_agreement, "cluster_nccl_problem": cluster_nccl_problem,
+                "cluster_node_vars": cluster_node_vars, "cluster_fleet_problems": cluster_fleet_problems}

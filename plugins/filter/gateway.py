@@ -4,7 +4,13 @@
 
 from __future__ import annotations
 
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._gateway import DEFAULT_SETTINGS, backend_reports, gateway_plan, routers, settings_problems
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._gateway import (
+    DEFAULT_SETTINGS,
+    backend_reports,
+    drain_requests,
+    gateway_plan,
+    settings_problems,
+)
 
 
 def gateway_plan_filter(settings, hostvars, gateway_host):
@@ -16,8 +22,13 @@ def gateway_settings_problems(settings):
     return settings_problems({**DEFAULT_SETTINGS, **settings})
 
 
-def gateway_routers(gateways, hostvars, names):
-    return routers(gateways, {host: hostvars[host].get("gateway_backends") or [] for host in gateways if host in hostvars}, names)
+def gateway_routers(gateways, hostvars, drain, undrain=()):
+    known = [gateway for gateway in gateways if gateway in hostvars]
+    requests = drain_requests(known, {gateway: hostvars[gateway].get("gateway_backends") or [] for gateway in known},
+                              list(drain), list(undrain))
+    for request in requests:
+        request["config_dir"] = hostvars[request["gateway"]].get("gateway_config_dir") or DEFAULT_SETTINGS["config_dir"]
+    return requests
 
 
 class FilterModule:

@@ -3,22 +3,27 @@
 """One model across nodes: the cluster declared once for a group of hosts, planned per node.
 
 Private to the collection. ``cluster_nodes`` turns the declaration (the ``cluster_*`` variables
-of the group) and what each node reported (its interface facts, RDMA devices and GID table, the
-image it would run, the manifest of its checkpoint) into every node's rank, network environment
-and the arguments the instance plan renders (``_vllm_plan.build_plan(..., cluster=node)``), with
-every refusal at once: nodes x GPUs not the tensor-parallel size, differing images or
-checkpoints, a vLLM without working multi-node (seed 001: before 0.27.0 a lost wakeup parks
-the engine until "RPC call to sample_tokens timed out"), a master address off the fast link,
-a node without the fast link or its RDMA devices.
+of the group, and what each node's own host vars add: how Ansible reaches it, its environment and
+overrides) and what each node reported (its interface facts, RDMA devices and GID table, the image
+it would run, the manifest of its checkpoint) into every node's rank, network environment and the
+arguments the instance plan renders (``_vllm_plan.build_plan(..., cluster=node)``), with every
+refusal at once: nodes x GPUs not the tensor-parallel size, differing images or checkpoints, a
+vLLM without working multi-node (seed 001: before 0.27.0 a lost wakeup parks the engine until
+"RPC call to sample_tokens timed out"), a master address off the fast link, a fast network no
+link could be, one box under two names, an environment turning RDMA off that the cluster
+requires, a node without the fast link or its RDMA devices. ``fleet_cluster_problems`` judges
+what only all hosts together show: a host in two clusters, a node not in the cluster listing it.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import re
 import typing as t
 
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._fabric import interface_named, interface_on, rocev2_gid_index
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._fabric import MTU_MAX, MTU_MIN, MTU_WHY, interface_named, interface_on, rocev2_gid_index
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._model_catalog import VERSION, version_tuple
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._settings import Setting, path_problem, setting_problems
 
 BACKENDS = ("native", "ray")
 FIRST_MULTI_NODE_VERSION = "0.27.0"
@@ -26,18 +31,190 @@ RAY_PORT = 6379
 # Set from each node's facts: an entry of cluster_node_env or the instance's env may not replace them.
 NETWORK_ENV = ("VLLM_HOST_IP", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME",
                "NCCL_IB_HCA", "UCX_NET_DEVICES", "NCCL_IB_GID_INDEX", "MASTER_ADDR")
+# The widest subnet one link can be: 10.0.0.0/8, the widest private block.
+WIDEST_LINK_PREFIX = 8
+THIS_NETWORK = ipaddress.ip_network("0.0.0.0/8")
+# Linux's interface names (IFNAMSIZ 16, with the terminating NUL) and RDMA device names, as
+# NCCL_SOCKET_IFNAME and NCCL_IB_HCA read them: their ^, =, : and commas would change the meaning.
+INTERFACE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,14}")
+RDMA_DEVICE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+GID_INDEX_MAX = 255
+LOGIND_DROPIN_FOLDER = "logind.conf.d"
+GPUS_PER_NODE_MAX = 8
+
+CLUSTER_SETTINGS: tuple[Setting, ...] = (
+    Setting("backend", "choice", "", choices=BACKENDS),
+    Setting("master_port", "port", "the head's rendezvous listens on it (native runtime)"),
+    Setting("gpus_per_node", "count", "the GPUs each node gives the model: one on a GB10, and no board holds more than "
+            f"{GPUS_PER_NODE_MAX}", 1, GPUS_PER_NODE_MAX),
+    Setting("mtu", "count", MTU_WHY, MTU_MIN, MTU_MAX),
+    Setting("require_rdma", "bool", ""),
+    Setting("fabric_gate", "bool", ""),
+    Setting("ping_count", "count", "don't-fragment pings per pair, 0.2 s apart; the gate must end before the start it guards",
+            1, 100),
+    Setting("nccl_min_busbw_gbs", "number", "GB/s of bus bandwidth: 800 Gb/s, the fastest Ethernet port, carries 100 GB/s, so a "
+            "higher floor always fails (two Sparks reach about 22)", 0, 100),
+    Setting("config_dir", "path", "the role makes this folder root-owned and mode 0700 (it holds the key's env file), which on "
+            "/ or /etc would lock every other user out", 2),
+    Setting("iputils_ping_version", "version", "apt-get installs iputils-ping=VERSION, where a comma or a space would add packages"),
+    Setting("logind_remove_ipc_dropin", "path", "logind reads the drop-in that keeps the ranks' shared memory at a logout"),
+)
+# What the role's defaults give the settings a declaration may leave out (roles/cluster/defaults).
+DEFAULTS: dict[str, t.Any] = {
+    "backend": "native", "master_port": 29501, "master_addr": "", "gpus_per_node": 1, "mtu": 9000, "require_rdma": True,
+    "fabric_gate": True, "ping_count": 3, "nccl_min_busbw_gbs": 18.0, "config_dir": "/etc/sparkfleet/cluster",
+    "iputils_ping_version": "", "logind_remove_ipc_dropin": "/etc/systemd/logind.conf.d/10-sparkfleet-remove-ipc.conf",
+    "node_vars": {},
+}
+# Where a node's container environment comes from, in the order the instance plan lays them over each other.
+ENV_SOURCES = ("sparkfleet_hardware_overrides.env", "vllm_env", "cluster_instance.env", "cluster_node_env")
 
 
 def is_count(value: t.Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
+def fast_network_problems(cluster: t.Mapping[str, t.Any]) -> list[str]:
+    """The fast network must be one IPv4 link holding every node, and a master address set by hand one of its hosts."""
+    value = cluster.get("fast_network")
+    try:
+        network = ipaddress.ip_network(str(value), strict=False)
+    except ValueError:
+        return [f"cluster_fast_network: {value!r} must be the fast link's subnet, such as 192.168.100.0/24; each node's "
+                "interface and address are found in it"]
+    if network.version != 4:
+        return [f"cluster_fast_network: {value} is an IPv6 subnet; each node's fast address is read from its IPv4 facts and "
+                "the fabric gate pings over IPv4. Give the fast link's IPv4 subnet"]
+    if network.prefixlen < WIDEST_LINK_PREFIX:
+        return [f"cluster_fast_network: {value} spans {network.num_addresses} addresses, wider than any one link (the widest "
+                f"private block is a /{WIDEST_LINK_PREFIX}): an interface on the LAN or the management network would match it, "
+                "and the ranks could talk off the fast link. Give the fast link's own subnet, such as 192.168.100.0/24"]
+    if network.is_loopback or network.is_multicast or network.is_reserved or network.subnet_of(THIS_NETWORK):
+        return [f"cluster_fast_network: {value} is loopback, multicast, reserved or 'this network' ({THIS_NETWORK}) space, which "
+                "no link between boxes uses; give the fast link's own subnet, such as 192.168.100.0/24"]
+    errors = []
+    nodes = cluster.get("nodes") if isinstance(cluster.get("nodes"), list) else []
+    # A /31 is a point-to-point link of two addresses (RFC 3021); a wider subnet loses its network and broadcast address.
+    room = network.num_addresses if network.prefixlen >= 31 else network.num_addresses - 2
+    if room < len(nodes):
+        errors.append(f"cluster_fast_network: {value} holds {room} node address{'es' if room != 1 else ''}, fewer than the "
+                      f"{len(nodes)} nodes of cluster_nodes; give the fast link's whole subnet")
+    return errors
+
+
+def master_addr_problem(master: str, fast_network: str) -> str | None:
+    """Without the head's facts its fast address is unknown: a master address set by hand must at least be a host of the fast network."""
+    network = ipaddress.ip_network(fast_network, strict=False)
+    try:
+        address = ipaddress.ip_address(master)
+    except ValueError:
+        address = None
+    ends = (network.network_address, network.broadcast_address) if network.prefixlen < 31 else ()
+    if address is not None and address in network and address not in ends:
+        return None
+    return (f"cluster_master_addr: {master} is not a host address of cluster_fast_network {network}; the ranks would rendezvous "
+            "off the fast link. Leave it unset (the head's fast address is the master), or give that address")
+
+
+def identity(host: str, variables: t.Mapping[str, t.Any]) -> tuple[str, t.Any]:
+    """How Ansible reaches a node: its address (or name) and SSH port; two names reaching one are one box."""
+    address = str(variables.get("ansible_host") or host).strip().lower()
+    try:
+        address = str(ipaddress.ip_address(address))
+    except ValueError:
+        pass
+    port = variables.get("ansible_port")
+    return address, None if port in (None, "", 22, "22") else str(port)
+
+
+def same_box_problems(nodes: t.Sequence[str], node_vars: t.Mapping[str, t.Mapping[str, t.Any]]) -> list[str]:
+    boxes: dict[tuple[str, t.Any], list[str]] = {}
+    for host in nodes:
+        boxes.setdefault(identity(host, node_vars.get(host) or {}), []).append(host)
+    return [f"cluster_nodes: {' and '.join(hosts)} are one box (ansible_host {address}{f', port {port}' if port else ''}); "
+            f"as {len(hosts)} ranks they would share its one GPU and memory pool. List each box once"
+            for (address, port), hosts in boxes.items() if len(hosts) > 1]
+
+
+def rdma_off(name: str, value: t.Any) -> str | None:
+    """How an NCCL setting turns NCCL's RDMA transport (InfiniBand verbs, which RoCE uses) off, or None.
+    NCCL_NET_PLUGIN=none is not among them: it drops external net plugins, and the IB transport is NCCL's own."""
+    text = str(value).strip()
+    if name == "NCCL_IB_DISABLE" and text != "0":
+        return "NCCL reads any value but 0 as: no InfiniBand or RoCE transport"
+    if name == "NCCL_NET" and text.lower() == "socket":
+        return "NCCL uses its TCP socket transport only"
+    return None
+
+
+def environment_problems(cluster: t.Mapping[str, t.Any], nodes: t.Sequence[str],
+                         node_vars: t.Mapping[str, t.Mapping[str, t.Any]]) -> list[str]:
+    """Each node's environment as its container gets it (the sources in ENV_SOURCES' order): an
+    entry that turns RDMA off is refused while the cluster requires RDMA."""
+    if not cluster.get("require_rdma"):
+        return []
+    instance = cluster.get("instance") if isinstance(cluster.get("instance"), dict) else {}
+    errors: list[str] = []
+    for host in nodes:
+        own = node_vars.get(host) or {}
+        layers = {"sparkfleet_hardware_overrides.env": own.get("hardware_env"), "vllm_env": own.get("vllm_env"),
+                  "cluster_instance.env": instance.get("env"), "cluster_node_env": own.get("node_env")}
+        effective: dict[str, tuple[str, t.Any]] = {}
+        for source in ENV_SOURCES:
+            layer = layers[source]
+            effective.update({name: (source, value) for name, value in (layer.items() if isinstance(layer, dict) else [])})
+        for name, (source, value) in sorted(effective.items()):
+            reason = rdma_off(name, value)
+            where = "" if source == "cluster_instance.env" else f"{host}: "
+            message = (f"{where}{source}.{name}: {value!r} turns RDMA off ({reason}) while cluster_require_rdma is true; NCCL "
+                       "would fall back to TCP sockets (about 3 GB/s). Remove it, or set cluster_require_rdma: false for a "
+                       "cluster without RDMA")
+            if reason and message not in errors:
+                errors.append(message)
+    return errors
+
+
+def override_problems(nodes: t.Sequence[str], node_vars: t.Mapping[str, t.Mapping[str, t.Any]]) -> list[str]:
+    """A node's own overrides of what its facts say, as NCCL and the fabric gate read them."""
+    errors = []
+    for host in nodes:
+        own = node_vars.get(host) or {}
+        interface, devices, gid = own.get("fast_interface") or "", own.get("rdma_devices") or [], own.get("gid_index")
+        if interface and not (isinstance(interface, str) and INTERFACE_NAME.fullmatch(interface)):
+            errors.append(f"{host}: cluster_fast_interface: {interface!r} must be one interface name (letters, digits and _.-, "
+                          "at most 15 characters, Linux's limit); it becomes NCCL_SOCKET_IFNAME, where ^, = and commas "
+                          "mean something else")
+        if not isinstance(devices, list) or not all(isinstance(d, str) and RDMA_DEVICE.fullmatch(d) for d in devices):
+            errors.append(f"{host}: cluster_rdma_devices: {devices!r} must list RDMA device names as ibdev2netdev shows them "
+                          "(letters, digits and _.-); they are joined into NCCL_IB_HCA, where ^, =, : and commas mean "
+                          "something else")
+        if gid is not None and gid != "" and not (isinstance(gid, int) and not isinstance(gid, bool) and 0 <= gid <= GID_INDEX_MAX):
+            errors.append(f"{host}: cluster_gid_index: {gid!r} must be empty or an index of the RoCE GID table, 0 to "
+                          f"{GID_INDEX_MAX} (show_gids lists them)")
+    return errors
+
+
+def dropin_problem(path: t.Any) -> str | None:
+    """Beyond being a path (the settings table's check): a file logind reads."""
+    if path_problem(path):
+        return None
+    folder, _, name = path.rstrip("/").rpartition("/")
+    if folder.rsplit("/", 1)[-1] != LOGIND_DROPIN_FOLDER or not name.endswith(".conf"):
+        return (f"cluster_logind_remove_ipc_dropin: {path} is not a file logind reads: it reads drop-ins ending in .conf in a "
+                f"{LOGIND_DROPIN_FOLDER} folder (such as /etc/systemd/{LOGIND_DROPIN_FOLDER}/10-sparkfleet-remove-ipc.conf), "
+                "so RemoveIPC=no would not apply and a logout would remove the ranks' shared memory")
+    return None
+
+
 def declaration_problems(cluster: t.Mapping[str, t.Any], inventory: t.Collection[str]) -> list[str]:
     """Problems of the declaration itself, before any node is looked at."""
+    cluster = {**DEFAULTS, **cluster}
     errors = []
     nodes = cluster.get("nodes")
+    node_vars = cluster["node_vars"] if isinstance(cluster["node_vars"], dict) else {}
     if not isinstance(nodes, list) or len(nodes) < 2 or not all(isinstance(n, str) for n in nodes):
         errors.append("cluster_nodes: list the cluster's hosts in rank order (the first is the head), at least two")
+        nodes = []
     else:
         repeated = sorted({n for n in nodes if nodes.count(n) > 1})
         unknown = [n for n in nodes if n not in inventory]
@@ -45,17 +222,12 @@ def declaration_problems(cluster: t.Mapping[str, t.Any], inventory: t.Collection
             errors.append(f"cluster_nodes: {', '.join(repeated)} listed more than once; each host is one node")
         if unknown:
             errors.append(f"cluster_nodes: {', '.join(unknown)} not in the inventory")
-    if cluster.get("backend") not in BACKENDS:
-        errors.append(f"cluster_backend: {cluster.get('backend')!r} is not one of {', '.join(BACKENDS)}")
-    for name in ("master_port", "gpus_per_node", "mtu"):
-        value = cluster.get(name)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1 or (name.endswith("port") and value > 65535):
-            errors.append(f"cluster_{name}: {value!r} must be a whole number above 0" + (" and a port" if name.endswith("port") else ""))
-    try:
-        ipaddress.ip_network(str(cluster.get("fast_network")), strict=False)
-    except ValueError:
-        errors.append(f"cluster_fast_network: {cluster.get('fast_network')!r} must be the fast link's subnet, such as "
-                      "192.168.100.0/24; each node's interface and address are found in it")
+        errors += same_box_problems(list(dict.fromkeys(nodes)), node_vars)
+    errors += setting_problems("cluster_", CLUSTER_SETTINGS, cluster)
+    errors += fast_network_problems(cluster)
+    problem = dropin_problem(cluster["logind_remove_ipc_dropin"])
+    errors += [problem] if problem else []
+    errors += override_problems(nodes, node_vars) + environment_problems(cluster, nodes, node_vars)
     version = cluster.get("vllm_version")
     if not isinstance(version, str) or not VERSION.fullmatch(version):
         errors.append(f"vllm_version: {version!r}; a cluster needs the image's vLLM release stated (such as 0.32.0): "
@@ -67,7 +239,7 @@ def declaration_problems(cluster: t.Mapping[str, t.Any], inventory: t.Collection
     instance = cluster.get("instance")
     if not isinstance(instance, dict):
         errors.append("cluster_instance: the instance the cluster serves (the keys of a vllm_instances entry)")
-    elif isinstance(nodes, list) and nodes and is_count(cluster.get("gpus_per_node")):
+    elif nodes and is_count(cluster.get("gpus_per_node")) and cluster["gpus_per_node"] <= GPUS_PER_NODE_MAX:
         expected = len(nodes) * cluster["gpus_per_node"]
         if instance.get("tensor_parallel_size") != expected:
             errors.append(f"cluster_instance.tensor_parallel_size: {instance.get('tensor_parallel_size')!r}; {len(nodes)} nodes x "
@@ -156,6 +328,7 @@ def cluster_nodes(cluster: t.Mapping[str, t.Any], reports: t.Mapping[str, t.Mapp
     option of the instance plan), ``errors`` and ``warnings``. ``reports`` holds, per host, what
     it reported: facts, overrides, rdma_links, gids; None when only the inventory is checked (the
     network is then a stand-in, and the instance plan still checks the model across nodes)."""
+    cluster = {**DEFAULTS, **cluster}
     errors = declaration_problems(cluster, inventory)
     plan: dict[str, t.Any] = {"nodes": {}, "errors": errors, "head": None, "master_addr": None}
     if errors:
@@ -172,9 +345,19 @@ def cluster_nodes(cluster: t.Mapping[str, t.Any], reports: t.Mapping[str, t.Mapp
         network, problems = (stand_in_network(host), []) if reports[host].get("stand_in") else node_network(host, reports[host], cluster)
         errors += problems
         networks[host] = network
+    by_address: dict[str, list[str]] = {}
+    for host, network in networks.items():
+        if network and not reports[host].get("stand_in"):
+            by_address.setdefault(network["address"], []).append(host)
+    errors += [f"cluster_nodes: {' and '.join(hosts)} have one fast address, {address}: one box under two inventory names, or "
+               "two boxes with one address; either way two ranks would collide on it. List each box once, or fix the addresses"
+               for address, hosts in by_address.items() if len(hosts) > 1]
     head = cluster["nodes"][0]
     master = cluster.get("master_addr") or (networks[head] or {}).get("address")
-    if cluster.get("master_addr") and networks[head] and cluster["master_addr"] != networks[head]["address"]:
+    if cluster.get("master_addr") and reports[head].get("stand_in"):
+        problem = master_addr_problem(str(cluster["master_addr"]), str(cluster["fast_network"]))
+        errors += [problem] if problem else []
+    elif cluster.get("master_addr") and networks[head] and cluster["master_addr"] != networks[head]["address"]:
         errors.append(f"cluster_master_addr: {cluster['master_addr']} is not the head's ({head}) address on the fast link "
                       f"({networks[head]['address']} on {networks[head]['interface']}); the ranks would rendezvous off the fast "
                       "link. Leave it unset: the head's fast address is the master")
@@ -209,6 +392,43 @@ def cluster_nodes(cluster: t.Mapping[str, t.Any], reports: t.Mapping[str, t.Mapp
             },
         }
     return plan
+
+
+def fleet_cluster_problems(declarations: t.Mapping[str, t.Mapping[str, t.Any]], cluster: str | None = None) -> list[str]:
+    """What only all hosts together show (``declarations``: host -> its ``cluster_name`` and
+    ``cluster_nodes``): a host listed by two clusters, a node whose own cluster_name is not the
+    cluster listing it (it would never run its rank), one cluster whose hosts list different nodes.
+    With ``cluster``, only the problems that cluster is part of."""
+    listings: dict[str, dict[tuple[t.Any, ...], list[str]]] = {}
+    for host, values in declarations.items():
+        name, nodes = values.get("cluster_name") or "", values.get("cluster_nodes")
+        if name and isinstance(nodes, list):
+            listings.setdefault(name, {}).setdefault(tuple(nodes), []).append(host)
+    problems: list[tuple[set[str], str]] = []
+    for name, lists in sorted(listings.items()):
+        if len(lists) > 1:
+            seen = "; ".join(f"{', '.join(hosts)}: {', '.join(map(str, nodes)) or 'none'}" for nodes, hosts in lists.items())
+            problems.append(({name}, f"cluster_nodes of cluster {name}: its hosts list different nodes ({seen}); every node must "
+                                     "see the same cluster. Set the cluster_* variables in the group_vars of one group holding "
+                                     "exactly the cluster's nodes"))
+    listed_by: dict[str, set[str]] = {}
+    for name, lists in listings.items():
+        for nodes in lists:
+            for node in nodes:
+                listed_by.setdefault(str(node), set()).add(name)
+    for node, names in sorted(listed_by.items()):
+        if len(names) > 1:
+            problems.append((names, f"{node}: listed in the cluster_nodes of clusters {', '.join(sorted(names))}; a host is a node "
+                                    "of one cluster at most (its GPU and memory pool serve one). Remove it from all but one"))
+        if node not in declarations:
+            continue
+        own = declarations[node].get("cluster_name") or ""
+        for name in sorted(names - {own}):
+            problems.append(({name, own} - {""}, f"{node}: listed in cluster {name}'s cluster_nodes, but its own cluster_name is "
+                                                 f"{own or 'empty'}, so it would never run its rank and cluster {name} could not "
+                                                 "start. Set the cluster_* variables in the group_vars of one group holding "
+                                                 "exactly the cluster's nodes"))
+    return [message for names, message in problems if cluster is None or cluster in names]
 
 
 def serve_cluster_args(option: t.Mapping[str, t.Any]) -> list[str]:

@@ -18,6 +18,11 @@ import typing as t
 GIB = 1024 ** 3
 # IPv4 and ICMP headers: a don't-fragment ping of MTU - 28 bytes of payload fills one frame.
 PING_HEADERS = 28
+# The MTUs that ping can fill a frame of: from IPv4's least (RFC 791) to the largest jumbo frame
+# Ethernet NICs and switches carry.
+MTU_MIN, MTU_MAX = 68, 9216
+MTU_WHY = (f"the fabric gate's don't-fragment ping fills a frame with MTU - {PING_HEADERS} bytes, so the MTU must be one "
+           f"IPv4 carries ({MTU_MIN} at least) and an Ethernet link can (jumbo frames stop at {MTU_MAX}; seed 002's link runs 9000)")
 PING_SUMMARY = re.compile(r"(?P<sent>\d+) packets transmitted, (?P<received>\d+) (?:packets )?received"
                           r"(?:, \+(?P<errors>\d+) errors)?")
 PING_RTT = re.compile(r"rtt min/avg/max/mdev = [\d.]+/(?P<avg>[\d.]+)/")
@@ -26,6 +31,13 @@ IBDEV2NETDEV = re.compile(r"(?P<device>\S+) port (?P<port>\d+) ==> (?P<netdev>\S
 SIZE = re.compile(r"(?P<number>\d+)(?P<unit>[KMG]?)")
 NCCL_ROW = re.compile(r"^\s*(?P<size>\d+)\s+(?P<count>\d+)?\s*(?:\S+\s+){0,4}?(?P<time>[\d.]+)\s+(?P<algbw>[\d.]+)\s+(?P<busbw>[\d.]+)")
 NCCL_AVERAGE = re.compile(r"#\s*Avg bus bandwidth\s*:\s*(?P<busbw>[\d.]+)")
+
+
+def mtu_problem(mtu: t.Any) -> str | None:
+    """Why ``mtu`` is not one the gate's ping can fill a frame of (None: it is)."""
+    if isinstance(mtu, int) and not isinstance(mtu, bool) and MTU_MIN <= mtu <= MTU_MAX:
+        return None
+    return f"{mtu!r} must be a whole number from {MTU_MIN} to {MTU_MAX}; {MTU_WHY}"
 
 
 def ping_arguments(address: str, mtu: int, count: int, interface: str | None) -> list[str]:

@@ -5,7 +5,8 @@
 Private to the collection. Each role checks its own settings; what none of them can see alone is
 here: two things on one host claiming one port (a single instance, a cluster's API, rendezvous and
 Ray ports, the gateway, the model source's rsync daemon, and what the operator says the host
-already runs), one box under two inventory names, and a host in two clusters. ``host_claims``
+already runs), one box under two inventory names, and a host in two clusters (the cluster
+module's own fleet rule, here for every cluster at once). ``host_claims``
 turns one host's variables (as the inventory and the plans published in the same play give them)
 into what it binds; ``fleet_problems`` judges all hosts together.
 """
@@ -14,13 +15,13 @@ from __future__ import annotations
 
 import typing as t
 
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._cluster import RAY_PORT
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._cluster import RAY_PORT, fleet_cluster_problems, identity
 
 # What a Spark or GX10 commonly runs beside vLLM, on ports an instance must not take; an inventory
 # names its own in sparkfleet_reserved_ports.
 DEFAULT_RESERVED_PORTS = {22: "sshd", 9100: "node exporter", 9400: "dcgm-exporter"}
-# Where a box's address comes from for the same-box check; connection names that are not addresses are skipped.
-NOT_AN_ADDRESS = frozenset({"localhost", "127.0.0.1", "::1"})
+# Connections that reach the controller itself, not a box of the fleet.
+NOT_A_BOX = frozenset({"localhost", "127.0.0.1", "::1"})
 
 
 def is_port(value: t.Any) -> bool:
@@ -68,37 +69,18 @@ def port_problems(host: str, claims: t.Sequence[tuple[int, str]]) -> list[str]:
             for port, owners in sorted(by_port.items()) if len(owners) > 1]
 
 
-def same_box_problems(addresses: t.Mapping[str, t.Any]) -> list[str]:
-    by_address: dict[str, list[str]] = {}
-    for host, address in addresses.items():
-        if isinstance(address, str) and address and address not in NOT_AN_ADDRESS:
-            by_address.setdefault(address, []).append(host)
-    return [f"{', '.join(hosts)}: one box ({address}) under {len(hosts)} inventory names would be planned {len(hosts)} times "
-            "(its memory pool, ports and GPU counted once each; as cluster nodes, two ranks on one GPU). Keep one name"
-            for address, hosts in sorted(by_address.items()) if len(hosts) > 1]
-
-
-def membership_problems(variables: t.Mapping[str, t.Mapping[str, t.Any]]) -> list[str]:
-    """A host listed by two clusters, or by a cluster it does not itself belong to."""
-    listed: dict[str, set[str]] = {}
-    for values in variables.values():
-        name, nodes = values.get("cluster_name") or "", values.get("cluster_nodes") or []
-        if name and isinstance(nodes, list):
-            for node in nodes:
-                if isinstance(node, str):
-                    listed.setdefault(node, set()).add(name)
-    errors = []
-    for node, clusters in sorted(listed.items()):
-        if len(clusters) > 1:
-            errors.append(f"{node}: listed in the cluster_nodes of clusters {', '.join(sorted(clusters))}; a host is a node of one "
-                          "cluster at most (its GPU and memory pool cannot serve two). Remove it from all but one")
-            continue
-        own = (variables.get(node) or {}).get("cluster_name") or ""
-        (cluster,) = clusters
-        if node in variables and own != cluster:
-            errors.append(f"{node}: listed in cluster {cluster}'s cluster_nodes, but its own cluster_name is {own or 'empty'}; "
-                          "set the cluster_* variables in the group_vars of one group holding exactly the cluster's nodes")
-    return errors
+def same_box_problems(variables: t.Mapping[str, t.Mapping[str, t.Any]]) -> list[str]:
+    """Two inventory names Ansible reaches at one address and port (``ansible_host`` set on both)."""
+    boxes: dict[tuple[str, t.Any], list[str]] = {}
+    for host, values in variables.items():
+        if values.get("ansible_host"):
+            address, port = identity(host, values)
+            if address not in NOT_A_BOX:
+                boxes.setdefault((address, port), []).append(host)
+    return [f"{', '.join(hosts)}: one box ({address}{f' port {port}' if port else ''}) under {len(hosts)} inventory names would "
+            f"be planned {len(hosts)} times (its memory pool, ports and GPU counted once each; as cluster nodes, two ranks on one "
+            "GPU). Keep one name"
+            for (address, port), hosts in sorted(boxes.items(), key=lambda item: str(item[0])) if len(hosts) > 1]
 
 
 def fleet_problems(variables: t.Mapping[str, t.Mapping[str, t.Any]]) -> list[str]:
@@ -107,5 +89,4 @@ def fleet_problems(variables: t.Mapping[str, t.Mapping[str, t.Any]]) -> list[str
     for host, values in variables.items():
         claims, claim_errors = host_claims(host, values)
         errors += claim_errors + port_problems(host, claims)
-    errors += same_box_problems({host: values.get("ansible_host") for host, values in variables.items()})
-    return errors + membership_problems(variables)
+    return errors + same_box_problems(variables) + fleet_cluster_problems(variables)

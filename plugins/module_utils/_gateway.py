@@ -8,7 +8,9 @@ group is one endpoint serving one of the group's served names; the backends' key
 as environment variables named in the config (``os.environ/...``), so the config and the plan
 file hold no secret and diff safely. Draining takes a node (or one instance of it) out of every
 group by rendering the config without it; a drain that would leave a group with nothing to
-route to is refused unless forced.
+route to is refused unless forced. LiteLLM's admin UI and API documentation, which answer
+without a key, are off unless the inventory opts in. The plan and drained files on the gateway
+host carry a schema version; one this collection cannot read is refused, naming the fix.
 """
 
 from __future__ import annotations
@@ -18,13 +20,13 @@ import json
 import re
 import typing as t
 
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._settings import Setting, setting_problems
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._systemd import exec_line
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_instance import parse_image_reference
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_plan import API_KEY, WILDCARDS, endpoint_url, is_int
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_plan import API_KEY, endpoint_url
 
 ROUTING_STRATEGIES = ("simple-shuffle", "least-busy", "latency-based-routing")
 GROUP_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}")
-PATH = re.compile(r"/[A-Za-z0-9_./-]*")
 HOST_ADDRESS = re.compile(r"[A-Za-z0-9][A-Za-z0-9.-]{0,252}|[0-9A-Fa-f:.]+")
 # Every client of the fleet holds it: longer than an instance key.
 MASTER_KEY_MIN_LENGTH = 32
@@ -33,6 +35,36 @@ UNIT = "sparkfleet-gateway.service"
 MASTER_KEY_ENV = "LITELLM_MASTER_KEY"
 # LiteLLM mounts its config here in the container; the host's config folder is mounted read-only.
 CONTAINER_CONFIG_DIR = "/etc/litellm"
+# What the gateway writes on its host; a file of another schema is refused, never guessed at.
+SCHEMA_VERSION = 1
+PLAN_KEYS = ("schema_version", "deployments", "groups", "settings", "url")
+REWRITE = "re-run site.yml --tags gateway, which rewrites it from the inventory"
+# LiteLLM 1.110.2 reads these at start (litellm/proxy/utils.py get_docs_url, get_redoc_url,
+# get_openapi_url; common_utils/admin_ui_utils.py is_admin_ui_disabled): off, the Swagger page
+# at /, /redoc and /openapi.json are not served, and the SSO key page answers "Admin UI is disabled".
+ADMIN_UI_OFF_ENV = {"DISABLE_ADMIN_UI": "True"}
+API_DOCS_OFF_ENV = {"NO_DOCS": "True", "NO_REDOC": "True", "NO_OPENAPI": "True"}
+
+GATEWAY_SETTINGS: tuple[Setting, ...] = (
+    Setting("allow_wildcard_bind", "bool", ""),
+    Setting("port", "port", "the proxy listens on it, on the host's network"),
+    Setting("routing_strategy", "choice", "", choices=ROUTING_STRATEGIES),
+    Setting("health_check_interval", "count", "seconds between LiteLLM's checks of every deployment: more often than every 5 s "
+            "loads the backends, and past an hour a node that stopped keeps its share of the requests", 5, 3600),
+    Setting("allowed_fails", "count", "failed requests before a deployment cools down; past 100 a failing node keeps taking "
+            "requests", 1, 100),
+    Setting("cooldown_seconds", "count", "seconds a failing deployment stays out of rotation; past an hour a node back in "
+            "service idles", 1, 3600),
+    Setting("retries", "count", "each retry is another whole request on another deployment; past 10 a failing group "
+            "multiplies its own load", 0, 10),
+    Setting("request_timeout", "count", "seconds a request to a backend may take; a day bounds the longest generation while "
+            "LiteLLM holds the client's connection", 1, 86400),
+    Setting("ready_timeout", "count", "seconds the gateway may take to answer after a (re)start, polled every 2 s", 2, 3600),
+    Setting("config_dir", "path", "the role makes this folder root-owned and mode 0700 (it holds the keys' env file) and "
+            "mounts it into the container, which on / or /etc would lock every other user out", 2),
+    Setting("admin_ui", "bool", ""),
+    Setting("api_docs", "bool", ""),
+)
 
 DEFAULT_SETTINGS: dict[str, t.Any] = {
     "image": "",
@@ -48,40 +80,45 @@ DEFAULT_SETTINGS: dict[str, t.Any] = {
     "cooldown_seconds": 30,
     "retries": 2,
     "request_timeout": 600,
+    "ready_timeout": 120,
     "config_dir": "/etc/sparkfleet/gateway",
+    "admin_ui": False,
+    "api_docs": False,
 }
 
 
-def is_count(value: t.Any, least: int) -> bool:
-    return is_int(value) and value >= least
+def ip(address: t.Any) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        return ipaddress.ip_address(address)
+    except (TypeError, ValueError):
+        return None
 
 
 def is_loopback(address: str) -> bool:
-    try:
-        return ipaddress.ip_address(address).is_loopback
-    except ValueError:
-        return False
+    parsed = ip(address)
+    return bool(parsed and parsed.is_loopback)
+
+
+def is_wildcard(address: str) -> bool:
+    """Every interface, in any spelling (0.0.0.0, ::, 0:0::0, ...)."""
+    parsed = ip(address)
+    return bool(parsed and parsed.is_unspecified)
 
 
 def settings_problems(settings: t.Mapping[str, t.Any]) -> list[str]:
     """Every problem of the gateway's own settings, each naming the variable and the fix."""
-    errors = []
+    errors = setting_problems("gateway_", GATEWAY_SETTINGS, settings)
     image = settings["image"]
     if not isinstance(image, str) or not parse_image_reference(image):
         errors.append(f"gateway_image: {image!r} is not pinned by digest; a tag can move to another LiteLLM release "
                       "under a running fleet. Give repo[:tag]@sha256:<64 hex> (docker buildx imagetools inspect shows it)")
     address = settings["bind_address"]
-    try:
-        ipaddress.ip_address(address)
-    except (TypeError, ValueError):
+    if ip(address) is None or not isinstance(address, str):
         errors.append(f"gateway_bind_address: {address!r} must be one IP address of the gateway host (127.0.0.1 to "
                       "serve only this host)")
-    else:
-        if address in WILDCARDS and not settings["allow_wildcard_bind"]:
-            errors.append(f"gateway_bind_address: {address} listens on every interface, the LAN included; bind the "
-                          "address clients use, or set gateway_allow_wildcard_bind: true if a firewall guards the port")
-    if not is_count(settings["port"], 1) or settings["port"] > 65535:
-        errors.append(f"gateway_port: {settings['port']!r} must be a port number between 1 and 65535")
+    elif is_wildcard(address) and settings["allow_wildcard_bind"] is not True:
+        errors.append(f"gateway_bind_address: {address} listens on every interface, the LAN included; bind the "
+                      "address clients use, or set gateway_allow_wildcard_bind: true if a firewall guards the port")
     key = settings["master_key"]
     if not isinstance(key, str) or len(key) < MASTER_KEY_MIN_LENGTH or not key.startswith("sk-"):
         errors.append(f"gateway_master_key: missing, shorter than {MASTER_KEY_MIN_LENGTH} characters or not starting with "
@@ -90,17 +127,14 @@ def settings_problems(settings: t.Mapping[str, t.Any]) -> list[str]:
     elif not API_KEY.fullmatch(key):
         errors.append("gateway_master_key: contains whitespace or a non-printable character; it is one line of the env "
                       "file, where a newline would add settings. Use printable ASCII without spaces")
-    if settings["routing_strategy"] not in ROUTING_STRATEGIES:
-        errors.append(f"gateway_routing_strategy: {settings['routing_strategy']!r} is not one of {', '.join(ROUTING_STRATEGIES)}")
-    for name, least in (("health_check_interval", 5), ("allowed_fails", 1), ("cooldown_seconds", 1), ("retries", 0),
-                        ("request_timeout", 1)):
-        if not is_count(settings[name], least):
-            errors.append(f"gateway_{name}: {settings[name]!r} must be a whole number of at least {least}")
-    if not isinstance(settings["config_dir"], str) or not PATH.fullmatch(settings["config_dir"]):
-        errors.append(f"gateway_config_dir: {settings['config_dir']!r} must be an absolute path without spaces")
     backends = settings["backends"]
     if not isinstance(backends, list) or not backends or not all(isinstance(b, str) and b for b in backends):
         errors.append(f"gateway_backends: {backends!r} must list the inventory hosts whose instances the gateway routes to")
+    else:
+        repeated = sorted({b for b in backends if backends.count(b) > 1})
+        if repeated:
+            errors.append(f"gateway_backends: {', '.join(repeated)} listed more than once; each would be a second deployment of "
+                          "the same endpoint in every group, taking twice its share. List each host once")
     groups = settings["model_groups"]
     if not isinstance(groups, dict):
         errors.append(f"gateway_model_groups: {groups!r} must map each group name to the served model names it routes to")
@@ -117,10 +151,10 @@ def settings_problems(settings: t.Mapping[str, t.Any]) -> list[str]:
 def reach_address(host: str, gateway_host: str, host_address: str, binds: t.Sequence[str]) -> str | None:
     """The address the gateway reaches an instance on, or None when it only listens where the gateway is not."""
     if host == gateway_host:
-        loopback = [a for a in binds if is_loopback(a) or a in WILDCARDS]
+        loopback = [a for a in binds if is_loopback(a) or is_wildcard(a)]
         if loopback:
-            return "::1" if loopback[0] in ("::1", "::") else "127.0.0.1"
-    if any(a in WILDCARDS for a in binds) or host_address in binds:
+            return "::1" if ":" in loopback[0] else "127.0.0.1"
+    if any(is_wildcard(a) for a in binds) or host_address in binds:
         return host_address
     reachable = [a for a in binds if not is_loopback(a)]
     return reachable[0] if reachable else None
@@ -160,8 +194,9 @@ def backend_endpoints(backends: t.Sequence[t.Mapping[str, t.Any]], gateway_host:
         if backend.get("missing"):
             errors.append(f"gateway_backends: {host} is not a host of the inventory")
             continue
-        if not HOST_ADDRESS.fullmatch(backend["address"]):
-            errors.append(f"gateway_backend_address of {host}: {backend['address']!r} must be a host name or IP address")
+        if not HOST_ADDRESS.fullmatch(backend["address"]) or is_wildcard(backend["address"]):
+            errors.append(f"gateway_backend_address of {host}: {backend['address']!r} must be the host's name or one of its IP "
+                          "addresses (a wildcard reaches the gateway's own host)")
             continue
         if backend.get("unplanned_cluster"):
             errors.append(f"gateway_backends: {host} heads cluster {backend['unplanned_cluster']}, which was not planned in "
@@ -221,18 +256,23 @@ def gateway_plan(settings: t.Mapping[str, t.Any], backends: t.Sequence[t.Mapping
     if plan["errors"]:
         plan["deployments"], plan["groups"] = [], {}
         return plan
+    plan["schema_version"] = SCHEMA_VERSION
     plan["settings"] = {name: settings[name] for name in ("routing_strategy", "health_check_interval", "allowed_fails",
-                                                          "cooldown_seconds", "retries", "request_timeout")}
-    plan["url"] = endpoint_url(settings["bind_address"], settings["port"])
+                                                          "cooldown_seconds", "retries", "request_timeout", "admin_ui")}
+    # One spelling of the address (:: for 0:0::0), the one the URL and LiteLLM's --host get.
+    bind_address = str(ipaddress.ip_address(settings["bind_address"]))
+    plan["url"] = endpoint_url(bind_address, settings["port"])
     env_lines = ["# Managed by Ansible (sparkfleet.vllm.gateway); holds the master key and the backends' keys, mode 0600.",
                  f"{MASTER_KEY_ENV}={settings['master_key']}", *[f"{env}={key}" for key, env in keys.items()]]
     plan["env_file"] = "\n".join(env_lines) + "\n"
     config_dir = settings["config_dir"]
+    switches = {**({} if settings["admin_ui"] else ADMIN_UI_OFF_ENV), **({} if settings["api_docs"] else API_DOCS_OFF_ENV)}
     plan["docker_run"] = [
         "/usr/bin/docker", "run", "--name", CONTAINER, "--network", "host", "--env-file", f"{config_dir}/gateway.env",
+        *[argument for name, value in switches.items() for argument in ("--env", f"{name}={value}")],
         "--volume", f"{config_dir}/litellm:{CONTAINER_CONFIG_DIR}:ro", "--label", "sparkfleet.gateway=1",
         settings["image"], "--config", f"{CONTAINER_CONFIG_DIR}/config.yaml",
-        "--host", settings["bind_address"], "--port", str(settings["port"]), "--num_workers", "1",
+        "--host", bind_address, "--port", str(settings["port"]), "--num_workers", "1",
     ]
     plan["unit"], plan["container"] = UNIT, CONTAINER
     plan["unit_file"] = unit_file(plan["docker_run"])
@@ -285,11 +325,17 @@ def config_document(plan: t.Mapping[str, t.Any], drained: t.Collection[str]) -> 
             "routing_strategy": settings["routing_strategy"], "num_retries": settings["retries"],
             "allowed_fails": settings["allowed_fails"], "cooldown_time": settings["cooldown_seconds"],
         },
+        # The login form's hint names the UI's default credentials: user admin, the master key as password
+        # (litellm/proxy/common_utils/html_forms/default_credentials_hint.py). Without the admin UI, that
+        # sign-in is off too (auth/login_utils.py is_env_credential_login_enabled): /login would otherwise
+        # still tell a right master key from a wrong one.
         "general_settings": {
             "master_key": f"os.environ/{MASTER_KEY_ENV}",
             "background_health_checks": True,
             "health_check_interval": settings["health_check_interval"],
             "enable_health_check_routing": True,
+            "hide_default_credentials_hint": True,
+            "disable_env_credential_login": not settings["admin_ui"],
         },
         "litellm_settings": {"drop_params": True, "telemetry": False},
     }
@@ -305,20 +351,40 @@ def targets(plan: t.Mapping[str, t.Any]) -> set[str]:
     return {d["node"] for d in plan["deployments"]} | {f"{d['node']}/{d['instance']}" for d in plan["deployments"]}
 
 
+def host_of(name: str) -> str:
+    return name.split("/", 1)[0]
+
+
+def after_request(drained: t.Collection[str], drain: t.Collection[str], undrain: t.Collection[str]) -> set[str]:
+    return (set(drained) | set(drain)) - set(undrain)
+
+
 def drain_problems(plan: t.Mapping[str, t.Any], drained: t.Collection[str], drain: t.Sequence[str],
                    undrain: t.Sequence[str], force: bool) -> list[str]:
-    """Refusals of a drain or undrain: an unknown node, or groups left with nothing to route to."""
+    """Refusals of a drain or undrain: an unknown node, a request that contradicts itself or would
+    do nothing, or groups left with nothing to route to."""
     known = targets(plan)
     errors = [f"gateway drain: {name!r} is not a backend of this gateway (known: {', '.join(sorted(known))}); name an "
               "inventory host, or host/instance" for name in [*drain, *undrain] if name not in known]
     both = sorted(set(drain) & set(undrain))
     if both:
         errors.append(f"gateway drain: {', '.join(both)} asked to be drained and undrained at once")
+    crossed = sorted({f"{d} (drain) and {u} (undrain)" for d in drain for u in undrain
+                      if host_of(d) == host_of(u) and ("/" in d) != ("/" in u)})
+    if crossed:
+        errors.append(f"gateway drain: {'; '.join(crossed)} asked at once: a host and one of its instances leave each other in "
+                      "place (a drained host keeps all its instances out, a drained instance stays out when its host goes "
+                      "back), so one request would do nothing. Name either the host or its instances")
+    after = after_request(drained, drain, undrain)
+    void = sorted(u for u in undrain if "/" in u and host_of(u) in after and host_of(u) not in drain)
+    if void:
+        errors.append(f"gateway undrain: {', '.join(void)} would stay out of rotation, because the host stays drained; "
+                      "undrain the host (and drain by name those of its instances that must stay out)")
     if errors or force or not drain:
         return errors
     before = {d["group"] for d in in_rotation(plan, drained)}
-    after = {d["group"] for d in in_rotation(plan, (set(drained) | set(drain)) - set(undrain))}
-    emptied = [group for group in plan["groups"] if group in before and group not in after]
+    after_groups = {d["group"] for d in in_rotation(plan, after)}
+    emptied = [group for group in plan["groups"] if group in before and group not in after_groups]
     if emptied:
         errors.append(f"gateway drain: draining {', '.join(drain)} leaves model group(s) {', '.join(emptied)} with nothing "
                       "to route to, so every client request for them would fail. Undrain another node first, or force "
@@ -326,7 +392,79 @@ def drain_problems(plan: t.Mapping[str, t.Any], drained: t.Collection[str], drai
     return errors
 
 
-def routers(gateways: t.Sequence[str], backends: t.Mapping[str, t.Sequence[str]], names: t.Sequence[str]) -> list[str]:
-    """The gateways (in inventory order) that route to any host named by ``names`` (hosts or host/instance)."""
-    hosts = {name.split("/", 1)[0] for name in names}
-    return [gateway for gateway in gateways if hosts & set(backends.get(gateway) or [])]
+def kept_out(after: t.Collection[str], undrain: t.Collection[str]) -> list[str]:
+    """Instances drained by name that stay out although their host was undrained."""
+    hosts = {name for name in undrain if "/" not in name}
+    return sorted(name for name in after if "/" in name and host_of(name) in hosts)
+
+
+def plan_problem(plan: t.Any, where: str) -> str | None:
+    """Why ``plan`` is not a gateway plan this collection wrote (None: it is)."""
+    if not isinstance(plan, dict):
+        return f"{where}: not a gateway plan (a JSON object was expected); {REWRITE}"
+    version = plan.get("schema_version")
+    if version != SCHEMA_VERSION:
+        return (f"{where}: schema_version {'missing' if version is None else repr(version)}, while this collection reads "
+                f"{SCHEMA_VERSION}: another (older) sparkfleet.vllm wrote it; {REWRITE}")
+    missing = [key for key in PLAN_KEYS if key not in plan]
+    deployment_keys = ("group", "id", "node", "instance", "model", "api_base", "key_env")
+    broken = [d for d in plan.get("deployments") or [] if not isinstance(d, dict) or any(k not in d for k in deployment_keys)]
+    if missing or broken or not isinstance(plan.get("groups"), dict):
+        shown = ", ".join(missing) if missing else "whole deployments and groups"
+        return f"{where}: lacks {shown}: the file is incomplete or was edited; {REWRITE}"
+    return None
+
+
+def read_plan(text: str, path: str) -> tuple[dict[str, t.Any] | None, str | None]:
+    """The plan file's plan, or why it cannot be read."""
+    try:
+        plan = json.loads(text)
+    except ValueError as error:
+        return None, f"{path}: not a gateway plan ({error}): the file is truncated or was edited; {REWRITE}"
+    problem = plan_problem(plan, path)
+    return (None, problem) if problem else (plan, None)
+
+
+def plan_file(plan: t.Mapping[str, t.Any]) -> str:
+    return json.dumps(plan, indent=2, sort_keys=True) + "\n"
+
+
+def drained_file(drained: t.Collection[str]) -> str:
+    return json.dumps({"schema_version": SCHEMA_VERSION, "drained": sorted(drained)}, indent=2, sort_keys=True) + "\n"
+
+
+def read_drained(text: str | None, path: str) -> tuple[list[str], str | None]:
+    """The drained list, or why it cannot be read. Never guessed: a list read wrong would put a
+    node under maintenance back into rotation, or keep a healthy one out."""
+    if text is None:
+        return [], None
+    fix = ("move it aside (every node then goes back into rotation) and re-run site.yml --tags gateway, then drain again what "
+           "must stay out (playbooks/gateway.yml -e '{\"gateway_drain\": [...]}')")
+    try:
+        value = json.loads(text)
+    except ValueError as error:
+        return [], f"{path}: not a drained list ({error}): the file is truncated or was edited; {fix}"
+    if isinstance(value, list):
+        names = ", ".join(map(str, value)) or "nothing"
+        return [], (f"{path}: schema_version missing: an older sparkfleet.vllm wrote it (it drains {names}); {fix}")
+    if not isinstance(value, dict) or value.get("schema_version") != SCHEMA_VERSION:
+        version = value.get("schema_version") if isinstance(value, dict) else None
+        return [], (f"{path}: schema_version {'missing' if version is None else repr(version)}, while this collection reads "
+                    f"{SCHEMA_VERSION}; {fix}")
+    drained = value.get("drained")
+    if not isinstance(drained, list) or not all(isinstance(name, str) for name in drained):
+        return [], f"{path}: its drained entry must list hosts or host/instance names; {fix}"
+    return drained, None
+
+
+def drain_requests(gateways: t.Sequence[str], backends: t.Mapping[str, t.Sequence[str]], drain: t.Sequence[str],
+                   undrain: t.Sequence[str]) -> list[dict[str, t.Any]]:
+    """Per gateway (in inventory order) that routes to a named host: the names of its own backends,
+    as it is asked to drain and undrain them (a gateway refuses a name it does not route to)."""
+    requests = []
+    for gateway in gateways:
+        routed = set(backends.get(gateway) or [])
+        own_drain, own_undrain = [n for n in drain if host_of(n) in routed], [n for n in undrain if host_of(n) in routed]
+        if own_drain or own_undrain:
+            requests.append({"gateway": gateway, "drain": own_drain, "undrain": own_undrain})
+    return requests

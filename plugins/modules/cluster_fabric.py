@@ -36,11 +36,11 @@ options:
     elements: dict
     default: []
   mtu:
-    description: The MTU the fast link must carry end to end.
+    description: The MTU the fast link must carry end to end, from 68 (IPv4's least) to 9216 (the largest jumbo frame).
     type: int
     default: 9000
   count:
-    description: Pings per peer.
+    description: Pings per peer, from 1 to 100.
     type: int
     default: 3
   rdma_devices:
@@ -116,6 +116,7 @@ nccl:
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._fabric import (
+    mtu_problem,
     nccl_verdict,
     parse_ibdev2netdev,
     parse_nccl_tests,
@@ -150,6 +151,16 @@ def main():
         supports_check_mode=True,
     )
     params = module.params
+    if params["peers"]:
+        problems = [f"mtu: {problem}" for problem in [mtu_problem(params["mtu"])] if problem]
+        if not 1 <= params["count"] <= 100:
+            problems.append(f"count: {params['count']} must be from 1 to 100 pings per peer; each takes 0.2 s, and the gate "
+                            "must answer before the start it guards")
+        unnamed = [peer for peer in params["peers"] if not peer.get("name") or not peer.get("address")]
+        if unnamed:
+            problems.append(f"peers: {unnamed!r} must each give the other node's name and its address on the fast link")
+        if problems:
+            module.fail_json(msg=" | ".join(problems), ok=False, reasons=problems)
     links_text, gids_text = tool_output(module, "ibdev2netdev"), tool_output(module, "show_gids")
     links = parse_ibdev2netdev(links_text or "")
     result = {"changed": False, "rdma_links": links, "gids": parse_show_gids(gids_text or ""), "pings": [],

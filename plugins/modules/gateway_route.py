@@ -14,10 +14,14 @@ description:
     gateway role computed it from the serving hosts' instance plans; no secret), C(drained.json) (the nodes and
     instances taken out of rotation) and C(litellm/config.yaml) (LiteLLM's config - every deployment of the plan that
     is not drained, keys only as C(os.environ/...) references).
+  - C(plan.json) and C(drained.json) carry a C(schema_version). A file that is truncated, incomplete, or of another
+    schema (an older release wrote it) is refused naming the file and the fix, never read as a guess.
   - With I(plan) the plan file is replaced; without it the plan already on the host is read, so a drain needs no
     inventory of the backends (the sweep and the watchdog drain from a serving host's play).
   - A drain names an inventory host (every instance on it) or C(host/instance). A drain that leaves a model group with
-    nothing to route to is refused, and nothing is written, unless I(force).
+    nothing to route to is refused, and nothing is written, unless I(force). So is a request that contradicts itself -
+    a host and one of its instances, one drained and the other undrained - or an undrain of an instance whose host
+    stays drained, which would do nothing.
   - The caller restarts the gateway when C(config_changed) is true; LiteLLM reads its config at start.
   - The logic is in the collection's private module_utils C(_gateway), unit-tested.
 author: sparkfleet.vllm contributors (@sparkfleet)
@@ -88,18 +92,29 @@ config_changed:
   type: bool
   returned: always
 reasons:
-  description: Why a drain or undrain was refused.
+  description: Why a drain or undrain was refused, or why the gateway's files cannot be read.
   type: list
   elements: str
   returned: always
 """
 
-import json
 import os
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._gateway import drain_problems, in_rotation, render_config, targets
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._gateway import (
+    after_request,
+    drain_problems,
+    drained_file,
+    in_rotation,
+    kept_out,
+    plan_file,
+    plan_problem,
+    read_drained,
+    read_plan,
+    render_config,
+    targets,
+)
 
 
 def read_text(path: str) -> str | None:
@@ -107,6 +122,10 @@ def read_text(path: str) -> str | None:
         return None
     with open(path, encoding="utf-8") as handle:
         return handle.read()
+
+
+def refuse(module: AnsibleModule, reasons: list[str]) -> None:
+    module.fail_json(msg=" | ".join(reasons), ok=False, config_changed=False, reasons=reasons)
 
 
 def main() -> None:
@@ -123,25 +142,30 @@ def main() -> None:
     config_dir = module.params["config_dir"]
     paths = {"plan": os.path.join(config_dir, "plan.json"), "drained": os.path.join(config_dir, "drained.json"),
              "config": os.path.join(config_dir, "litellm", "config.yaml")}
-    before = {name: read_text(path) for name, path in paths.items()}
+    try:
+        before = {name: read_text(path) for name, path in paths.items()}
+    except (OSError, UnicodeDecodeError) as error:
+        refuse(module, [f"{config_dir}: the gateway's files cannot be read ({error}); check the folder, or re-run site.yml --tags gateway"])
     plan = module.params["plan"]
-    if plan is None:
-        if before["plan"] is None:
-            module.fail_json(msg=f"no gateway plan at {paths['plan']}: this host runs no gateway yet; apply site.yml "
-                                 "(the gateway role) first", ok=False, config_changed=False, reasons=[])
-        plan = json.loads(before["plan"])
-    drained = json.loads(before["drained"]) if before["drained"] else []
+    if plan is not None:
+        problem = plan_problem(plan, "plan (the gateway role's gateway_plan)")
+    elif before["plan"] is None:
+        problem = (f"no gateway plan at {paths['plan']}: this host runs no gateway yet; apply site.yml (the gateway role) "
+                   "first")
+    else:
+        plan, problem = read_plan(before["plan"], paths["plan"])
+    if problem:
+        refuse(module, [problem])
+    drained, problem = read_drained(before["drained"], paths["drained"])
+    if problem:
+        refuse(module, [problem])
     problems = drain_problems(plan, drained, module.params["drain"], module.params["undrain"], module.params["force"])
     if problems:
-        module.fail_json(msg=" | ".join(problems), ok=False, config_changed=False, reasons=problems)
+        refuse(module, problems)
     known = targets(plan)
     stale = sorted(name for name in drained if name not in known)
-    after_drained = sorted((set(drained) | set(module.params["drain"])) - set(module.params["undrain"]) - set(stale))
-    after = {
-        "plan": json.dumps(plan, indent=2, sort_keys=True) + "\n",
-        "drained": json.dumps(after_drained) + "\n",
-        "config": render_config(plan, after_drained),
-    }
+    after_drained = sorted(after_request(drained, module.params["drain"], module.params["undrain"]) - set(stale))
+    after = {"plan": plan_file(plan), "drained": drained_file(after_drained), "config": render_config(plan, after_drained)}
     changed_names = [name for name in paths if before[name] != after[name]]
     if changed_names and not module.check_mode:
         os.makedirs(os.path.dirname(paths["config"]), mode=0o700, exist_ok=True)
@@ -153,15 +177,19 @@ def main() -> None:
             os.replace(paths[name] + ".tmp", paths[name])
     rotation: dict[str, list[str]] = {group: [] for group in plan["groups"]}
     for deployment in in_rotation(plan, after_drained):
-        rotation[deployment["group"]].append(deployment["id"])
+        rotation.setdefault(deployment["group"], []).append(deployment["id"])
     result = {
         "changed": bool(changed_names), "ok": True, "url": plan["url"], "drained": after_drained, "in_rotation": rotation,
         "config_changed": "config" in changed_names, "reasons": [],
         "diff": [{"before_header": paths[name], "after_header": paths[name], "before": before[name] or "", "after": after[name]}
                  for name in ("drained", "config") if name in changed_names],
     }
-    if stale:
-        result["warnings"] = [f"dropped from the drained list, no longer backends: {', '.join(stale)}"]
+    warnings = [f"dropped from the drained list, no longer backends: {', '.join(stale)}"] if stale else []
+    kept = kept_out(after_drained, module.params["undrain"])
+    if kept:
+        warnings.append(f"{', '.join(kept)}: drained by name, so still out of rotation; undrain by name to put back")
+    if warnings:
+        result["warnings"] = warnings
     module.exit_json(**result)
 
 

@@ -87,7 +87,7 @@ def test_a_refused_cluster_changes_nothing(head, worker):
     bad = {"vllm_version": "0.26.0", "cluster_instance": {"model": "/models/tiny-llama", "served_model_names": [MODEL], "port": PORT,
                                                           "api_key": KEY, "tensor_parallel_size": 1}}
     result = playbook("cluster.yml", "-e", json.dumps(bad))
-    assert_refused(result, "Cluster lab-tp2 refused, nothing was changed",
+    assert_refused(result, "Cluster lab-tp2 refused, the cluster was not relaunched",
                    "vllm_version: 0.26.0 cannot run a cluster: multi-node needs vLLM 0.27.0 or later",
                    "cluster_instance.tensor_parallel_size: 1; 2 nodes x 1 GPU per node is 2")
     result = playbook("cluster.yml", "-e", json.dumps({"cluster_master_addr": "127.0.0.1"}))

@@ -82,7 +82,7 @@ def test_a_drained_node_gets_no_request_and_comes_back_when_undrained(gateway):
     drained = run_hook("drain", OTHER)
     assert drained.returncode == 0, drained.stdout[-3000:]
     drain_seconds = round(time.monotonic() - started, 1)
-    assert json.loads(gateway.file(f"{CONFIG}/drained.json").content_string) == [OTHER]
+    assert json.loads(gateway.file(f"{CONFIG}/drained.json").content_string) == {"schema_version": 1, "drained": [OTHER]}
     before = served_requests(other)
     answers = [ask(gateway, model) for model in ["tiny", "fast"] * 6]
     assert all(status == "200" for status, _d, _s in answers), answers
@@ -102,7 +102,7 @@ def test_a_drained_node_gets_no_request_and_comes_back_when_undrained(gateway):
     undrained = playbook("gateway.yml", "-e", json.dumps({"gateway_undrain": [OTHER]}))
     assert undrained.returncode == 0, undrained.stdout[-3000:]
     undrain_seconds = round(time.monotonic() - started, 1)
-    assert json.loads(gateway.file(f"{CONFIG}/drained.json").content_string) == []
+    assert json.loads(gateway.file(f"{CONFIG}/drained.json").content_string)["drained"] == []
     before = served_requests(other)
     routes = [ask(gateway)[1] for _request in range(16)]
     assert set(routes) == set(ROUTE.values()), routes

@@ -15,7 +15,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _fabric import parse_ping, ping_arguments, ping_verdict  # noqa: E402
+from _fabric import mtu_problem, parse_ping, ping_arguments, ping_verdict  # noqa: E402
 
 
 def failing_pairs(source, interface, mtu, peers):
@@ -35,6 +35,9 @@ def main(argv=None):
     parser.add_argument("--peer", action="append", default=[], help="NAME=ADDRESS of another node")
     parser.add_argument("--timeout", type=float, default=120)
     args = parser.parse_args(argv)
+    problem = mtu_problem(args.mtu)
+    if problem:
+        parser.error(f"--mtu {problem}")
     peers = [tuple(peer.split("=", 1)) for peer in args.peer]
     deadline = time.monotonic() + args.timeout
     while True:

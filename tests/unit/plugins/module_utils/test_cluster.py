@@ -6,8 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._cluster import agreement_problems, cluster_nodes
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._cluster import (
+    CLUSTER_SETTINGS,
+    agreement_problems,
+    cluster_nodes,
+    fleet_cluster_problems,
+)
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._fabric import parse_ibdev2netdev
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._settings import bounds_table
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_plan import build_plan
 
 DIGEST = "sha256:" + "cd" * 32
@@ -179,7 +185,20 @@ def test_the_master_address_must_be_the_heads_fast_address():
     assert errors == ["cluster_master_addr: 10.0.0.5 is not the head's (spark-1) address on the fast link (192.168.100.11 on "
                       "enp1s0f0np0); the ranks would rendezvous off the fast link. Leave it unset: the head's fast address "
                       "is the master"]
+    assert planned(declaration(master_addr="192.168.100.12"))["errors"][0].startswith("cluster_master_addr: 192.168.100.12 is not")
     assert planned(declaration(master_addr="192.168.100.11"))["errors"] == []
+
+
+def test_without_the_nodes_facts_a_master_address_in_the_fast_network_is_accepted():
+    """Only the inventory checked: the head's fast address is unknown, so the right one must pass."""
+    layout = cluster_nodes(declaration(master_addr="192.168.100.11"), None, INVENTORY)
+    assert layout["errors"] == [] and layout["master_addr"] == "192.168.100.11"
+    assert layout["nodes"]["spark-2"]["option"]["network_env"]["MASTER_ADDR"] == "192.168.100.11"
+    for wrong in ("10.0.0.5", "192.168.100.0", "192.168.100.255", "head"):
+        errors = cluster_nodes(declaration(master_addr=wrong), None, INVENTORY)["errors"]
+        assert errors == [f"cluster_master_addr: {wrong} is not a host address of cluster_fast_network 192.168.100.0/24; the "
+                          "ranks would rendezvous off the fast link. Leave it unset (the head's fast address is the master), "
+                          "or give that address"], errors
 
 
 def test_a_node_without_the_fast_link_or_rdma_is_named():
@@ -219,7 +238,7 @@ def test_a_node_missing_from_the_play_stops_the_cluster():
     ({"nodes": ["spark-1", "spark-1"]}, "cluster_nodes: spark-1 listed more than once"),
     ({"nodes": ["spark-1", "spark-9"]}, "cluster_nodes: spark-9 not in the inventory"),
     ({"backend": "slurm"}, "cluster_backend: 'slurm' is not one of native, ray"),
-    ({"master_port": 70000}, "cluster_master_port: 70000 must be a whole number above 0 and a port"),
+    ({"master_port": 70000}, "cluster_master_port: 70000 must be a port number between 1 and 65535"),
     ({"fast_network": "fast"}, "cluster_fast_network: 'fast' must be the fast link's subnet"),
 ])
 def test_declaration_refusals(changes, expected):
@@ -288,3 +307,162 @@ def test_each_rank_holds_its_part_of_the_weights_and_the_kv_cache():
     single = build_plan([{**cluster["instance"], "name": "one", "tensor_parallel_size": None}], {}, image=IMAGE,
                         hardware_class="dgx_spark", host_addresses=None, vllm_version="0.32.0")["instances"][0]["memory"]
     assert memory["full_length_request_gib"] == round(single["full_length_request_gib"] / 2, 2)
+
+
+@pytest.mark.parametrize(("network", "expected"), [
+    ("0.0.0.0/0", "cluster_fast_network: 0.0.0.0/0 spans 4294967296 addresses, wider than any one link (the widest private "
+                  "block is a /8): an interface on the LAN or the management network would match it"),
+    ("10.0.0.0/7", "cluster_fast_network: 10.0.0.0/7 spans 33554432 addresses, wider than any one link"),
+    ("fd00::/64", "cluster_fast_network: fd00::/64 is an IPv6 subnet; each node's fast address is read from its IPv4 facts"),
+    ("192.168.100.11/32", "cluster_fast_network: 192.168.100.11/32 holds 1 node address, fewer than the 2 nodes"),
+    ("127.0.0.0/8", "cluster_fast_network: 127.0.0.0/8 is loopback, multicast, reserved or 'this network' (0.0.0.0/8) space"),
+    ("0.0.0.0/8", "cluster_fast_network: 0.0.0.0/8 is loopback, multicast, reserved or 'this network'"),
+    ("240.0.0.0/8", "cluster_fast_network: 240.0.0.0/8 is loopback, multicast, reserved or 'this network'"),
+])
+def test_a_fast_network_no_link_could_be_is_refused(network, expected):
+    errors = planned(declaration(fast_network=network))["errors"]
+    assert len(errors) == 1 and errors[0].startswith(expected), errors
+
+
+def test_the_widest_and_narrowest_fast_networks_pass():
+    assert planned(declaration(fast_network="192.168.0.0/8"))["errors"] == []
+    pair = {host: report(address) for host, address in (("spark-1", "192.168.100.10"), ("spark-2", "192.168.100.11"))}
+    assert planned(declaration(fast_network="192.168.100.10/31"), pair)["errors"] == [], "a /31 is a point-to-point link"
+    four = declaration(("spark-1", "spark-2", "spark-3", "spark-4"), fast_network="192.168.100.8/30")
+    assert "holds 2 node addresses, fewer than the 4 nodes" in cluster_nodes(four, None, INVENTORY)["errors"][0]
+
+
+def test_one_box_under_two_names_is_refused():
+    same = {"spark-1": {"ansible_host": "192.0.2.10"}, "spark-2": {"ansible_host": "192.0.2.10"}}
+    errors = planned(declaration(node_vars=same))["errors"]
+    assert errors == ["cluster_nodes: spark-1 and spark-2 are one box (ansible_host 192.0.2.10); as 2 ranks they would share "
+                      "its one GPU and memory pool. List each box once"]
+    spelled = {"spark-1": {"ansible_host": "Spark-1.lan"}, "spark-2": {"ansible_host": "spark-1.LAN", "ansible_port": 22}}
+    assert "are one box (ansible_host spark-1.lan)" in planned(declaration(node_vars=spelled))["errors"][0]
+    by_name = {"spark-2": {"ansible_host": "spark-1"}}
+    assert "spark-1 and spark-2 are one box" in planned(declaration(node_vars=by_name))["errors"][0]
+    forwarded = {"spark-1": {"ansible_host": "192.0.2.1", "ansible_port": 2201}, "spark-2": {"ansible_host": "192.0.2.1", "ansible_port": 2202}}
+    assert planned(declaration(node_vars=forwarded))["errors"] == [], "two SSH ports of one address are two boxes behind it"
+
+
+def test_two_nodes_with_one_fast_address_are_refused():
+    reports = copy.deepcopy(REPORTS)
+    reports["spark-2"] = report("192.168.100.11")
+    errors = planned(reports=reports)["errors"]
+    assert errors == ["cluster_nodes: spark-1 and spark-2 have one fast address, 192.168.100.11: one box under two inventory "
+                      "names, or two boxes with one address; either way two ranks would collide on it. List each box once, "
+                      "or fix the addresses"]
+
+
+@pytest.mark.parametrize(("where", "env", "expected"), [
+    ("node_env", {"NCCL_IB_DISABLE": "1"}, "spark-2: cluster_node_env.NCCL_IB_DISABLE: '1' turns RDMA off (NCCL reads any "
+                                           "value but 0 as: no InfiniBand or RoCE transport) while cluster_require_rdma is true"),
+    ("vllm_env", {"NCCL_NET": "socket"}, "spark-2: vllm_env.NCCL_NET: 'socket' turns RDMA off (NCCL uses its TCP socket "
+                                         "transport only)"),
+    ("hardware_env", {"NCCL_IB_DISABLE": 1}, "spark-2: sparkfleet_hardware_overrides.env.NCCL_IB_DISABLE: 1 turns RDMA off"),
+    ("instance", {"NCCL_NET": "Socket"}, "cluster_instance.env.NCCL_NET: 'Socket' turns RDMA off"),
+])
+def test_an_environment_turning_rdma_off_is_refused_while_rdma_is_required(where, env, expected):
+    cluster = declaration()
+    if where == "instance":
+        cluster["instance"]["env"] = env
+    else:
+        cluster["node_vars"] = {"spark-2": {where: env}}
+    errors = planned(cluster)["errors"]
+    assert len(errors) == 1 and errors[0].startswith(expected), errors
+    assert errors[0].endswith("NCCL would fall back to TCP sockets (about 3 GB/s). Remove it, or set cluster_require_rdma: false "
+                              "for a cluster without RDMA")
+    assert planned({**cluster, "require_rdma": False}, {**REPORTS, "spark-1": {**REPORTS["spark-1"], "rdma_links": []}})["errors"] == []
+
+
+def test_the_environment_a_container_gets_is_judged_not_each_layer():
+    cluster = declaration()
+    cluster["instance"]["env"] = {"NCCL_IB_DISABLE": "1"}
+    cluster["node_vars"] = {node: {"node_env": {"NCCL_IB_DISABLE": "0", "NCCL_NET_PLUGIN": "none", "NCCL_NET": "IB"}}
+                            for node in ("spark-1", "spark-2")}
+    assert planned(cluster)["errors"] == [], "the node's 0 replaces the instance's 1; NCCL_NET_PLUGIN=none keeps the IB transport"
+
+
+@pytest.mark.parametrize(("changes", "expected"), [
+    ({"mtu": 67}, "cluster_mtu: 67 must be a whole number from 68 to 9216; the fabric gate's don't-fragment ping fills a frame "
+                  "with MTU - 28 bytes"),
+    ({"mtu": 9217}, "cluster_mtu: 9217 must be a whole number from 68 to 9216"),
+    ({"mtu": True}, "cluster_mtu: True must be a whole number"),
+    ({"gpus_per_node": 9}, "cluster_gpus_per_node: 9 must be a whole number from 1 to 8"),
+    ({"ping_count": 0}, "cluster_ping_count: 0 must be a whole number from 1 to 100"),
+    ({"nccl_min_busbw_gbs": 0}, "cluster_nccl_min_busbw_gbs: 0 must be a number above 0 and at most 100"),
+    ({"nccl_min_busbw_gbs": 400.0}, "cluster_nccl_min_busbw_gbs: 400.0 must be a number above 0 and at most 100"),
+    ({"config_dir": "/etc"}, "cluster_config_dir: '/etc' is too close to / (give at least 2 levels, such as /etc/sparkfleet/NAME); "
+                             "the role makes this folder root-owned and mode 0700"),
+    ({"config_dir": "/etc/sparkfleet/../../root"}, "cluster_config_dir: '/etc/sparkfleet/../../root' must not step through '.' or '..'"),
+    ({"config_dir": "/srv/a:b"}, "cluster_config_dir: '/srv/a:b' has 'a:b', which a unit file, an env file or a docker volume spec"),
+    ({"config_dir": "srv/cluster"}, "cluster_config_dir: 'srv/cluster' must be an absolute path"),
+    ({"iputils_ping_version": "3:20221126-1, netcat-openbsd"}, "cluster_iputils_ping_version: '3:20221126-1, netcat-openbsd' must "
+                                                               "be empty or one Debian package version"),
+    ({"fabric_gate": "yes"}, "cluster_fabric_gate: 'yes' must be true or false"),
+    ({"logind_remove_ipc_dropin": "/etc/systemd/logind.conf"}, "cluster_logind_remove_ipc_dropin: /etc/systemd/logind.conf is not a "
+                                                               "file logind reads"),
+    ({"logind_remove_ipc_dropin": "/etc/systemd/logind.conf.d/10 x.conf"}, "cluster_logind_remove_ipc_dropin: '/etc/systemd/logind"
+                                                                          ".conf.d/10 x.conf' has '10 x.conf'"),
+    ({"node_vars": {"spark-2": {"fast_interface": "^eth"}}}, "spark-2: cluster_fast_interface: '^eth' must be one interface name"),
+    ({"node_vars": {"spark-2": {"fast_interface": "enp1s0f0np0-long"}}}, "spark-2: cluster_fast_interface: 'enp1s0f0np0-long'"),
+    ({"node_vars": {"spark-2": {"rdma_devices": ["rocep1s0f0,^x"]}}}, "spark-2: cluster_rdma_devices: ['rocep1s0f0,^x'] must list"),
+    ({"node_vars": {"spark-2": {"gid_index": 256}}}, "spark-2: cluster_gid_index: 256 must be empty or an index of the RoCE GID "
+                                                     "table, 0 to 255"),
+])
+def test_every_setting_is_bounded_saying_why(changes, expected):
+    errors = planned(declaration(**changes))["errors"]
+    assert len(errors) == 1 and errors[0].startswith(expected), errors
+
+
+def test_the_bounds_themselves_pass():
+    for changes in ({"mtu": 68}, {"mtu": 9216}, {"gpus_per_node": 1}, {"ping_count": 100}, {"nccl_min_busbw_gbs": 100},
+                    {"config_dir": "/srv/cluster"}, {"iputils_ping_version": "3:20221126-1+deb12u1"},
+                    {"node_vars": {"spark-2": {"fast_interface": "enp1s0f0np0", "rdma_devices": ["roceP2p1s0f0"], "gid_index": 0}}}):
+        assert planned(declaration(**changes))["errors"] == [], changes
+
+
+def test_a_host_in_two_clusters_or_listed_by_a_cluster_it_is_not_in_is_refused():
+    def member(name, nodes):
+        return {"cluster_name": name, "cluster_nodes": nodes}
+
+    fleet = {"spark-1": member("a", ["spark-1", "spark-2"]), "spark-2": member("a", ["spark-1", "spark-2"]),
+             "spark-3": member("b", ["spark-3", "spark-2"]), "gx10-1": {"cluster_name": "", "cluster_nodes": []}}
+    problems = fleet_cluster_problems(fleet)
+    assert problems == [
+        "spark-2: listed in the cluster_nodes of clusters a, b; a host is a node of one cluster at most (its GPU and memory pool "
+        "serve one). Remove it from all but one",
+        "spark-2: listed in cluster b's cluster_nodes, but its own cluster_name is a, so it would never run its rank and cluster b "
+        "could not start. Set the cluster_* variables in the group_vars of one group holding exactly the cluster's nodes"]
+    assert fleet_cluster_problems(fleet, "a") == problems == fleet_cluster_problems(fleet, "b")
+    assert fleet_cluster_problems(fleet, "c") == []
+    assert fleet_cluster_problems({host: v for host, v in fleet.items() if host != "spark-3"}) == []
+    outside = {**fleet, "spark-3": member("b", ["spark-3", "gx10-1"])}
+    assert fleet_cluster_problems(outside) == [
+        "gx10-1: listed in cluster b's cluster_nodes, but its own cluster_name is empty, so it would never run its rank and "
+        "cluster b could not start. Set the cluster_* variables in the group_vars of one group holding exactly the cluster's nodes"]
+    split = {**fleet, "spark-2": member("a", ["spark-2", "spark-1"]), "spark-3": {}}
+    assert fleet_cluster_problems(split) == [
+        "cluster_nodes of cluster a: its hosts list different nodes (spark-1: spark-1, spark-2; spark-2: spark-2, spark-1); every "
+        "node must see the same cluster. Set the cluster_* variables in the group_vars of one group holding exactly the "
+        "cluster's nodes"]
+
+
+def test_docs_show_the_bounds_of_every_setting_as_the_table_checks_them():
+    doc = (Path(__file__).parents[4] / "docs" / "cluster.md").read_text()
+    shown = doc.split("<!-- cluster settings: begin -->\n")[1].split("\n<!-- cluster settings: end -->")[0]
+    assert shown == bounds_table("cluster_", CLUSTER_SETTINGS), "docs/cluster.md's bounds table is stale: paste bounds_table's"
+
+
+def test_each_nodes_own_host_vars_reach_the_declaration():
+    from ansible_collections.sparkfleet.vllm.plugins.filter.cluster import cluster_node_vars
+
+    hostvars = {"spark-1": {"ansible_host": "192.0.2.10", "cluster_node_env": {"NCCL_IB_DISABLE": "1"}, "vllm_env": {"A": "1"},
+                            "sparkfleet_hardware_overrides": {"env": {"B": "2"}}, "cluster_gid_index": 3, "unrelated": True},
+                "spark-2": {}}
+    assert cluster_node_vars(["spark-1", "spark-2", "ghost"], hostvars) == {
+        "spark-1": {"ansible_host": "192.0.2.10", "node_env": {"NCCL_IB_DISABLE": "1"}, "vllm_env": {"A": "1"}, "gid_index": 3,
+                    "hardware_env": {"B": "2"}},
+        "spark-2": {"hardware_env": None}}
+    cluster = declaration(node_vars=cluster_node_vars(["spark-1", "spark-2"], hostvars))
+    assert planned(cluster)["errors"][0].startswith("spark-1: cluster_node_env.NCCL_IB_DISABLE: '1' turns RDMA off")

@@ -8,6 +8,7 @@ import pytest
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._fabric import (
     GIB,
     interface_on,
+    mtu_problem,
     nccl_buffer_problem,
     nccl_verdict,
     parse_ibdev2netdev,
@@ -15,6 +16,7 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._fabric import (
     parse_ping,
     parse_show_gids,
     parse_size,
+    ping_arguments,
     ping_verdict,
     rocev2_gid_index,
 )
@@ -124,3 +126,16 @@ def test_the_interface_on_the_fast_network_from_facts():
     }
     assert interface_on(facts, "192.168.100.0/24") == {"interface": "enp1s0f0np0", "address": "192.168.100.11", "mtu": 9000}
     assert interface_on(facts, "172.16.0.0/12") is None
+
+
+@pytest.mark.parametrize("mtu", [67, 28, 0, 9217, 65536, True, "9000", None])
+def test_an_mtu_the_gates_ping_cannot_fill_a_frame_of_is_refused(mtu):
+    assert mtu_problem(mtu) == (f"{mtu!r} must be a whole number from 68 to 9216; the fabric gate's don't-fragment ping fills a "
+                                "frame with MTU - 28 bytes, so the MTU must be one IPv4 carries (68 at least) and an Ethernet "
+                                "link can (jumbo frames stop at 9216; seed 002's link runs 9000)")
+
+
+def test_the_smallest_and_largest_mtu_give_pings_that_fill_their_frame():
+    assert mtu_problem(68) is None and mtu_problem(9216) is None
+    assert ping_arguments("10.0.0.2", 68, 1, None)[:3] == ["-M", "do", "-s"] and ping_arguments("10.0.0.2", 68, 1, None)[3] == "40"
+    assert ping_arguments("10.0.0.2", 9216, 1, "eth0")[3] == "9188"

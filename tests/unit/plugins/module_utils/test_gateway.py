@@ -1,18 +1,27 @@
 """The gateway's plan from the serving hosts' instance plans: deployments, config, keys, drains and refusals."""
 
 import json
+from pathlib import Path
 
 import pytest
 import yaml
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._gateway import (
+    GATEWAY_SETTINGS,
+    SCHEMA_VERSION,
     backend_reports,
     config_document,
     drain_problems,
+    drain_requests,
+    drained_file,
     gateway_plan,
+    kept_out,
+    plan_file,
+    read_drained,
+    read_plan,
     render_config,
-    routers,
 )
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._settings import bounds_table
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._systemd import quote_exec_argument
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_plan import build_plan
 
@@ -109,8 +118,9 @@ def test_every_bad_setting_is_refused_at_once_naming_the_variable():
     for fragment in ("gateway_image: 'ghcr.io/berriai/litellm:main-stable' is not pinned by digest",
                      "gateway_bind_address: 0.0.0.0 listens on every interface", "gateway_port: 70000",
                      "gateway_master_key: missing, shorter than 32 characters or not starting with 'sk-'",
-                     "gateway_routing_strategy: 'round-robin'", "gateway_health_check_interval: 1 must be a whole number of at least 5",
-                     "gateway_retries: -1", "gateway_config_dir: 'etc/gw'", "gateway_model_groups: group name 'bad name'",
+                     "gateway_routing_strategy: 'round-robin'", "gateway_health_check_interval: 1 must be a whole number from 5 to 3600",
+                     "gateway_retries: -1", "gateway_config_dir: 'etc/gw' must be an absolute path",
+                     "gateway_model_groups: group name 'bad name'",
                      "gateway_model_groups.bad name: [] must list served model names"):
         assert fragment in text
     assert "short" not in text.replace("shorter", "")
@@ -129,7 +139,10 @@ def test_every_bad_setting_is_refused_at_once_naming_the_variable():
     ({**HOSTVARS, "gx10-1": {**HOSTVARS["gx10-1"], "cluster_name": "big", "cluster_nodes": ["gx10-1", "spark-1"]}},
      ["spark-1", "gx10-1"], "gateway_backends: gx10-1 heads cluster big, which was not planned in this run; run the cluster play too"),
     ({**HOSTVARS, "gx10-1": {**HOSTVARS["gx10-1"], "gateway_backend_address": "10.0.0.1/8?x="}}, ["spark-1", "gx10-1"],
-     "gateway_backend_address of gx10-1: '10.0.0.1/8?x=' must be a host name or IP address"),
+     "gateway_backend_address of gx10-1: '10.0.0.1/8?x=' must be the host's name or one of its IP addresses"),
+    ({**HOSTVARS, "gx10-1": {**HOSTVARS["gx10-1"], "gateway_backend_address": "::0"}}, ["spark-1", "gx10-1"],
+     "gateway_backend_address of gx10-1: '::0' must be the host's name or one of its IP addresses (a wildcard reaches the "
+     "gateway's own host)"),
 ])
 def test_a_backend_the_gateway_cannot_route_to_is_refused(hostvars, backends, fragment):
     plan = plan_for(hostvars, backends=backends)
@@ -167,8 +180,139 @@ def test_a_drain_that_empties_a_group_is_refused_unless_forced():
     assert drain_problems(plan, [], ["spark-1"], ["spark-1"], False) == ["gateway drain: spark-1 asked to be drained and undrained at once"]
 
 
-def test_a_drain_reaches_the_gateways_routing_to_the_node():
+def test_a_drain_reaches_the_gateways_routing_to_the_node_each_with_its_own_backends():
     backends = {"gw-a": ["spark-1", "gx10-1"], "gw-b": ["spark-2"], "gw-c": []}
-    assert routers(["gw-a", "gw-b", "gw-c"], backends, ["gx10-1/chat"]) == ["gw-a"]
-    assert routers(["gw-a", "gw-b", "gw-c"], backends, ["spark-2", "spark-1"]) == ["gw-a", "gw-b"]
-    assert routers(["gw-a"], backends, ["spark-9"]) == []
+    gateways = ["gw-a", "gw-b", "gw-c"]
+    assert drain_requests(gateways, backends, ["gx10-1/chat"], []) == [{"gateway": "gw-a", "drain": ["gx10-1/chat"], "undrain": []}]
+    assert drain_requests(gateways, backends, ["spark-2", "spark-1"], ["gx10-1"]) == [
+        {"gateway": "gw-a", "drain": ["spark-1"], "undrain": ["gx10-1"]}, {"gateway": "gw-b", "drain": ["spark-2"], "undrain": []}]
+    assert drain_requests(["gw-a"], backends, ["spark-9"], []) == []
+
+
+def test_a_backend_listed_twice_is_refused():
+    errors = plan_for(backends=["spark-1", "gx10-1", "spark-1"])["errors"]
+    assert errors == ["gateway_backends: spark-1 listed more than once; each would be a second deployment of the same endpoint in "
+                      "every group, taking twice its share. List each host once"]
+
+
+@pytest.mark.parametrize("wildcard", ["0.0.0.0", "::", "::0", "0:0::0", "0000:0000:0000:0000:0000:0000:0000:0000"])
+def test_a_wildcard_bind_in_any_spelling_needs_the_opt_in(wildcard):
+    assert plan_for(bind_address=wildcard)["errors"] == [
+        f"gateway_bind_address: {wildcard} listens on every interface, the LAN included; bind the address clients use, or set "
+        "gateway_allow_wildcard_bind: true if a firewall guards the port"]
+    plan = plan_for(bind_address=wildcard, allow_wildcard_bind=True)
+    run = plan["docker_run"]
+    host = "0.0.0.0" if "." in wildcard else "::"
+    assert run[run.index("--host") + 1] == host and plan["url"] == ("http://127.0.0.1:4000" if host == "0.0.0.0" else "http://[::1]:4000")
+
+
+def test_a_backend_on_the_gateway_host_bound_to_a_wildcard_in_any_spelling_is_reached_on_loopback():
+    hostvars = {"spark-1": {"ansible_host": "192.0.2.10", "vllm_endpoints": [{**HOSTVARS["spark-1"]["vllm_endpoints"][0],
+                                                                             "bind_addresses": ["0:0::0"]}]},
+                "gx10-1": HOSTVARS["gx10-1"]}
+    plan = plan_for(hostvars, gateway="spark-1")
+    assert {d["api_base"] for d in plan["deployments"] if d["node"] == "spark-1"} == {"http://[::1]:8000/v1"}
+
+
+@pytest.mark.parametrize(("setting", "value", "expected"), [
+    ("port", 0, "gateway_port: 0 must be a port number between 1 and 65535; the proxy listens on it"),
+    ("health_check_interval", 3601, "gateway_health_check_interval: 3601 must be a whole number from 5 to 3600; seconds between "
+                                    "LiteLLM's checks"),
+    ("allowed_fails", 0, "gateway_allowed_fails: 0 must be a whole number from 1 to 100"),
+    ("cooldown_seconds", 86400, "gateway_cooldown_seconds: 86400 must be a whole number from 1 to 3600"),
+    ("retries", 11, "gateway_retries: 11 must be a whole number from 0 to 10; each retry is another whole request"),
+    ("request_timeout", 0, "gateway_request_timeout: 0 must be a whole number from 1 to 86400"),
+    ("ready_timeout", 1, "gateway_ready_timeout: 1 must be a whole number from 2 to 3600; seconds the gateway may take to answer "
+                         "after a (re)start, polled every 2 s"),
+    ("config_dir", "/etc", "gateway_config_dir: '/etc' is too close to / (give at least 2 levels"),
+    ("config_dir", "/etc/sparkfleet/../gw", "gateway_config_dir: '/etc/sparkfleet/../gw' must not step through '.' or '..'"),
+    ("config_dir", "/etc/gw:/x", "gateway_config_dir: '/etc/gw:/x' has 'gw:', which a unit file, an env file or a docker volume "
+                                 "spec (host:container:mode) would not carry unchanged"),
+    ("admin_ui", "yes", "gateway_admin_ui: 'yes' must be true or false"),
+    ("api_docs", 1, "gateway_api_docs: 1 must be true or false"),
+])
+def test_every_setting_is_bounded_saying_why(setting, value, expected):
+    errors = plan_for(**{setting: value})["errors"]
+    assert len(errors) == 1 and errors[0].startswith(expected), errors
+
+
+def test_the_admin_ui_and_the_api_docs_are_off_unless_opted_in():
+    plan = plan_for()
+    run = plan["docker_run"]
+    envs = [run[i + 1] for i, argument in enumerate(run) if argument == "--env"]
+    assert envs == ["DISABLE_ADMIN_UI=True", "NO_DOCS=True", "NO_REDOC=True", "NO_OPENAPI=True"]
+    assert run.index("--env") < run.index(IMAGE), "docker's options come before the image"
+    general = config_document(plan, [])["general_settings"]
+    assert general["disable_env_credential_login"] is True and general["hide_default_credentials_hint"] is True
+    opened = plan_for(admin_ui=True, api_docs=True)
+    assert "--env" not in opened["docker_run"]
+    assert config_document(opened, [])["general_settings"]["disable_env_credential_login"] is False
+    docs_only = plan_for(api_docs=True)["docker_run"]
+    assert [docs_only[i + 1] for i, a in enumerate(docs_only) if a == "--env"] == ["DISABLE_ADMIN_UI=True"]
+    assert "--env DISABLE_ADMIN_UI=True" in plan["unit_file"]
+
+
+def test_a_host_and_its_instance_drained_and_undrained_at_once_are_refused():
+    plan = plan_for()
+    crossed = ("gateway drain: {} asked at once: a host and one of its instances leave each other in place (a drained host keeps "
+               "all its instances out, a drained instance stays out when its host goes back), so one request would do nothing. "
+               "Name either the host or its instances")
+    assert drain_problems(plan, [], ["gx10-1"], ["gx10-1/chat"], False) == [crossed.format("gx10-1 (drain) and gx10-1/chat (undrain)")]
+    assert drain_problems(plan, ["gx10-1"], ["gx10-1/chat"], ["gx10-1"], False) == [
+        crossed.format("gx10-1/chat (drain) and gx10-1 (undrain)")]
+    assert drain_problems(plan, ["gx10-1"], [], ["gx10-1/chat"], False) == [
+        "gateway undrain: gx10-1/chat would stay out of rotation, because the host stays drained; undrain the host (and drain by "
+        "name those of its instances that must stay out)"]
+    assert drain_problems(plan, ["gx10-1/chat"], [], ["gx10-1/chat"], False) == []
+    assert kept_out(["gx10-1/chat"], ["gx10-1"]) == ["gx10-1/chat"] and kept_out(["gx10-1/chat"], ["gx10-1/chat"]) == []
+
+
+def test_the_plan_and_drained_files_carry_their_schema_and_read_back():
+    plan = {k: v for k, v in plan_for().items() if k not in ("env_file", "errors")}
+    assert plan["schema_version"] == SCHEMA_VERSION
+    assert read_plan(plan_file(plan), "/gw/plan.json") == (plan, None)
+    assert read_drained(drained_file(["spark-1", "gx10-1/chat"]), "/gw/drained.json") == (["gx10-1/chat", "spark-1"], None)
+    assert read_drained(None, "/gw/drained.json") == ([], None)
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ('{"deployments": [', "/gw/plan.json: not a gateway plan (Expecting value: line 1 column 18 (char 17)): the file is truncated "
+                          "or was edited; re-run site.yml --tags gateway, which rewrites it from the inventory"),
+    ('{"deployments": [], "groups": {}, "url": "http://127.0.0.1:4000"}',
+     "/gw/plan.json: schema_version missing, while this collection reads 1: another (older) sparkfleet.vllm wrote it; re-run "
+     "site.yml --tags gateway"),
+    ('{"schema_version": 1, "deployments": [], "groups": {}, "url": "http://127.0.0.1:4000"}',
+     "/gw/plan.json: lacks settings: the file is incomplete or was edited; re-run site.yml --tags gateway"),
+    ('[]', "/gw/plan.json: not a gateway plan (a JSON object was expected)"),
+])
+def test_a_plan_file_this_collection_did_not_write_is_refused_naming_the_fix(text, expected):
+    plan, problem = read_plan(text, "/gw/plan.json")
+    assert plan is None and problem.startswith(expected), problem
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ('{"schema_version": 1, "drained": ["spark', "/gw/drained.json: not a drained list (Unterminated string"),
+    ('["spark-2"]', "/gw/drained.json: schema_version missing: an older sparkfleet.vllm wrote it (it drains spark-2)"),
+    ('{"schema_version": 2, "drained": []}', "/gw/drained.json: schema_version 2, while this collection reads 1"),
+    ('{"schema_version": 1, "drained": "spark-2"}', "/gw/drained.json: its drained entry must list hosts or host/instance names"),
+])
+def test_a_drained_list_this_collection_did_not_write_is_refused_never_guessed(text, expected):
+    drained, problem = read_drained(text, "/gw/drained.json")
+    assert drained == [] and problem.startswith(expected), problem
+    assert problem.endswith("move it aside (every node then goes back into rotation) and re-run site.yml --tags gateway, then "
+                            "drain again what must stay out (playbooks/gateway.yml -e '{\"gateway_drain\": [...]}')")
+
+
+def test_docs_show_the_bounds_of_every_setting_as_the_table_checks_them():
+    doc = (Path(__file__).parents[4] / "docs" / "gateway.md").read_text()
+    shown = doc.split("<!-- gateway settings: begin -->\n")[1].split("\n<!-- gateway settings: end -->")[0]
+    assert shown == bounds_table("gateway_", GATEWAY_SETTINGS), "docs/gateway.md's bounds table is stale: paste bounds_table's"
+
+
+def test_the_drain_filter_gives_each_gateway_its_names_and_folder():
+    from ansible_collections.sparkfleet.vllm.plugins.filter.gateway import gateway_routers
+
+    hostvars = {"gw-a": {"gateway_backends": ["spark-1"], "gateway_config_dir": "/srv/gw"}, "gw-b": {"gateway_backends": ["gx10-1"]}}
+    assert gateway_routers(["gw-a", "gw-b", "gw-gone"], hostvars, ["spark-1/chat"], ["gx10-1"]) == [
+        {"gateway": "gw-a", "drain": ["spark-1/chat"], "undrain": [], "config_dir": "/srv/gw"},
+        {"gateway": "gw-b", "drain": [], "undrain": ["gx10-1"], "config_dir": "/etc/sparkfleet/gateway"}]

@@ -85,3 +85,66 @@ def test_a_refused_drain_and_a_check_run_write_nothing(tmp_path, plan):
 def test_a_drain_without_a_gateway_on_the_host_says_so(tmp_path):
     result = run(tmp_path / "none", drain=["spark-1"])
     assert result["failed"] and "this host runs no gateway yet" in result["msg"]
+
+
+def test_the_files_carry_their_schema_version(tmp_path, plan):
+    run(tmp_path, plan=plan)
+    run(tmp_path, drain=["gx10-1"])
+    written = files(tmp_path)
+    assert json.loads(written["plan.json"][0])["schema_version"] == 1
+    assert json.loads(written["drained.json"][0]) == {"schema_version": 1, "drained": ["gx10-1"]}
+
+
+@pytest.mark.parametrize(("name", "damage", "expected"), [
+    ("plan.json", lambda text: text[: len(text) // 2], "plan.json: not a gateway plan (Unterminated string"),
+    ("plan.json", lambda text: json.dumps({k: v for k, v in json.loads(text).items() if k not in ("schema_version", "settings")}),
+     "plan.json: schema_version missing, while this collection reads 1: another (older) sparkfleet.vllm wrote it; re-run site.yml "
+     "--tags gateway, which rewrites it from the inventory"),
+    ("plan.json", lambda text: json.dumps({k: v for k, v in json.loads(text).items() if k != "settings"}),
+     "plan.json: lacks settings: the file is incomplete or was edited; re-run site.yml --tags gateway"),
+    ("drained.json", lambda text: text[:20], "drained.json: not a drained list ("),
+    ("drained.json", lambda text: '["gx10-1"]\n', "drained.json: schema_version missing: an older sparkfleet.vllm wrote it (it drains "
+                                                   "gx10-1); move it aside (every node then goes back into rotation)"),
+])
+def test_a_damaged_or_older_file_is_refused_naming_it_the_cause_and_the_fix(tmp_path, plan, name, damage, expected):
+    run(tmp_path, plan=plan)
+    run(tmp_path, drain=["gx10-1"])
+    path = tmp_path / name
+    path.write_text(damage(path.read_text()))
+    before = files(tmp_path)
+    for args in ({"undrain": ["gx10-1"]}, {"drain": ["spark-1"], "check_mode": True}):
+        result = run(tmp_path, **args)
+        assert result["failed"] and not result["ok"] and result["msg"].startswith(f"{path.parent}/{expected}"), result["msg"]
+        assert result["reasons"] == [result["msg"]] and "Traceback" not in result["msg"] and "exception" not in result
+    assert files(tmp_path) == before
+
+
+def test_a_plan_file_is_rewritten_from_the_inventory_and_keeps_the_drained_list(tmp_path, plan):
+    run(tmp_path, plan=plan)
+    run(tmp_path, drain=["gx10-1"])
+    (tmp_path / "plan.json").write_text('{"deployments": [')
+    rewritten = run(tmp_path, plan=plan)
+    assert rewritten["ok"] and rewritten["drained"] == ["gx10-1"] and not rewritten["config_changed"]
+
+
+def test_a_contradictory_request_is_refused_in_check_mode_too_and_writes_nothing(tmp_path, plan):
+    run(tmp_path, plan=plan)
+    before = files(tmp_path)
+    for check_mode in (True, False):
+        result = run(tmp_path, check_mode=check_mode, drain=["gx10-1"], undrain=["gx10-1/chat"])
+        assert result["failed"] and result["ok"] is False
+        assert result["reasons"] == ["gateway drain: gx10-1 (drain) and gx10-1/chat (undrain) asked at once: a host and one of its "
+                                     "instances leave each other in place (a drained host keeps all its instances out, a drained "
+                                     "instance stays out when its host goes back), so one request would do nothing. Name either "
+                                     "the host or its instances"]
+    assert files(tmp_path) == before
+
+
+def test_an_instance_drained_by_name_stays_out_when_its_host_goes_back_and_says_so(tmp_path, plan):
+    run(tmp_path, plan=plan)
+    run(tmp_path, drain=["gx10-1/chat"])
+    run(tmp_path, drain=["gx10-1"])
+    result = run(tmp_path, undrain=["gx10-1"])
+    assert result["drained"] == ["gx10-1/chat"]
+    warnings = [w["event"]["msg"] if isinstance(w, dict) else w for w in result["warnings"]]
+    assert warnings == ["gx10-1/chat: drained by name, so still out of rotation; undrain by name to put back"]

@@ -1,0 +1,68 @@
+"""site.yml's fleet check on the lab cluster's two hosts: a run that one check refuses changes
+nothing on any host, although other parts of it (a single instance's settings, the hosts'
+preparation) would have been applied first before the check ran in its first play."""
+
+import json
+import os
+
+import pytest
+from site_runner import assert_refused, docker_host, site, state_digest
+
+HOSTS = ("sparkfleet-molecule-node-1", "sparkfleet-molecule-node-2")
+KEY = os.environ["SPARKFLEET_LAB_API_KEY"]
+WATCHED_FILES = [
+    "/etc/sparkfleet/vllm/tiny.env", "/etc/sparkfleet/vllm/tiny.json", "/etc/systemd/system/sparkfleet-vllm-tiny.service",
+    "/etc/sparkfleet/cluster/lab-tp2.env", "/etc/sparkfleet/cluster/lab-tp2.json", "/etc/systemd/system/sparkfleet-cluster-lab-tp2.service",
+]
+GATEWAY_FILES = ["/etc/sparkfleet/gateway/plan.json", "/etc/sparkfleet/gateway/drained.json", "/etc/sparkfleet/gateway/litellm/config.yaml"]
+# The lab's settings (inventories/lab/group_vars), given whole because extra vars replace a mapping.
+CLUSTER_INSTANCE = {"model": "/models/tiny-llama", "served_model_names": ["tiny-tp2"], "port": 8010, "api_key": KEY,
+                    "tensor_parallel_size": 2, "env": {"TORCHDYNAMO_DISABLE": "1"}}
+INSTANCE_DEFAULTS = {"bind_addresses": ["127.0.0.1"], "gpu_memory_utilization": 0.1, "enforce_eager": True,
+                     "num_gpu_blocks_override": 32, "dtype": "float32", "max_model_len": 2048}
+
+
+def fleet_state():
+    states = []
+    for name in HOSTS:
+        files = WATCHED_FILES + (GATEWAY_FILES if name == HOSTS[0] else [])
+        states.append(state_digest(docker_host(name), files,
+                                   ["docker ps --all --no-trunc --format '{{.ID}} {{.Names}} {{.CreatedAt}} {{.State}}'"]))
+    return states
+
+
+@pytest.fixture(scope="module")
+def before():
+    return fleet_state()
+
+
+def refused_site(extra):
+    return site("--tags", "vllm,cluster,gateway", "-e", json.dumps(extra))
+
+
+def test_a_cluster_that_cannot_work_stops_a_single_instance_change_too(before):
+    """Found when tried: the single instance was relaunched (21 changes), then the cluster play said
+    "nothing was changed"."""
+    result = refused_site({"cluster_instance": {**CLUSTER_INSTANCE, "tensor_parallel_size": 3},
+                           "vllm_instance_defaults": {**INSTANCE_DEFAULTS, "max_model_len": 1024}})
+    assert_refused(result, "cluster_instance.tensor_parallel_size: 3; 2 nodes x 1 GPU per node is 2", "nothing was changed on any host")
+    assert "changed=0" in result.stdout and "changed=1" not in result.stdout
+    assert fleet_state() == before
+
+
+def test_a_cluster_api_port_taken_by_an_instance_is_refused_before_any_relaunch(before):
+    """Found when tried: the relaunch failed its gate ("another server answers on this port") and the
+    rollback did not serve either."""
+    result = refused_site({"cluster_instance": {**CLUSTER_INSTANCE, "port": 8001}})
+    assert_refused(result, "sparkfleet-molecule-node-1: port 8001 is claimed by vllm_instances (tiny).port and by "
+                           "cluster_instance.port", "nothing was changed on any host")
+    assert KEY not in result.stdout + result.stderr
+    assert fleet_state() == before
+
+
+def test_dropping_the_backends_instances_is_refused_by_the_gateway_before_any_removal(before):
+    """Found when tried: the instances were removed on both hosts, then the gateway refused,
+    leaving routes to removed backends."""
+    result = refused_site({"vllm_instances": []})
+    assert_refused(result, "gateway_model_groups", "tiny", "nothing was changed on any host")
+    assert fleet_state() == before

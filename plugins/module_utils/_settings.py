@@ -1,0 +1,114 @@
+# Copyright: sparkfleet.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The key-table shape of the cluster's and the gateway's role settings.
+
+Private to the collection. Each role lists its scalar settings once (``Setting``: the key, its
+kind, its bounds and why they are the bounds), and ``setting_problems`` checks a settings mapping
+against the table, every problem at once, each naming the variable, what is wrong and the fix.
+What only a role can judge (a subnet, an address against it, a drop-in's folder) stays with the
+role; the shared kinds are the ones both read the same way. Standard library only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import typing as t
+
+# One path component as a unit file, an env file and a docker volume spec all carry it unchanged:
+# no ':' (docker reads host:container:mode), no whitespace, no quoting, no shell or unit specials.
+PATH_PART = re.compile(r"[A-Za-z0-9_@+][A-Za-z0-9_.@+-]*")
+# A Debian package version as apt-get reads NAME=VERSION: epoch, upstream, revision; no spaces or commas.
+DEBIAN_VERSION = re.compile(r"(?:[0-9]+:)?[0-9][A-Za-z0-9.+~-]*")
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    """One role setting: how it is checked; ``why`` is the reason its refusal gives for the bounds.
+    For a path, ``low`` is the fewest components it may have."""
+
+    name: str
+    kind: str
+    why: str
+    low: float | None = None
+    high: float | None = None
+    choices: tuple[str, ...] = ()
+
+
+def is_int(value: t.Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def shown(number: float | None) -> str:
+    return str(int(number)) if isinstance(number, float) and number.is_integer() else str(number)
+
+
+def path_problem(value: t.Any, least_parts: int = 1) -> str | None:
+    """What is wrong with an absolute path the role writes or mounts (None: nothing)."""
+    if not isinstance(value, str) or not value.startswith("/"):
+        return "must be an absolute path"
+    parts = [part for part in value.split("/") if part]
+    if any(part in (".", "..") for part in parts):
+        return "must not step through '.' or '..' (the role would write outside the folder it names)"
+    bad = [part for part in parts if not PATH_PART.fullmatch(part)]
+    if bad:
+        return (f"has {', '.join(map(repr, bad))}, which a unit file, an env file or a docker volume spec (host:container:mode) "
+                "would not carry unchanged; use letters, digits and _.@+-")
+    if len(parts) < least_parts:
+        return f"is too close to / (give at least {least_parts} levels, such as /etc/sparkfleet/NAME)"
+    return None
+
+
+def value_problem(setting: Setting, value: t.Any) -> str | None:
+    """What is wrong with one value (None: nothing), worded to follow ``<variable>: <value> ``."""
+    kind = setting.kind
+    if kind == "bool":
+        return None if isinstance(value, bool) else "must be true or false"
+    if kind == "choice":
+        return None if value in setting.choices else f"is not one of {', '.join(setting.choices)}"
+    if kind == "port":
+        return None if is_int(value) and 1 <= value <= 65535 else f"must be a port number between 1 and 65535; {setting.why}"
+    low, high = setting.low or 0, setting.high or 0
+    if kind == "count":
+        if is_int(value) and low <= value <= high:
+            return None
+        return f"must be a whole number from {shown(low)} to {shown(high)}; {setting.why}"
+    if kind == "number":
+        if not isinstance(value, bool) and isinstance(value, (int, float)) and low < value <= high:
+            return None
+        return f"must be a number above {shown(low)} and at most {shown(high)}; {setting.why}"
+    if kind == "path":
+        problem = path_problem(value, int(low or 1))
+        return f"{problem}; {setting.why}" if problem else None
+    if kind == "version":
+        if value == "" or (isinstance(value, str) and DEBIAN_VERSION.fullmatch(value)):
+            return None
+        return f"must be empty or one Debian package version (such as 3:20221126-1+deb12u1); {setting.why}"
+    raise ValueError(f"unknown setting kind {kind!r} of {setting.name}")
+
+
+def setting_problems(prefix: str, table: t.Sequence[Setting], settings: t.Mapping[str, t.Any]) -> list[str]:
+    """Every problem of ``settings`` (key -> value) against ``table``; a variable is ``prefix`` + key."""
+    errors = []
+    for setting in table:
+        problem = value_problem(setting, settings.get(setting.name))
+        if problem:
+            errors.append(f"{prefix}{setting.name}: {settings.get(setting.name)!r} {problem}")
+    return errors
+
+
+def bounds_table(prefix: str, table: t.Sequence[Setting]) -> str:
+    """The bounds of a table's settings and why, as docs/cluster.md and docs/gateway.md show them."""
+    rows = ["| variable | bounds | why |", "|---|---|---|"]
+    for setting in table:
+        low, high = setting.low or 0, setting.high or 0
+        bounds = {
+            "count": f"{shown(low)} to {shown(high)}",
+            "number": f"above {shown(low)}, at most {shown(high)}",
+            "port": "1 to 65535",
+            "path": "absolute, no `..`, no `:`" + (f", at least {shown(low)} levels" if low > 1 else ""),
+            "version": "empty, or one Debian version",
+        }.get(setting.kind)
+        if bounds:
+            rows.append(f"| `{prefix}{setting.name}` | {bounds} | {setting.why} |")
+    return "\n".join(rows)
