@@ -198,7 +198,7 @@ def dropin_problem(path: t.Any) -> str | None:
     """Beyond being a path (the settings table's check): a file logind reads."""
     if path_problem(path):
         return None
-    folder, _, name = path.rstrip("/").rpartition("/")
+    folder, name = path.rstrip("/").rsplit("/", 1)
     if folder.rsplit("/", 1)[-1] != LOGIND_DROPIN_FOLDER or not name.endswith(".conf"):
         return (f"cluster_logind_remove_ipc_dropin: {path} is not a file logind reads: it reads drop-ins ending in .conf in a "
                 f"{LOGIND_DROPIN_FOLDER} folder (such as /etc/systemd/{LOGIND_DROPIN_FOLDER}/10-sparkfleet-remove-ipc.conf), "

@@ -404,9 +404,9 @@ def drafter_problems(field: str, method: str, drafter: t.Mapping[str, t.Any]) ->
                       + (", or null for an MTP head built into the checkpoint" if method == "mtp" else
                          f": a {method} drafter is a checkpoint of its own"))
     elif model is not None and (not isinstance(model, str) or not model or any(c.isspace() for c in model)):
+        null_for_mtp = ", or null for an MTP head built into the checkpoint" if method == "mtp" else ""
         errors.append(f"{field}.model: {model!r} is not a Hub id; give the drafter's id (such as "
-                      "google/gemma-4-31B-it-assistant)" + (", or null for an MTP head built into the checkpoint"
-                                                           if method == "mtp" else ""))
+                      f"google/gemma-4-31B-it-assistant){null_for_mtp}")
     return errors
 
 

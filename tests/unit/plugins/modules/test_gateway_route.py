@@ -103,8 +103,9 @@ def test_the_files_carry_their_schema_version(tmp_path, plan):
     ("plan.json", lambda text: json.dumps({k: v for k, v in json.loads(text).items() if k != "settings"}),
      "plan.json: lacks settings: the file is incomplete or was edited; re-run site.yml --tags gateway"),
     ("drained.json", lambda text: text[:20], "drained.json: not a drained list ("),
-    ("drained.json", lambda text: '["gx10-1"]\n', "drained.json: schema_version missing: an older sparkfleet.vllm wrote it (it drains "
-                                                   "gx10-1); move it aside (every node then goes back into rotation)"),
+    ("drained.json", lambda text: '["gx10-1"]\n',
+     "drained.json: schema_version missing: an older sparkfleet.vllm wrote it (it drains gx10-1); move it aside (every node then "
+     "goes back into rotation)"),
 ])
 def test_a_damaged_or_older_file_is_refused_naming_it_the_cause_and_the_fix(tmp_path, plan, name, damage, expected):
     run(tmp_path, plan=plan)

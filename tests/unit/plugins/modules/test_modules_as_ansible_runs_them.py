@@ -252,8 +252,9 @@ def test_bench_report_names_registered_results_of_another_shape(tmp_path, args, 
 
 
 def test_host_fact_modules_read_garbled_tools_without_a_traceback(tmp_path):
-    tools = fake_tools(tmp_path / "bin", **{"nvidia-smi": "garbled, [N/A]\n\x01", "docker": "[1]", "systemctl": "Id\n=",
-                                             "dpkg-query": "garbled\tline", "apt-get": "Inst"})
+    garbled = {"nvidia-smi": "garbled, [N/A]\n\x01", "docker": "[1]", "systemctl": "Id\n=", "dpkg-query": "garbled\tline",
+               "apt-get": "Inst"}
+    tools = fake_tools(tmp_path / "bin", **garbled)
     facts = run("spark_facts", {"models_dir": str(tmp_path / "models")}, path=tools)
     assert facts.get("failed") is not True, facts.get("msg")
     assert facts["facts"]["docker"]["error"] == "docker info did not answer with its JSON object"
