@@ -19,6 +19,7 @@ from ansible.module_utils.six.moves.urllib.error import URLError
 from ansible.module_utils.urls import open_url
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_health import Reply, exception_reply, parse_env_file
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_instance import PLAN_SCHEMA_VERSION
 
 ENDPOINT_ARGUMENT_SPEC: dict[str, dict[str, t.Any]] = {
     "instance": {"type": "str"},
@@ -104,6 +105,9 @@ def plan_problems(plan: t.Mapping[str, t.Any]) -> list[str]:
 
 def instance_endpoint(plan: t.Mapping[str, t.Any], env: t.Mapping[str, str]) -> dict[str, t.Any]:
     """URL, key, served name, weights path, container and image of a deployed instance, from its plan file."""
+    if plan.get("schema_version") != PLAN_SCHEMA_VERSION:
+        raise ValueError(f"the plan file of instance {plan.get('name', '?')} has schema_version {plan.get('schema_version')!r}, "
+                         f"this collection reads {PLAN_SCHEMA_VERSION}: another release wrote it; re-apply the vllm role")
     wrong = plan_problems(plan)
     if wrong:
         raise ValueError(f"the plan file of instance {plan.get('name', '?')} has no usable {', '.join(wrong)}; "

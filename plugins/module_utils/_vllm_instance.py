@@ -13,6 +13,8 @@ import re
 import typing as t
 
 DIGEST_REFERENCE = re.compile(r"(?P<repository>[a-z0-9][a-z0-9._/:-]*?)(?::(?P<tag>[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}))?@(?P<digest>sha256:[0-9a-f]{64})")
+# The shape of an instance's plan file (/etc/sparkfleet/vllm/NAME.json): raised when a reader could misread an older one.
+PLAN_SCHEMA_VERSION = 1
 CONTAINER_PORT = 8000
 
 

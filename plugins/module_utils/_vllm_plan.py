@@ -39,6 +39,7 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_guards impor
 )
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_instance import (
     CONTAINER_PORT,
+    PLAN_SCHEMA_VERSION,
     parse_image_reference,
     run_image,
     speculative_config,
@@ -643,6 +644,7 @@ def instance_plan(instance: t.Mapping[str, t.Any], start_after: list[str], optio
     speculative = speculative_config(instance.get("speculative"))
     weights_host_path = host_path(instance["model"], options["models_dir"])
     plan = {
+        "schema_version": PLAN_SCHEMA_VERSION,
         "name": name,
         "unit": unit,
         "container": container,

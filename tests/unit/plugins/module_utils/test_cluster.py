@@ -402,8 +402,8 @@ def test_the_environment_a_container_gets_is_judged_not_each_layer():
     ({"fabric_gate": "yes"}, "cluster_fabric_gate: 'yes' must be true or false"),
     ({"logind_remove_ipc_dropin": "/etc/systemd/logind.conf"},
      "cluster_logind_remove_ipc_dropin: /etc/systemd/logind.conf is not a file logind reads"),
-    ({"logind_remove_ipc_dropin": "/etc/systemd/logind.conf.d/10 x.conf"}, "cluster_logind_remove_ipc_dropin: '/etc/systemd/logind"
-                                                                          ".conf.d/10 x.conf' has '10 x.conf'"),
+    ({"logind_remove_ipc_dropin": "/etc/systemd/logind.conf.d/10 x.conf"},
+     "cluster_logind_remove_ipc_dropin: '/etc/systemd/logind.conf.d/10 x.conf' has '10 x.conf'"),
     ({"node_vars": {"spark-2": {"fast_interface": "^eth"}}}, "spark-2: cluster_fast_interface: '^eth' must be one interface name"),
     ({"node_vars": {"spark-2": {"fast_interface": "enp1s0f0np0-long"}}}, "spark-2: cluster_fast_interface: 'enp1s0f0np0-long'"),
     ({"node_vars": {"spark-2": {"rdma_devices": ["rocep1s0f0,^x"]}}}, "spark-2: cluster_rdma_devices: ['rocep1s0f0,^x'] must list"),

@@ -41,6 +41,9 @@ def test_endpoint_of_a_deployed_instance_is_read_from_its_plan():
 def test_a_plan_file_of_another_shape_is_a_clear_error(tmp_path):
     (tmp_path / "llm.json").write_text(json.dumps({"name": "llm", "serve_args": []}))
     (tmp_path / "llm.env").write_text("VLLM_API_KEY=secret\n")
+    with pytest.raises(ValueError, match="has schema_version None, this collection reads 1: another release wrote it; re-apply"):
+        resolve({"instance": "llm", "config_dir": str(tmp_path)})
+    (tmp_path / "llm.json").write_text(json.dumps({"schema_version": 1, "name": "llm", "serve_args": []}))
     with pytest.raises(ValueError, match="of instance llm has no usable url, model, .*; re-apply the vllm role"):
         resolve({"instance": "llm", "config_dir": str(tmp_path)})
     (tmp_path / "llm.json").write_text("[1]")

@@ -144,10 +144,12 @@ def test_bench_names_a_metrics_page_that_is_not_prometheus_text(server, tmp_path
 
 
 def test_bench_names_a_plan_file_of_an_older_release(tmp_path):
-    (tmp_path / "llm.json").write_text(json.dumps({"name": "llm", "url": "http://127.0.0.1:1", "served_names": "gemma"}))
+    (tmp_path / "llm.json").write_text(json.dumps({"name": "llm", "url": "http://127.0.0.1:1", "served_names": ["gemma"]}))
     (tmp_path / "llm.env").write_text(f"VLLM_API_KEY={KEY}\n")
-    refused("vllm_bench", {"instance": "llm", "config_dir": str(tmp_path), "label": "x", "dataset": "random", "runner": "local"},
-            "the plan file of instance llm has no usable model", "served_names", "re-apply the vllm role")
+    args = {"instance": "llm", "config_dir": str(tmp_path), "label": "x", "dataset": "random", "runner": "local"}
+    refused("vllm_bench", args, "the plan file of instance llm has schema_version None", "another release wrote it")
+    (tmp_path / "llm.json").write_text(json.dumps({"schema_version": 1, "name": "llm", "url": "http://127.0.0.1:1", "served_names": "gemma"}))
+    refused("vllm_bench", args, "the plan file of instance llm has no usable model", "served_names", "re-apply the vllm role")
 
 
 @pytest.mark.parametrize("module", ["vllm_bench", "vllm_acceptance", "vllm_metrics_info"])
@@ -187,7 +189,8 @@ def test_health_names_a_model_list_of_another_shape_and_a_plan_file_of_another_t
     server.routes["/v1/models"] = (200, '{"data": [{"id": 1}]}', 0)
     refused("vllm_health", {"url": server.url, "api_key": KEY, "served_model_names": ["gemma"], "timeout": 5},
             "200 with a body that is not a model list")
-    plan = {"name": "llm", "url": server.url, "model": "gemma", "served_names": ["gemma"], "health_timeout": "600", "weights": "/models/g",
+    plan = {"schema_version": 1, "name": "llm", "url": server.url,
+            "model": "gemma", "served_names": ["gemma"], "health_timeout": "600", "weights": "/models/g",
             "container": "vllm-llm", "container_url": "http://127.0.0.1:8000", "run_image": "r/vllm@sha256:" + "a" * 64}
     (tmp_path / "llm.json").write_text(json.dumps(plan))
     (tmp_path / "llm.env").mkdir()
