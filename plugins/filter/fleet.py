@@ -12,8 +12,11 @@ READ = ("ansible_host", "ansible_port", "sparkfleet_reserved_ports", "vllm_endpo
         "vllm_models_rsync_port")
 
 
-def fleet_problems_filter(hosts, hostvars):
-    return fleet_problems({host: {name: hostvars[host][name] for name in READ if name in hostvars[host]} for host in hosts})
+def fleet_problems_filter(hosts, hostvars, inventory=None):
+    def read(names):
+        return {host: {name: hostvars[host][name] for name in READ if name in hostvars[host]} for host in names}
+
+    return fleet_problems(read(hosts), read(inventory or []))
 
 
 class FilterModule:

@@ -125,7 +125,7 @@ _value:
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._memory import admission_problem, parse_meminfo
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_instance import pull_reference, run_image
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_models import validate_models
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_plan import build_plan, drift_reasons, pool_share
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_plan import WILDCARDS, build_plan, canonical_address, drift_reasons, pool_share
 
 
 def vllm_plan(instances, defaults, **options):
@@ -134,6 +134,14 @@ def vllm_plan(instances, defaults, **options):
 
 def vllm_drift(plan, files_changed, unit_state, container=None):
     return drift_reasons(plan, bool(files_changed), unit_state or None, container or None)
+
+
+def vllm_listen_address_problem(address):
+    """Why an address a daemon listens on is unfit (empty when fit): not one plain IP, or every interface."""
+    canonical = canonical_address(address)
+    if canonical is None or canonical != address:
+        return f"{address!r} is not one IP address in its plain form"
+    return f"{address} is every interface" if canonical in WILDCARDS else ""
 
 
 def vllm_models_problems(models, allow_branch=False):
@@ -154,5 +162,6 @@ class FilterModule:
             "meminfo": parse_meminfo,
             "vllm_admission_problem": vllm_admission_problem,
             "vllm_models_problems": vllm_models_problems,
+            "vllm_listen_address_problem": vllm_listen_address_problem,
             "vllm_pool_share": pool_share,
         }

@@ -24,8 +24,15 @@ DEFAULT_RESERVED_PORTS = {22: "sshd", 9100: "node exporter", 9400: "dcgm-exporte
 NOT_A_BOX = frozenset({"localhost", "127.0.0.1", "::1"})
 
 
+def as_port(value: t.Any) -> int | None:
+    """A port number, also as the text an extra variable (-e name=4001) gives."""
+    if isinstance(value, str) and value.isdigit():
+        value = int(value)
+    return value if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 65535 else None
+
+
 def is_port(value: t.Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 65535
+    return as_port(value) is not None
 
 
 def reserved_problems(host: str, reserved: t.Any) -> list[str]:
@@ -57,7 +64,7 @@ def host_claims(host: str, variables: t.Mapping[str, t.Any]) -> tuple[list[tuple
         claims.append((variables.get("gateway_port", 4000), "gateway_port"))
     if variables.get("vllm_models_source") == host:
         claims.append((variables.get("vllm_models_rsync_port", 8873), "vllm_models_rsync_port (the model source's rsync daemon)"))
-    return [(port, who) for port, who in claims if is_port(port)], errors
+    return [(as_port(port), who) for port, who in claims if is_port(port)], errors
 
 
 def port_problems(host: str, claims: t.Sequence[tuple[int, str]]) -> list[str]:
@@ -83,10 +90,13 @@ def same_box_problems(variables: t.Mapping[str, t.Mapping[str, t.Any]]) -> list[
             for (address, port), hosts in sorted(boxes.items(), key=lambda item: str(item[0])) if len(hosts) > 1]
 
 
-def fleet_problems(variables: t.Mapping[str, t.Mapping[str, t.Any]]) -> list[str]:
-    """Every cross-role and cross-host problem of the hosts given (host -> its variables)."""
+def fleet_problems(variables: t.Mapping[str, t.Mapping[str, t.Any]],
+                   inventory: t.Mapping[str, t.Mapping[str, t.Any]] | None = None) -> list[str]:
+    """Every cross-role and cross-host problem of the hosts given (host -> its variables). Cluster
+    membership and one box twice are judged over ``inventory`` (every host, when a run is limited)."""
+    everyone = {**(inventory or {}), **variables}
     errors: list[str] = []
     for host, values in variables.items():
         claims, claim_errors = host_claims(host, values)
         errors += claim_errors + port_problems(host, claims)
-    return errors + same_box_problems(variables) + fleet_cluster_problems(variables)
+    return errors + same_box_problems(everyone) + fleet_cluster_problems(everyone)

@@ -23,7 +23,7 @@ import typing as t
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._settings import Setting, setting_problems
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._systemd import exec_line
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_instance import parse_image_reference
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_plan import API_KEY, endpoint_url
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_plan import API_KEY, canonical_address, endpoint_url
 
 ROUTING_STRATEGIES = ("simple-shuffle", "least-busy", "latency-based-routing")
 GROUP_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}")
@@ -116,6 +116,9 @@ def settings_problems(settings: t.Mapping[str, t.Any]) -> list[str]:
     if ip(address) is None or not isinstance(address, str):
         errors.append(f"gateway_bind_address: {address!r} must be one IP address of the gateway host (127.0.0.1 to "
                       "serve only this host)")
+    elif canonical_address(address) is None:
+        errors.append(f"gateway_bind_address: {address!r} is an IPv4-mapped or zoned IPv6 address; ::ffff:0.0.0.0 listens on "
+                      "every IPv4 interface past the wildcard opt-in. Write the IPv4 address itself")
     elif is_wildcard(address) and settings["allow_wildcard_bind"] is not True:
         errors.append(f"gateway_bind_address: {address} listens on every interface, the LAN included; bind the "
                       "address clients use, or set gateway_allow_wildcard_bind: true if a firewall guards the port")
@@ -444,9 +447,9 @@ def read_drained(text: str | None, path: str) -> tuple[list[str], str | None]:
         value = json.loads(text)
     except ValueError as error:
         return [], f"{path}: not a drained list ({error}): the file is truncated or was edited; {fix}"
-    if isinstance(value, list):
-        names = ", ".join(map(str, value)) or "nothing"
-        return [], (f"{path}: schema_version missing: an older sparkfleet.vllm wrote it (it drains {names}); {fix}")
+    # The release before schema versions wrote the list itself; its meaning is unambiguous, and the next write adds the version.
+    if isinstance(value, list) and all(isinstance(name, str) for name in value):
+        return list(value), None
     if not isinstance(value, dict) or value.get("schema_version") != SCHEMA_VERSION:
         version = value.get("schema_version") if isinstance(value, dict) else None
         return [], (f"{path}: schema_version {'missing' if version is None else repr(version)}, while this collection reads "

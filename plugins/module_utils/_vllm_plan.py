@@ -355,6 +355,21 @@ def normalised_flag(argument: str) -> str | None:
     return "--" + argument[2:].split("=", 1)[0].split(".", 1)[0].replace("_", "-")
 
 
+def expanded_flag(argument: str, flags: t.Collection[str]) -> str | None:
+    """The long flag of ``flags`` that ``argument`` sets: exactly, negated (``--no-``), or as a
+    prefix argparse would expand (vLLM's parser allows abbreviations)."""
+    flag = normalised_flag(argument)
+    if flag is None or flag == "--":
+        return None
+    for candidate in [flag] + (["--" + flag[len("--no-"):]] if flag.startswith("--no-") else []):
+        if candidate in flags:
+            return candidate
+        expanded = sorted(known for known in flags if known.startswith(candidate))
+        if expanded:
+            return expanded[0]
+    return None
+
+
 def owned_flag(argument: str) -> str | None:
     """The flag the role owns that ``argument`` would set: exactly, negated (``--no-``), or as a
     prefix argparse would expand (vLLM's parser allows abbreviations)."""
@@ -364,17 +379,7 @@ def owned_flag(argument: str) -> str | None:
             if argument.startswith(short) or (len(name) >= 2 and short.startswith(name)):
                 return flag
         return None
-    flag = normalised_flag(argument)
-    if flag is None or flag == "--":
-        return None
-    candidates = [flag] + (["--" + flag[len("--no-"):]] if flag.startswith("--no-") else [])
-    for candidate in candidates:
-        if candidate in OWNED_FLAGS:
-            return candidate
-        expanded = sorted(owned for owned in OWNED_FLAGS if owned.startswith(candidate))
-        if expanded:
-            return expanded[0]
-    return None
+    return expanded_flag(argument, OWNED_FLAGS)
 
 
 def extra_args_problems(field: str, extra: t.Any) -> list[str]:
@@ -491,7 +496,7 @@ def dev_route_problems(where: str, instance: t.Mapping[str, t.Any], options: t.M
               for name in sorted(set(env if isinstance(env, dict) else ()) & set(DEV_ROUTE_ENV))]
     arguments = instance.get("extra_args") if isinstance(instance.get("extra_args"), list) else []
     opened += [(f"{where}.extra_args {flag}", DEV_ROUTE_FLAGS[flag]) for flag in
-               sorted({normalised_flag(a) for a in arguments if isinstance(a, str)} & set(DEV_ROUTE_FLAGS))]
+               sorted({expanded_flag(a, DEV_ROUTE_FLAGS) for a in arguments if isinstance(a, str)} - {None})]
     binds = [a for a in instance.get("bind_addresses") or [] if isinstance(a, str)]
     exposed = [a for a in binds if not is_loopback_address(a)]
     errors = []
@@ -638,7 +643,8 @@ def instance_plan(instance: t.Mapping[str, t.Any], start_after: list[str], optio
     run += ["--gpus", "all"] if options["gpus"] else []
     args = serve_args(instance, cluster)
     command = container_command(image, args, cluster)
-    digest = config_hash([*run, *command], env_text)
+    # The middleware's own text too: a fixed guard restarts the containers that load it.
+    digest = config_hash([*run, *command, options["guard_digest"]], env_text)
     run += ["--label", f"{INSTANCE_LABEL}={name}", "--label", f"{CONFIG_HASH_LABEL}={digest}", *command]
     url = endpoint_url(instance["bind_addresses"][0], instance["port"])
     speculative = speculative_config(instance.get("speculative"))
@@ -735,6 +741,7 @@ DEFAULT_OPTIONS: dict[str, t.Any] = {
     "allow_floating_tag": False,
     "allow_wildcard_bind": False,
     "allow_dev_mode": False,
+    "guard_digest": "",
     "registry_mirror": "",
     "gmu_cap": None,
     "hardware_class": "dgx_spark",

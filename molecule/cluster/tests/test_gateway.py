@@ -73,6 +73,14 @@ def test_the_gateway_routes_every_group_and_keeps_its_keys_secret(gateway):
     print(f"\ncluster through the gateway: {seconds} s")
 
 
+def test_litellms_admin_ui_and_api_docs_are_off(gateway):
+    """Measured before: the OpenAPI document, /docs and /redoc, and the admin UI's SSO key page answered anyone.
+    Off by default now (gateway_admin_ui, gateway_api_docs)."""
+    for path in ("/docs", "/redoc", "/openapi.json"):
+        assert gateway.run(f"curl -s -o /dev/null -w '%{{http_code}}' {URL}{path}").stdout == "404", path
+    assert "Admin UI is Disabled" in gateway.check_output(f"curl -s {URL}/sso/key/generate")
+
+
 def test_a_drained_node_gets_no_request_and_comes_back_when_undrained(gateway):
     other = docker_host(OTHER)
     routes = {ask(gateway)[1] for _request in range(16)}

@@ -81,3 +81,18 @@ def test_a_node_listed_by_a_cluster_it_does_not_belong_to_is_refused():
     fleet["spark-2"]["cluster_name"] = ""
     assert any(p.startswith("spark-2: listed in cluster tp2's cluster_nodes, but its own cluster_name is empty")
                for p in fleet_problems(fleet))
+
+
+def test_ports_given_as_text_by_extra_vars_are_counted():
+    fleet = lab_fleet()
+    fleet["spark-1"]["gateway_port"] = "8001"
+    (problem,) = fleet_problems(fleet)
+    assert problem.startswith("spark-1: port 8001 is claimed by vllm_instances (tiny).port and by gateway_port")
+
+
+def test_a_limited_run_still_sees_a_cluster_of_hosts_outside_the_limit():
+    fleet = lab_fleet()
+    outside = {"gx10-1": {**cluster(name="other", nodes=("gx10-1", "spark-2"), port=8020), "ansible_host": "10.0.0.3"}}
+    limited = {"spark-2": fleet["spark-2"]}
+    assert any(p.startswith("spark-2: listed in the cluster_nodes of clusters other, tp2") for p in fleet_problems(limited, {**fleet, **outside}))
+    assert fleet_problems(limited, fleet) == []

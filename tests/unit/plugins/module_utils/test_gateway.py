@@ -290,9 +290,18 @@ def test_a_plan_file_this_collection_did_not_write_is_refused_naming_the_fix(tex
     assert plan is None and problem.startswith(expected), problem
 
 
+def test_an_older_releases_drained_list_reads_as_it_was_written():
+    assert read_drained('["spark-2", "gx10-1/chat"]', "/gw/drained.json") == (["spark-2", "gx10-1/chat"], None)
+
+
+@pytest.mark.parametrize("address", ["::ffff:0.0.0.0", "::ffff:192.0.2.1", "fe80::1%eth0"])
+def test_a_mapped_or_zoned_bind_address_is_refused(address):
+    (problem,) = plan_for(bind_address=address, allow_wildcard_bind=True)["errors"]
+    assert problem.startswith(f"gateway_bind_address: {address!r} is an IPv4-mapped or zoned IPv6 address")
+
+
 @pytest.mark.parametrize(("text", "expected"), [
     ('{"schema_version": 1, "drained": ["spark', "/gw/drained.json: not a drained list (Unterminated string"),
-    ('["spark-2"]', "/gw/drained.json: schema_version missing: an older sparkfleet.vllm wrote it (it drains spark-2)"),
     ('{"schema_version": 2, "drained": []}', "/gw/drained.json: schema_version 2, while this collection reads 1"),
     ('{"schema_version": 1, "drained": "spark-2"}', "/gw/drained.json: its drained entry must list hosts or host/instance names"),
 ])

@@ -427,3 +427,24 @@ def test_dev_mode_with_the_opt_in_is_loopback_only():
     assert "binds 192.0.2.10" in problem and "bind 127.0.0.1 or ::1 only" in problem
     wildcard = instance(env={"VLLM_SERVER_DEV_MODE": "1"}, bind_addresses=["0.0.0.0"])
     assert "binds 0.0.0.0" in only_error(wildcard, allow_dev_mode=True, allow_wildcard_bind=True)
+
+
+@pytest.mark.parametrize("argument", ["--tokens-onl", "--profiler-conf={}", "--profiler_config={}", "--enable-fault-tol"])
+def test_dev_flags_in_any_spelling_argparse_expands_need_the_opt_in(argument):
+    assert "vllm_allow_dev_mode: true" in only_error(instance(extra_args=[argument]))
+
+
+def test_a_changed_guard_middleware_changes_the_config_hash():
+    first, second = (plan(instance(), guard_digest=digest)["instances"][0]["config_hash"] for digest in ("a" * 64, "b" * 64))
+    assert first != second
+
+
+@pytest.mark.parametrize("address, fragment", [
+    ("192.0.2.10", ""), ("::1", ""), ("", "not one IP address"), ("192.0.2.10\nuse chroot = no", "not one IP address"),
+    ("0.0.0.0", "every interface"), ("::ffff:192.0.2.10", "not one IP address"), ("0:0::0", "not one IP address"),
+])
+def test_the_model_sources_listen_address_is_one_plain_address(address, fragment):
+    from ansible_collections.sparkfleet.vllm.plugins.filter.vllm import vllm_listen_address_problem
+
+    problem = vllm_listen_address_problem(address)
+    assert (fragment in problem) if fragment else problem == ""
