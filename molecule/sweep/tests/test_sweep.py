@@ -13,7 +13,7 @@ import pathlib
 
 import pytest
 from serving_lab import KEY, instances_json, status
-from site_runner import ROOT, docker_host, playbook
+from site_runner import ROOT, assert_refused, docker_host, playbook
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_sweep import beats, figure
 
@@ -47,6 +47,10 @@ def decision(report_dir):
 def served_draft_count(host):
     args = json.loads(host.file("/etc/sparkfleet/vllm/second.json").content_string)["serve_args"]
     return json.loads(args[args.index("--speculative-config") + 1])["num_speculative_tokens"] if "--speculative-config" in args else 0
+
+
+def container_started(host):
+    return host.run("docker inspect --format '{{.Id}} {{.State.StartedAt}}' vllm-second").stdout
 
 
 @pytest.fixture(scope="module")
@@ -105,6 +109,16 @@ def test_the_decision_follows_the_objective_and_the_winner_serves(first_sweep, s
     assert found["schedule_note"]
     assert served_draft_count(serve) == winner["draft_count"]
     assert status(serve, 8002, key=KEY) == "200"
+
+
+def test_a_variant_the_plan_refuses_stops_the_sweep_before_the_first_variant(first_sweep, serve):
+    _result, report_dir = first_sweep
+    before = serve.file("/etc/sparkfleet/vllm/second.json").content_string, container_started(serve)
+    variants = [{"name": "k0", "settings": ngram(0)}, {"name": "escape", "settings": {**ngram(2), "model": "/models/../etc"}}]
+    result = sweep(report_dir, sweep_variants=variants)
+    assert_refused(result, "in the sweep's variant escape (from sweep_variants or sweep_draft_counts); no variant ran",
+                   "'/models/../etc' has a '..' segment")
+    assert (serve.file("/etc/sparkfleet/vllm/second.json").content_string, container_started(serve)) == before
 
 
 def test_a_rerun_skips_finished_variants_records_a_failing_one_and_restores_the_start(first_sweep, serve):
