@@ -87,8 +87,8 @@ def settings_problems(min_free_disk_gib: t.Any, device_nodes: t.Any = None) -> l
         problem = bound.problem("preflight_min_free_disk_gib", min_free_disk_gib)
         errors += [problem + "; or null for the hardware class's figure"] if problem else []
     if device_nodes is not None and (not isinstance(device_nodes, list) or not device_nodes
-                                     or not all(isinstance(n, str) and n.startswith("/dev/") for n in device_nodes)):
-        errors.append(f"preflight_device_nodes: {device_nodes!r} must list the GPU's device nodes, globs under /dev/ such as "
+                                     or not all(isinstance(n, str) and n.startswith("/") for n in device_nodes)):
+        errors.append(f"preflight_device_nodes: {device_nodes!r} must list the GPU's device nodes, absolute globs such as "
                       "/dev/nvidia*; without them no stray holder of the GPU is found (seed 002's zombie CUDA context)")
     return errors
 

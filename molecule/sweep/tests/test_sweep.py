@@ -31,7 +31,7 @@ def ngram(count):
 
 def sweep(report_dir, **settings):
     second = json.loads(instances_json())["vllm_instances"][1]
-    extra = {"vllm_instances": [second], **SWEEP, "sweep_report_dir": str(report_dir), **settings}
+    extra = {"vllm_allow_dev_mode": True, "vllm_instances": [second], **SWEEP, "sweep_report_dir": str(report_dir), **settings}
     return playbook("mtp_sweep.yml", "-e", json.dumps(extra), limit=SERVE)
 
 
