@@ -31,12 +31,9 @@ def as_port(value: t.Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 65535 else None
 
 
-def is_port(value: t.Any) -> bool:
-    return as_port(value) is not None
-
 
 def reserved_problems(host: str, reserved: t.Any) -> list[str]:
-    if not isinstance(reserved, dict) or not all(is_port(port) and isinstance(name, str) and name for port, name in reserved.items()):
+    if not isinstance(reserved, dict) or not all(as_port(port) is not None and isinstance(name, str) and name for port, name in reserved.items()):
         return [f"{host}: sparkfleet_reserved_ports: {reserved!r} must map port numbers (1-65535) to what listens there, "
                 "such as {9100: node exporter}"]
     return []
@@ -64,7 +61,8 @@ def host_claims(host: str, variables: t.Mapping[str, t.Any]) -> tuple[list[tuple
         claims.append((variables.get("gateway_port", 4000), "gateway_port"))
     if variables.get("vllm_models_source") == host:
         claims.append((variables.get("vllm_models_rsync_port", 8873), "vllm_models_rsync_port (the model source's rsync daemon)"))
-    return [(as_port(port), who) for port, who in claims if is_port(port)], errors
+    ports = [(as_port(port), who) for port, who in claims]
+    return [(port, who) for port, who in ports if port is not None], errors
 
 
 def port_problems(host: str, claims: t.Sequence[tuple[int, str]]) -> list[str]:
