@@ -31,7 +31,6 @@ def as_port(value: t.Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 65535 else None
 
 
-
 def reserved_problems(host: str, reserved: t.Any) -> list[str]:
     if not isinstance(reserved, dict) or not all(as_port(port) is not None and isinstance(name, str) and name for port, name in reserved.items()):
         return [f"{host}: sparkfleet_reserved_ports: {reserved!r} must map port numbers (1-65535) to what listens there, "
