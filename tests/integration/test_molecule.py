@@ -7,12 +7,13 @@ and reports its result.
 """
 
 import os
+import re
 import signal
 import subprocess
 import time
 
 import pytest
-from tool_runner import LOG_DIR, ROOT, tail
+from tool_runner import LOG_DIR, MOLECULE_TIMES, ROOT, tail
 
 # Lanes run side by side; the scenarios of one lane run one after the other.
 LANES = [["vllm"], ["default", "models"], ["sweep"], ["cluster"]]
@@ -22,7 +23,8 @@ SCENARIOS = [scenario for lane in LANES for scenario in lane]
 class Lane:
     """Scenarios started one after another in the background, each logged, recorded by PID."""
 
-    def __init__(self, scenarios):
+    def __init__(self, scenarios, origin):
+        self.origin = origin
         self.pending = list(scenarios)
         self.results = {}
         self.process = None
@@ -32,7 +34,8 @@ class Lane:
 
     def advance(self):
         if self.process is not None and self.process.poll() is not None:
-            self.results[self.current] = (self.process.returncode, time.monotonic() - self.started)
+            finished = time.monotonic()
+            self.results[self.current] = (self.process.returncode, finished - self.started, finished - self.origin)
             self.process = None
         if self.process is None and self.pending:
             self.current = self.pending.pop(0)
@@ -52,7 +55,8 @@ class Lane:
 
 @pytest.fixture(scope="module")
 def lanes():
-    started = [Lane(scenarios) for scenarios in LANES]
+    origin = time.monotonic()
+    started = [Lane(scenarios, origin) for scenarios in LANES]
     yield started
     for lane in started:
         lane.stop()
@@ -67,11 +71,19 @@ def wait_for(lanes, scenario):
         time.sleep(5)
 
 
+def verifier_durations(log_text):
+    """The verifier's per-test times, as pytest printed them in the scenario's log."""
+    block = log_text.split("slowest durations", 1)[1] if "slowest durations" in log_text else ""
+    return [line for line in block.splitlines() if re.match(r"^\d+[.]\d+s (call|setup|teardown) ", line)]
+
+
 @pytest.mark.parametrize("scenario", SCENARIOS)
-def test_molecule_scenario(lanes, scenario):
-    returncode, seconds = wait_for(lanes, scenario)
+def test_molecule_scenario(lanes, scenario, request):
+    returncode, seconds, ended = wait_for(lanes, scenario)
     log = LOG_DIR / f"molecule-{scenario}.log"
-    print(f"\nmolecule {scenario}: exit {returncode} after {seconds:.0f} s")
+    text = log.read_text()
+    request.config.stash.setdefault(MOLECULE_TIMES, {})[scenario] = (seconds, ended, verifier_durations(text))
     if returncode != 0:
         pytest.fail(f"molecule test -s {scenario} exited {returncode}; last lines of {log}:\n{tail(log)}", pytrace=False)
-    assert "idempotence" in log.read_text()
+    for step in ("converge", "idempotence", "verify"):
+        assert f"{scenario} > {step}: Executed: Successful" in text, f"molecule's summary lacks a successful {step} step"

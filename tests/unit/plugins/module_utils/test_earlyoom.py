@@ -1,6 +1,8 @@
+import pathlib
 import re
 
 import pytest
+import yaml
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._earlyoom import (
     earlyoom_config,
@@ -9,20 +11,19 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._earlyoom import (
     names_to_regex,
 )
 
-DEFAULT_AVOID = [
-    "sshd", "systemd*", "(systemd)", "NetworkManager", "dbus-daemon", "dbus-broker", "dockerd", "containerd*",
-    "runc*", "(udev-worker)", "polkitd", "nginx", "node_exporter", "dcgm-exporter", "java", "postgres", "earlyoom",
-]
-MODEL_SERVER = ["VLLM::EngineCor", "vllm"]
+# The role's own defaults, read from the file operators see, so this test follows any change there.
+ROLE_DEFAULTS = yaml.safe_load((pathlib.Path(__file__).resolve().parents[4] / "roles" / "earlyoom" / "defaults" / "main.yml").read_text())
+DEFAULT_AVOID = ROLE_DEFAULTS["earlyoom_avoid_names"]
+MODEL_SERVER = ROLE_DEFAULTS["earlyoom_model_server_names"]
 
 
 def config(**overrides):
     settings = dict(
-        memory_percent=4,
-        memory_kill_percent=None,
-        report_interval=3600,
-        prefer_lists={"earlyoom_prefer_names": MODEL_SERVER},
-        avoid_lists={"earlyoom_avoid_names": DEFAULT_AVOID, "earlyoom_avoid_extra_names": []},
+        memory_percent=ROLE_DEFAULTS["earlyoom_memory_percent"],
+        memory_kill_percent=ROLE_DEFAULTS["earlyoom_memory_kill_percent"],
+        report_interval=ROLE_DEFAULTS["earlyoom_report_interval"],
+        prefer_lists={"earlyoom_prefer_names": ROLE_DEFAULTS["earlyoom_prefer_names"]},
+        avoid_lists={"earlyoom_avoid_names": DEFAULT_AVOID, "earlyoom_avoid_extra_names": ROLE_DEFAULTS["earlyoom_avoid_extra_names"]},
         model_server_names=MODEL_SERVER,
     )
     settings.update(overrides)
@@ -36,7 +37,7 @@ def test_defaults_reproduce_seed_000_arguments():
         "-m", "4", "-r", "3600",
         "--prefer", "^(VLLM::EngineCor|vllm)$",
         "--avoid", "^(sshd|systemd.*|[(]systemd[)]|NetworkManager|dbus-daemon|dbus-broker|dockerd|containerd.*|runc.*"
-        "|[(]udev-worker[)]|polkitd|nginx|node_exporter|dcgm-exporter|java|postgres|earlyoom)$",
+        "|[(]udev-worker[)]|polkitd|nginx|node_exporter|prometheus-node|dcgm-exporter|java|postgres|earlyoom)$",
     ]
 
 
