@@ -98,3 +98,28 @@ def test_the_gateway_is_planned_from_the_inventory_and_refuses_what_it_cannot_ro
     loopback = {"vllm_instance_defaults": {"bind_addresses": ["127.0.0.1"], "gpu_memory_utilization": 0.8}}
     result, _key = check_inventory("two_nodes", "-e", json.dumps(loopback))
     assert "instance chat on gx10-1 binds only 127.0.0.1, which the gateway on spark-1 cannot reach" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("inventory", "extra_vars", "fragments"),
+    [
+        pytest.param("tp2", {"gateway_port": 8000}, ["spark-1: port 8000 is claimed by cluster_instance.port (cluster gemma-31b-tp2's API on its head) "
+                                                     "and by gateway_port", "The fleet check refused the inventory"], id="gateway-on-the-cluster-api-port"),
+        pytest.param("two_nodes", {"vllm_instances": []}, ["gateway_model_groups.fast: no backend serves gemma-4-26b-a4b (served: nothing)"],
+                     id="backends-instances-dropped"),
+        pytest.param("single_spark", {"earlyoom_avoid_extra_names": ["vllm*"]}, ["earlyoom_avoid_extra_names", "entry 'vllm*' matches vllm"],
+                     id="avoid-list-catches-vllm"),
+        pytest.param("single_spark", {"earlyoom_avoid_regex": "^(sshd|systemd.*"}, ["earlyoom_avoid_regex", "does not compile"], id="invalid-regex"),
+        pytest.param("single_spark", {"earlyoom_memory_percent": 90}, ["earlyoom_memory_percent: 90 is out of range"], id="threshold-out-of-range"),
+        pytest.param("single_spark", {"vllm_models": [{"repo": "no-owner", "revision": "main"}]},
+                     ["vllm_models[0] (no-owner).repo: 'no-owner' must be a Hugging Face repo id",
+                      "vllm_models[0] (no-owner).revision: 'main' is not a commit hash", "allow_branch"], id="repo-id-and-branch"),
+    ],
+)
+def test_settings_refused_before_any_host_is_contacted(inventory, extra_vars, fragments):
+    """Refusals that need no host are proven here, on the controller; each lab scenario keeps one
+    refused run that changes nothing on its real hosts."""
+    result, key = check_inventory(inventory, "-e", json.dumps(extra_vars))
+    assert result.returncode != 0 and "no host was contacted" in result.stdout and key not in result.stdout
+    for fragment in fragments:
+        assert fragment in result.stdout, result.stdout[-3000:]

@@ -1,6 +1,8 @@
 """site.yml's fleet check on the lab cluster's two hosts: a run that one check refuses changes
 nothing on any host, although other parts of it (a single instance's settings, the hosts'
-preparation) would have been applied first before the check ran in its first play."""
+preparation) would have been applied first before the check ran in its first play. The other
+fleet refusals (a port claimed twice, a gateway whose backends' instances are dropped) need no
+host and are proven on the controller (tests/integration/test_static.py, test_fleet.py)."""
 
 import json
 import os
@@ -48,22 +50,4 @@ def test_a_cluster_that_cannot_work_stops_a_single_instance_change_too(before):
                            "vllm_instance_defaults": {**INSTANCE_DEFAULTS, "max_model_len": 1024}})
     assert_refused(result, "cluster_instance.tensor_parallel_size: 3; 2 nodes x 1 GPU per node is 2", "nothing was changed on any host")
     assert "changed=0" in result.stdout and not re.search(r"changed=[1-9]", result.stdout)
-    assert fleet_state() == before
-
-
-def test_a_cluster_api_port_taken_by_an_instance_is_refused_before_any_relaunch(before):
-    """Found when tried: the relaunch failed its gate ("another server answers on this port") and the
-    rollback did not serve either."""
-    result = refused_site({"cluster_instance": {**CLUSTER_INSTANCE, "port": 8001}})
-    assert_refused(result, "sparkfleet-molecule-node-1: port 8001 is claimed by vllm_instances (tiny).port and by "
-                           "cluster_instance.port", "nothing was changed on any host")
-    assert KEY not in result.stdout + result.stderr
-    assert fleet_state() == before
-
-
-def test_dropping_the_backends_instances_is_refused_by_the_gateway_before_any_removal(before):
-    """Found when tried: the instances were removed on both hosts, then the gateway refused,
-    leaving routes to removed backends."""
-    result = refused_site({"vllm_instances": []})
-    assert_refused(result, "gateway_model_groups", "tiny", "nothing was changed on any host")
     assert fleet_state() == before

@@ -4,8 +4,9 @@ each at two concurrent streams, on natural text (two variants keep the suite wit
 the unit tests cover longer sweeps).
 
 The first run measures every variant, decides and leaves the winner serving; the second adds a
-variant that cannot start and one with other weights, skips the two finished ones, and restores
-the starting settings. Figures printed here are measurements for the log, not thresholds.
+variant that cannot start, skips the two finished ones, and restores the starting settings. A
+variant whose answers change is judged out by the unit tests (test_vllm_sweep.py); the real
+correctness diff it rests on is the serving lab's (test_a_different_model_changes_answers). Figures printed here are measurements for the log, not thresholds.
 """
 
 import json
@@ -125,8 +126,7 @@ def test_a_rerun_skips_finished_variants_records_a_failing_one_and_restores_the_
     _result, report_dir = first_sweep
     finished = records(report_dir)
     variants = [{"name": f"k{count}", "settings": ngram(count)} for count in (0, 2)]
-    variants += [{"name": "broken", "settings": {**ngram(3), "extra_args": ["--no-such-flag"]}},
-                 {"name": "other-weights", "settings": {**ngram(0), "model": "/models/tiny-llama"}}]
+    variants += [{"name": "broken", "settings": {**ngram(3), "extra_args": ["--no-such-flag"]}}]
     result = sweep(report_dir, sweep_variants=variants, sweep_keep_winner=False)
     print(result.stdout[result.stdout.find("TASK [Show the decision]"):][:3000])
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
@@ -135,8 +135,6 @@ def test_a_rerun_skips_finished_variants_records_a_failing_one_and_restores_the_
     found = {v["name"]: v for v in decision(report_dir)["variants"]}
     assert found["broken"]["status"] == "failed" and found["broken"]["reason"], found["broken"]
     assert "last good settings were relaunched and serve again" in found["broken"]["reason"]
-    gate = found["other-weights"]["gate"]
-    assert found["other-weights"]["status"] == "ok" and not gate["ok"] and gate["changed"], gate
-    assert decision(report_dir)["winner"] not in ("broken", "other-weights")
+    assert decision(report_dir)["winner"] != "broken"
     assert served_draft_count(serve) == 3, "sweep_keep_winner false restores the starting settings"
     assert status(serve, 8002, key=KEY) == "200"

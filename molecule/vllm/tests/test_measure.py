@@ -88,10 +88,16 @@ def test_wrong_key_fails_the_run_although_vllm_bench_exits_zero(serve):
     assert "wrong-key-wrong-key-wrong" not in json.dumps(result)
 
 
-def test_ngram_acceptance_matches_the_counters(serve, documents):
+@pytest.fixture(scope="module")
+def natural_on_ngram(serve, documents):
+    """One natural-text run on the ngram instance, with the speculative counters read around it."""
     before = spec_counters(serve, 8002)
     result = module(SERVE, "vllm_bench", dict(SMALL_NATURAL, instance="second", label="ngram", documents_dir=documents, prefix_cache="reset"))
-    after = spec_counters(serve, 8002)
+    return before, result, spec_counters(serve, 8002)
+
+
+def test_ngram_acceptance_matches_the_counters(natural_on_ngram):
+    before, result, after = natural_on_ngram
     assert result.get("failed") is not True, result.get("msg")
     whole = counters_delta(before, after)
     assert whole["draft_tokens"] > 0
@@ -114,14 +120,22 @@ def test_container_runner_runs_the_pinned_image_and_leaves_nothing(serve, docume
     assert sorted(serve.check_output("docker ps --all --format '{{.Names}}'").split()) == ["vllm-first", "vllm-second"]
 
 
-def test_random_tokens_show_lower_acceptance_than_natural_text(serve, documents):
-    natural = module(SERVE, "vllm_bench", dict(SMALL_NATURAL, instance="second", label="cmp-natural", documents_dir=documents))
+def test_random_tokens_are_measured_as_random_beside_natural_text(serve, natural_on_ngram):
+    """Seed 000: random tokens lie about speculative decoding, so the dataset is a choice the report
+    names. The lab's tiny model repeats itself whatever it is asked, so ngram drafts are accepted
+    on both datasets alike: the seed's gap needs a real model, and is printed here, not asserted."""
+    _before, natural, _after = natural_on_ngram
     random = module(SERVE, "vllm_bench", dict(SMALL_NATURAL, instance="second", label="cmp-random", dataset="random"))
-    rows = [(kind, run["concurrency"], run["acceptance"]) for kind, found in (("natural", natural), ("random", random)) for run in found["runs"]]
-    print("\nacceptance by dataset (seed 000: random tokens lie about speculative decoding):")
-    for kind, concurrency, value in rows:
-        print(f"  {kind:8} c={concurrency}  {value * 100:.1f}%")
-    assert all(value is not None for _kind, _concurrency, value in rows)
+    assert random.get("failed") is not True, random.get("msg")
+    assert (natural["dataset"]["kind"], random["dataset"]["kind"]) == ("natural", "random")
+    assert "chunks" in natural["dataset"] and "chunks" not in random["dataset"]
+    for run in random["runs"]:
+        assert run["completed"] == 2 * run["concurrency"] and run["failed"] == 0
+        assert run["acceptance"] == pytest.approx(run["accepted_tokens"] / run["draft_tokens"])
+    print("\nacceptance by dataset on the lab's tiny model (seed 000 measured 64 % natural vs 40-44 % random on Gemma 4):")
+    for kind, found in (("natural", natural), ("random", random)):
+        for run in found["runs"]:
+            print(f"  {kind:8} c={run['concurrency']}  {run['acceptance'] * 100:.1f}%")
 
 
 def test_same_configuration_twice_changes_no_answer(serve):
