@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """No-op re-apply of site.yml on the built-in lab: wall time and tasks per host on one and on two
 lab hosts, and the ratio two hosts / one host (issue 19's goals: at most 30 s for the two hosts,
 a ratio of at most 1.3).
@@ -39,7 +38,7 @@ def main():
     runs = parser.parse_args().runs
     rows = {}
     for shape, arguments in SHAPES.items():
-        measured = [reapply(arguments) for _ in range(runs)]
+        measured = [reapply(arguments) for _run in range(runs)]
         seconds = statistics.median(wall for wall, _hosts in measured)
         hosts = measured[-1][1]
         changed = max(sum(count for _tasks, count in found.values()) for _wall, found in measured)
