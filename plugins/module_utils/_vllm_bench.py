@@ -12,8 +12,29 @@ prefix cache cannot reuse an earlier round.
 
 from __future__ import annotations
 
+import dataclasses
+import glob
 import json
+import os
 import typing as t
+
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_client import (
+    discover_model,
+    http,
+    json_object,
+    label_problems,
+    reply_problem,
+    resolve,
+)
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_health import error_lines
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_metrics import (
+    acceptance,
+    busy_problem,
+    counter_regression,
+    counters_delta,
+    read_metrics,
+    speculative_counters,
+)
 
 RUNNERS = ("auto", "exec", "container", "local")
 DATASETS = ("natural", "random")
@@ -39,11 +60,50 @@ FIGURES = (
     "total_output_tokens",
     "duration",
 )
-ERROR_MARKERS = ("Error", "error:", "Traceback", "Unauthorized", "refused", "No module named")
+# vllm bench prints a failed request's reason alone ("Error 0: Unauthorized"), a dead server as "Connection refused"
+# and a runner without pandas as "No module named"; its Traceback line is kept, it says the run crashed.
+OUTPUT_MARKERS = ("Error", "error:", "Traceback", "Unauthorized", "refused", "No module named")
+DOCUMENT_PATTERNS = ("*.md", "*.markdown", "*.txt")
+
+# The module passes AnsibleModule.run_command (argv, environ_update=... -> rc, stdout, stderr) and get_bin_path
+# (a command's path on this host, or None); tests pass processes of their own.
+RunCommand = t.Callable[..., tuple[int, str, str]]
+Which = t.Callable[[str], "str | None"]
+
+
+class BenchFailure(Exception):
+    """Why the benchmark stopped, worded for the operator."""
+
+
+class Outcome(t.NamedTuple):
+    """What vllm_bench answers: ``msg`` None on success, else the failure; ``result`` the return values."""
+
+    msg: str | None
+    result: dict[str, t.Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """One benchmark as resolved from the options: the endpoint, the runner and where its files go."""
+
+    params: t.Mapping[str, t.Any]
+    endpoint: dict[str, t.Any]
+    runner: str
+    docker: str | None
+    container: str | None
+    vllm: str | None
+    plan: dict[str, t.Any]
+    workdir: str
+    tokenizer: str
+    run_command: RunCommand
 
 
 def validate(options: t.Mapping[str, t.Any]) -> list[str]:
-    """Problems of a benchmark request, each naming the option to fix."""
+    """Problems of a benchmark request, each naming the option to fix.
+
+    ``options`` are the module's, with the runner picked, the container and image resolved, and
+    ``docker`` and ``vllm`` the host's commands (None where absent).
+    """
     errors = []
     concurrencies = options.get("concurrencies") or []
     if not concurrencies or not all(isinstance(c, int) and not isinstance(c, bool) and c > 0 for c in concurrencies):
@@ -60,6 +120,14 @@ def validate(options: t.Mapping[str, t.Any]) -> list[str]:
         errors.append("container: runner exec needs the serving container's name (or give instance)")
     if options.get("runner") == "container" and not options.get("image"):
         errors.append("image: runner container needs the pinned image (or give instance to use the serving image)")
+    errors += label_problems("label", options.get("label"))
+    documents_dir = options.get("documents_dir")
+    if documents_dir and options.get("dataset") == "natural" and not os.path.isdir(documents_dir):
+        errors.append(f"documents_dir: {documents_dir} is not a folder on this host")
+    if options.get("runner") in ("exec", "container") and not options.get("docker"):
+        errors.append(f"runner: {options['runner']} needs the docker command on this host")
+    if options.get("runner") == "local" and not options.get("vllm"):
+        errors.append("runner: local needs the vllm command on this host's PATH; use runner: exec or container")
     return errors
 
 
@@ -163,16 +231,14 @@ def bench_args(
     return args
 
 
-def error_lines(output: str, limit: int = 5) -> list[str]:
-    lines = [line.strip() for line in (output or "").splitlines() if any(marker in line for marker in ERROR_MARKERS)]
-    return lines[-limit:]
+def output_errors(output: str | None) -> str:
+    return "; ".join(error_lines(output, OUTPUT_MARKERS, limit=5, skip=())) or "no error line in its output"
 
 
 def judge(result: t.Mapping[str, t.Any] | None, output: str, allow_failures: bool) -> list[str]:
     """Why a run cannot be recorded; empty when it can."""
     if result is None:
-        found = "; ".join(error_lines(output)) or "no error line in its output"
-        return [f"vllm bench wrote no result file ({found})"]
+        return [f"vllm bench wrote no result file ({output_errors(output)})"]
     if not isinstance(result, dict):
         return ["the result file does not hold a JSON object; it is not a vllm bench serve result"]
     completed = result.get("completed")
@@ -183,8 +249,7 @@ def judge(result: t.Mapping[str, t.Any] | None, output: str, allow_failures: boo
         return [f"the result file's failed is {failed!r}, not a count; it is not a vllm bench serve result"]
     reasons = []
     if completed == 0:
-        found = "; ".join(error_lines(output)) or "no error line in its output"
-        reasons.append(f"no request succeeded ({failed} failed: {found}); the run is not recorded")
+        reasons.append(f"no request succeeded ({failed} failed: {output_errors(output)}); the run is not recorded")
     elif failed and not allow_failures:
         reasons.append(f"{failed} of {completed + failed} requests failed; set allow_failures to record such a run")
     return reasons
@@ -305,3 +370,231 @@ def report_problems(bench: t.Mapping[str, t.Any], correctness: t.Any, metrics: t
             problems.append("metrics.workload: not a workload profile (requests, prompt_to_generation_ratio, coverage); "
                             + fix.format("vllm_metrics_info"))
     return problems
+
+
+def pick_runner(runner: str, container: str | None, docker: str | None, vllm: str | None, run_command: RunCommand) -> str:
+    """The runner ``auto`` stands for: exec while the serving container runs, else a host vllm, else a container."""
+    if runner != "auto":
+        return runner
+    if docker and container:
+        rc, out, _err = run_command([docker, "inspect", "--format", "{{.State.Running}}", container])
+        if rc == 0 and out.strip() == "true":
+            return "exec"
+    return "local" if vllm else "container"
+
+
+def benchmark(params: t.Mapping[str, t.Any], run_command: RunCommand, which: Which, check_mode: bool) -> Outcome:
+    """vllm_bench from its options to its answer; the module passes AnsibleModule.run_command and get_bin_path."""
+    try:
+        endpoint = resolve(params)
+    except ValueError as error:
+        return Outcome(str(error), {"ok": False, "runs": [], "reasons": [str(error)]})
+    container = params["container"] or endpoint["container"]
+    image = params["image"] or endpoint["image"]
+    docker, vllm = which("docker"), which("vllm")
+    # Picking the runner only reads the container's state, so every problem can be named in one pass.
+    runner = pick_runner(params["runner"], container, docker, vllm, run_command)
+    errors = validate(dict(params, runner=runner, container=container, image=image, docker=docker, vllm=vllm))
+    if errors:
+        return Outcome("vllm_bench refused: " + "; ".join(errors), {"ok": False, "runs": [], "reasons": errors})
+    if check_mode:
+        return Outcome(None, {"changed": False, "ok": True, "runner": runner, "runs": [], "reasons": ["check mode: no load sent"]})
+    workdir = os.path.join(params["results_dir"], params["label"])
+    plan = runner_command(runner, docker=docker, container=container, image=image, workdir=workdir, models_dir=params["models_dir"],
+                          host_url=endpoint["url"], container_url=endpoint["container_url"])
+    tokenizer = params["tokenizer"] or endpoint["weights"] or endpoint["model"]
+    if runner == "local" and not params["tokenizer"] and endpoint["weights"]:
+        tokenizer = local_tokenizer(endpoint["weights"], params["models_dir"])
+    return record(Job(params=params, endpoint=endpoint, runner=runner, docker=docker, container=container, vllm=vllm, plan=plan,
+                      workdir=workdir, tokenizer=tokenizer, run_command=run_command))
+
+
+def record(job: Job) -> Outcome:
+    """Every run of the job, stopping at the first that cannot be recorded, and the summary file beside them."""
+    params = job.params
+    sizes = [c * params["prompts_per_concurrency"] for c in params["concurrencies"]]
+    runs: list[dict[str, t.Any]] = []
+    reasons: list[str] = []
+    result: dict[str, t.Any] = {"changed": False, "ok": False, "runner": job.runner, "runs": runs, "reasons": reasons}
+    try:
+        check_server(job)
+        os.makedirs(job.workdir, mode=0o755, exist_ok=True)
+        result["changed"] = True
+        result["dataset"] = write_datasets(job, sizes)
+        prepare_runner(job)
+        for index, concurrency in enumerate(params["concurrencies"]):
+            runs.append(run_once(job, index, concurrency, sizes[index]))
+            if runs[-1]["reasons"]:
+                reasons.extend(runs[-1]["reasons"])
+                break
+    except (BenchFailure, ValueError) as error:
+        # ValueError carries what the endpoint answered (discover_model, the counters' parser), already worded for the operator.
+        reasons.append(str(error))
+    except OSError as error:
+        reasons.append(file_problem(error))
+    finally:
+        if job.plan["copy_in"]:
+            job.run_command([job.docker, "exec", job.container, "rm", "-rf", job.plan["data_dir"]])
+    result["ok"] = not reasons
+    result["table"] = markdown_table([r for r in runs if not r["reasons"]])
+    if os.path.isdir(job.workdir):
+        try:
+            with open(os.path.join(job.workdir, "summary.json"), "w", encoding="utf-8") as handle:
+                json.dump({"label": params["label"], "model": job.endpoint["model"], **result}, handle, indent=1, sort_keys=True)
+        except OSError as error:
+            reasons.append(file_problem(error))
+            result["ok"] = False
+    if reasons:
+        return Outcome("benchmark not recorded: " + "; ".join(reasons), result)
+    return Outcome(None, result)
+
+
+def check_server(job: Job) -> None:
+    """Before anything is written: the served model is known, nobody else's load runs, and a reset is possible."""
+    endpoint, timeout = job.endpoint, job.params["timeout"]
+    discover_model(endpoint, timeout)
+    busy = busy_problem(read_metrics(endpoint["url"], endpoint["api_key"], timeout)) if job.params["require_idle"] else None
+    if busy:
+        raise BenchFailure(busy + ", or set require_idle: false")
+    if job.params["prefix_cache"] == "reset":
+        # A server without dev mode refuses here, not after a dataset was built.
+        reset_prefix_cache(endpoint, timeout)
+
+
+def reset_prefix_cache(endpoint: t.Mapping[str, t.Any], timeout: float) -> None:
+    url = endpoint["url"] + "/reset_prefix_cache"
+    reply = http("POST", url, endpoint["api_key"], timeout=timeout)
+    if reply.status in (401, 403, 404, 405):
+        raise BenchFailure(
+            f"{url} answered HTTP {reply.status}: prefix_cache: reset needs vLLM's development routes (VLLM_SERVER_DEV_MODE=1), "
+            "which the vllm role opens only with vllm_allow_dev_mode: true on an instance bound to loopback only; "
+            "use prefix_cache: disjoint"
+        )
+    if reply.status != 200:
+        raise BenchFailure(reply_problem(reply, url))
+
+
+def count_tokens(endpoint: t.Mapping[str, t.Any], text: str, timeout: float) -> int:
+    """Tokens of ``text`` by the served model's own tokenizer (the server's /tokenize)."""
+    url = endpoint["url"] + "/tokenize"
+    payload = {"model": endpoint["model"], "prompt": text, "add_special_tokens": False}
+    count = json_object(http("POST", url, endpoint["api_key"], payload, timeout=timeout), url).get("count")
+    if not isinstance(count, int) or isinstance(count, bool):
+        raise BenchFailure(f"{url} answered without a token count")
+    return count
+
+
+def documents(folder: str) -> list[str]:
+    found = sorted({path for pattern in DOCUMENT_PATTERNS for path in glob.glob(os.path.join(folder, "**", pattern), recursive=True)})
+    if not found:
+        raise BenchFailure(f"documents_dir: {folder} holds no .md, .markdown or .txt document")
+    return found
+
+
+def write_datasets(job: Job, sizes: t.Sequence[int]) -> dict[str, t.Any]:
+    """For natural text, one JSONL per concurrency in the work dir, from disjoint chunks; the dataset as reported."""
+    params = job.params
+    dataset: dict[str, t.Any] = {"kind": params["dataset"]}
+    if params["dataset"] != "natural":
+        return dataset
+    paragraphs = []
+    for path in documents(params["documents_dir"]):
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            for paragraph in split_paragraphs(handle.read()):
+                paragraphs.append((paragraph, count_tokens(job.endpoint, paragraph, params["timeout"])))
+    chunks = pack_chunks(paragraphs, params["input_tokens"])
+    sets = disjoint_sets(chunks, sizes)
+    dataset.update(chunks=len(chunks), mean_prompt_tokens={})
+    instruction = params["instruction"] or DEFAULT_INSTRUCTION
+    for concurrency, chosen in zip(params["concurrencies"], sets, strict=True):
+        with open(os.path.join(job.workdir, f"natural-c{concurrency}.jsonl"), "w", encoding="utf-8") as handle:
+            handle.write(dataset_lines(instruction, chosen))
+        dataset["mean_prompt_tokens"][str(concurrency)] = round(sum(c["tokens"] for c in chosen) / len(chosen), 1)
+    return dataset
+
+
+def prepare_runner(job: Job) -> None:
+    """The datasets copied into the serving container for exec, and pandas proven importable for a natural run."""
+    docker, container, plan = job.docker, job.container, job.plan
+    if plan["copy_in"]:
+        job.run_command([docker, "exec", container, "rm", "-rf", plan["data_dir"]])
+        rc, _out, err = job.run_command([docker, "cp", job.workdir + "/.", f"{container}:{plan['data_dir']}"])
+        if rc:
+            raise BenchFailure(f"copying the datasets into {container} failed: {err.strip()}")
+    if job.params["dataset"] == "natural":
+        rc, _out, err = job.run_command(python_of(job) + ["-c", "import pandas"])
+        if rc:
+            raise BenchFailure(
+                f"runner {job.runner} cannot import pandas, which vllm bench's custom dataset needs ({err.strip()[-200:]}); "
+                "build a bench image FROM the serving image's digest with pandas installed and pass it as image with "
+                "runner: container, or use dataset: random"
+            )
+
+
+def python_of(job: Job) -> list[str]:
+    """The interpreter that runs vllm bench: for a local vllm, the one beside it (often a venv)."""
+    if job.runner == "local" and job.vllm:
+        beside = os.path.join(os.path.dirname(job.vllm), "python3")
+        if os.path.exists(beside):
+            return [beside]
+    return job.plan["python"]
+
+
+def counters(endpoint: t.Mapping[str, t.Any], timeout: float) -> dict[str, t.Any] | None:
+    return speculative_counters(read_metrics(endpoint["url"], endpoint["api_key"], timeout))
+
+
+def run_once(job: Job, index: int, concurrency: int, prompts: int) -> dict[str, t.Any]:
+    """One ``vllm bench serve`` at ``concurrency``, judged by its saved JSON, with the acceptance the counters moved by."""
+    params, endpoint, plan = job.params, job.endpoint, job.plan
+    if params["prefix_cache"] == "reset":
+        reset_prefix_cache(endpoint, params["timeout"])
+    filename = f"c{concurrency}.json"
+    local_result = os.path.join(job.workdir, filename)
+    if os.path.exists(local_result):
+        os.unlink(local_result)
+    args = bench_args(
+        base_url=plan["base_url"], model=endpoint["model"], tokenizer=job.tokenizer, concurrency=concurrency,
+        num_prompts=prompts, dataset=params["dataset"], input_tokens=params["input_tokens"],
+        output_tokens=params["output_tokens"], dataset_path=f"{plan['data_dir']}/natural-c{concurrency}.jsonl",
+        result_dir=plan["data_dir"], result_filename=filename, seed=1000 + index,
+    )
+    before = counters(endpoint, params["timeout"])
+    rc, out, err = job.run_command(plan["prefix"] + args, environ_update={"OPENAI_API_KEY": endpoint["api_key"] or "EMPTY"})
+    after = counters(endpoint, params["timeout"])
+    if plan["copy_in"]:
+        job.run_command([job.docker, "cp", f"{job.container}:{plan['data_dir']}/{filename}", local_result])
+    saved = None
+    if os.path.exists(local_result):
+        with open(local_result, encoding="utf-8") as handle:
+            try:
+                saved = json.load(handle)
+            except ValueError:
+                saved = {}
+    figures_found = figures(saved) if isinstance(saved, dict) else {}
+    run_acceptance = acceptance(counters_delta(before, after)) or {}
+    reasons = [f"concurrency {concurrency}: {reason}" for reason in judge(saved, out + err, params["allow_failures"])]
+    if reasons and saved:
+        # Kept for diagnosis under a name no report picks up as a result.
+        failed_result = local_result[:-len(".json")] + ".failed.json"
+        os.replace(local_result, failed_result)
+        local_result = failed_result
+    return {
+        "concurrency": concurrency,
+        "prompts": prompts,
+        "exit_code": rc,
+        **figures_found,
+        "acceptance": run_acceptance.get("acceptance"),
+        "mean_acceptance_length": run_acceptance.get("mean_acceptance_length"),
+        "acceptance_per_position": run_acceptance.get("acceptance_per_position"),
+        "draft_tokens": run_acceptance.get("draft_tokens"),
+        "accepted_tokens": run_acceptance.get("accepted_tokens"),
+        "acceptance_note": counter_regression(before, after),
+        "result_file": local_result if saved else None,
+        "reasons": reasons,
+    }
+
+
+def file_problem(error: OSError) -> str:
+    return (f"{error.filename or 'a file'}: {error.strerror or error}; results_dir must be writable and documents_dir readable "
+            "by the task's user (become: true, or other folders)")

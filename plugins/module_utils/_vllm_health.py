@@ -170,12 +170,22 @@ def wait_until_ready(
     return result
 
 
-ERROR_MARKERS = ("Error", "error:", "Traceback", "unrecognized arguments")
+ERROR_MARKERS = ("Error", "error:", "unrecognized arguments")
 
 
-def error_lines(log: str, limit: int = 6) -> list[str]:
-    """The last lines of an engine log that name what went wrong (the root cause sits above the traceback's end)."""
-    found = [line.strip() for line in log.splitlines() if any(marker in line for marker in ERROR_MARKERS) and "Traceback" not in line]
+def error_lines(
+    log: str | None,
+    markers: t.Sequence[str] = ERROR_MARKERS,
+    limit: int = 6,
+    skip: t.Sequence[str] = ("Traceback",),
+) -> list[str]:
+    """The last ``limit`` lines of a log that hold one of ``markers`` and none of ``skip``, stripped.
+
+    The defaults read an engine log: its root cause sits above the traceback's end, and the
+    "Traceback (most recent call last)" line itself names nothing, so it is skipped.
+    """
+    found = [line.strip() for line in (log or "").splitlines()
+             if any(marker in line for marker in markers) and not any(word in line for word in skip)]
     return found[-limit:]
 
 

@@ -15,6 +15,8 @@ from __future__ import annotations
 import math
 import typing as t
 
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_client import http, reply_problem
+
 try:
     from prometheus_client.parser import text_string_to_metric_families
 except ImportError:
@@ -49,6 +51,22 @@ def parse_samples(text: str) -> Samples:
     if not any(name.startswith("vllm:") for name in samples):
         raise ValueError(f"no vllm: metric in it (is this a vLLM server?); first characters {text[:80]!r}")
     return samples
+
+
+def read_metrics(url: str, api_key: str | None, timeout: float) -> Samples:
+    """Every sample of ``<url>/metrics``; ValueError saying what answered instead.
+
+    The endpoint's key goes with every read: the vllm role's instances leave /metrics open, but an
+    endpoint given by url may sit behind a proxy or another install that checks the key there too.
+    """
+    metrics_url = url + "/metrics"
+    reply = http("GET", metrics_url, api_key, timeout=timeout)
+    if reply.status != 200:
+        raise ValueError(reply_problem(reply, metrics_url))
+    try:
+        return parse_samples(reply.body)
+    except ValueError as error:
+        raise ValueError(f"{metrics_url} did not answer Prometheus text: {error}") from error
 
 
 def total(samples: Samples, name: str) -> float | None:
@@ -156,9 +174,8 @@ def busy_problem(samples: Samples) -> str | None:
     return None
 
 
-def summarize(text: str) -> dict[str, t.Any]:
+def summarize(samples: Samples) -> dict[str, t.Any]:
     """The figures an operator reads off a vLLM server's /metrics."""
-    samples = parse_samples(text)
     prompt_tokens = total(samples, "vllm:prompt_tokens_total")
     generation_tokens = total(samples, "vllm:generation_tokens_total")
     kv_usage = [value for _labels, value in samples.get("vllm:kv_cache_usage_perc", [])]

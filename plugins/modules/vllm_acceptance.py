@@ -84,7 +84,6 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_client impor
     discover_model,
     http,
     json_object,
-    reply_problem,
     resolve,
 )
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_metrics import (
@@ -93,21 +92,10 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_metrics impo
     busy_problem,
     counter_regression,
     counters_delta,
-    parse_samples,
+    read_metrics,
     speculative_counters,
     text_string_to_metric_families,
 )
-
-
-def metrics(endpoint, timeout):
-    url = endpoint["url"] + "/metrics"
-    reply = http("GET", url, None, timeout=timeout)
-    if reply.status != 200:
-        raise ValueError(reply_problem(reply, url))
-    try:
-        return parse_samples(reply.body)
-    except ValueError as error:
-        raise ValueError(f"{url} did not answer Prometheus text: {error}") from error
 
 
 def ask(endpoint, prompt, max_tokens, timeout):
@@ -153,16 +141,16 @@ def main():
     timeout = params["timeout"]
     try:
         discover_model(endpoint, timeout)
-        samples = metrics(endpoint, timeout)
+        samples = read_metrics(endpoint["url"], endpoint["api_key"], timeout)
         busy = busy_problem(samples) if params["require_idle"] else None
         if busy:
             raise ValueError(busy + ", or set require_idle: false")
         found = {}
         speculative = speculative_counters(samples) is not None
         for name, prompts in categories.items():
-            before = speculative_counters(metrics(endpoint, timeout))
+            before = speculative_counters(read_metrics(endpoint["url"], endpoint["api_key"], timeout))
             tokens = sum(ask(endpoint, prompt, params["max_tokens"], timeout) for prompt in prompts)
-            after = speculative_counters(metrics(endpoint, timeout))
+            after = speculative_counters(read_metrics(endpoint["url"], endpoint["api_key"], timeout))
             regression = counter_regression(before, after)
             if regression:
                 raise ValueError(f"category {name}: {regression}")

@@ -87,9 +87,10 @@ workload:
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_client import ENDPOINT_ARGUMENT_SPEC, http, reply_problem, resolve
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_client import ENDPOINT_ARGUMENT_SPEC, resolve
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_metrics import (
     PROMETHEUS_CLIENT_PURPOSE,
+    read_metrics,
     summarize,
     text_string_to_metric_families,
     workload_profile,
@@ -116,13 +117,14 @@ def main():
         endpoint = resolve(params)
     except ValueError as error:
         module.fail_json(msg=str(error), ok=False, reasons=[str(error)])
-    reply = http("GET", endpoint["url"] + "/metrics", endpoint["api_key"], timeout=params["timeout"])
-    if reply.status != 200:
-        reason = reply_problem(reply, endpoint["url"] + "/metrics")
-        module.fail_json(msg=reason, ok=False, reasons=[reason], url=endpoint["url"])
     try:
-        summary = summarize(reply.body)
+        samples = read_metrics(endpoint["url"], endpoint["api_key"], params["timeout"])
     except ValueError as error:
+        module.fail_json(msg=str(error), ok=False, reasons=[str(error)], url=endpoint["url"])
+    try:
+        summary = summarize(samples)
+    except ValueError as error:
+        # Samples that parse but do not add up (draft positions that are not numbers) are no vLLM text either.
         reason = f"{endpoint['url']}/metrics did not answer Prometheus text: {error}"
         module.fail_json(msg=reason, ok=False, reasons=[reason], url=endpoint["url"])
     module.exit_json(

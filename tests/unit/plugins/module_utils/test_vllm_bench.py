@@ -26,7 +26,7 @@ GOOD = json.loads((FIXTURES / "bench-random-c2-ngram.json").read_text())
 WRONG_KEY = json.loads((FIXTURES / "bench-wrong-key.json").read_text())
 WRONG_KEY_OUTPUT = (FIXTURES / "bench-wrong-key-output.txt").read_text()
 
-VALID = {"concurrencies": [1, 2], "prompts_per_concurrency": 6, "input_tokens": 1000, "output_tokens": 384,
+VALID = {"label": "mtp4", "concurrencies": [1, 2], "prompts_per_concurrency": 6, "input_tokens": 1000, "output_tokens": 384,
          "dataset": "random", "runner": "auto"}
 
 
@@ -78,10 +78,19 @@ def test_a_file_that_is_not_a_bench_result(result):
         ({"dataset": "natural"}, "documents_dir"),
         ({"runner": "exec"}, "container"),
         ({"runner": "container"}, "image"),
+        ({"label": "../escape"}, "label: '../escape' must be a plain name"),
+        ({"dataset": "natural", "documents_dir": "/nowhere"}, "documents_dir: /nowhere is not a folder on this host"),
+        ({"runner": "exec", "container": "vllm-llm"}, "runner: exec needs the docker command on this host"),
+        ({"runner": "local"}, "runner: local needs the vllm command on this host's PATH"),
     ],
 )
 def test_bad_requests_are_named(change, fragment):
     assert any(fragment in problem for problem in validate(dict(VALID, **change)))
+
+
+def test_a_natural_request_with_documents_on_the_host_is_valid(tmp_path):
+    assert validate(dict(VALID, dataset="natural", documents_dir=str(tmp_path), runner="local", vllm="/usr/bin/vllm")) == []
+    assert validate(dict(VALID, runner="exec", container="vllm-llm", docker="/usr/bin/docker")) == []
 
 
 def test_valid_request():

@@ -158,6 +158,16 @@ def test_error_lines_find_the_root_cause_above_the_traceback_end():
     assert error_lines(shm)[0] == "RuntimeError: Insufficient space in /dev/shm"
 
 
+def test_error_lines_take_the_markers_the_caller_looks_for():
+    from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_health import error_lines
+
+    output = "Traceback (most recent call last):\nINFO Connection refused\nError 0: Unauthorized\nError 1: Unauthorized\nok\n"
+    assert error_lines(output, ("Error", "refused", "Traceback"), limit=2, skip=()) == ["Error 0: Unauthorized", "Error 1: Unauthorized"]
+    assert error_lines(output, ("refused", "Traceback"), limit=5, skip=()) == ["Traceback (most recent call last):", "INFO Connection refused"]
+    assert error_lines(output, ("refused",), limit=5, skip=("INFO",)) == []
+    assert error_lines(None) == [] and error_lines("") == []
+
+
 def test_a_container_seen_created_then_started_is_no_restart():
     """The units' readiness wait starts right after docker run forks: it often sees the container only created."""
     created = container_snapshot(inspect_json(status="created", started_at="0001-01-01T00:00:00Z"))

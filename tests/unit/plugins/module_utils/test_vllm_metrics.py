@@ -5,8 +5,11 @@ concurrency 2, 4 prompts) whose own report said 88 drafts, 264 draft tokens, 253
 per position 100 / 95.45 / 92.05 %: the counters read here must agree with it.
 """
 
+import http.server
 import json
 import pathlib
+import socket
+import threading
 
 import pytest
 
@@ -15,6 +18,7 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_metrics impo
     counter_regression,
     counters_delta,
     parse_samples,
+    read_metrics,
     speculative_counters,
     summarize,
     workload_profile,
@@ -27,7 +31,7 @@ BENCH = json.loads((FIXTURES / "bench-random-c2-ngram.json").read_text())
 
 
 def test_summary_of_a_real_server():
-    summary = summarize(AFTER)
+    summary = summarize(parse_samples(AFTER))
     assert summary["prompt_tokens"] == 2179
     assert summary["generation_tokens"] == 480
     assert summary["prompt_to_generation_ratio"] == pytest.approx(2179 / 480)
@@ -69,12 +73,12 @@ def test_counters_that_went_backwards_give_no_acceptance_and_say_why():
 )
 def test_replies_that_are_not_vllm_metrics_are_clear_errors(text, fragment):
     with pytest.raises(ValueError, match=fragment):
-        summarize(text)
+        parse_samples(text)
 
 
 def test_no_drafter_no_acceptance():
     without = "\n".join(line for line in AFTER.splitlines() if "spec_decode" not in line) + "\n"
-    assert summarize(without)["speculative_decoding"] is None
+    assert summarize(parse_samples(without))["speculative_decoding"] is None
     assert counters_delta(None, speculative_counters(parse_samples(AFTER))) is None
 
 
@@ -90,7 +94,7 @@ def test_series_of_two_engines_are_summed():
         'vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.25',
         'vllm:kv_cache_usage_perc{engine="1",model_name="m"} 0.5',
     ]) + "\n"
-    summary = summarize(text)
+    summary = summarize(parse_samples(text))
     assert (summary["prompt_tokens"], summary["generation_tokens"]) == (150, 15)
     assert summary["prompt_to_generation_ratio"] == 10
     # Usage is a share per engine: the fullest one is what runs out first.
@@ -120,7 +124,7 @@ def seed_000_like(prompt_tokens=63.1e6, generation_tokens=2.21e6):
 
 
 def test_workload_profile_of_seed_000():
-    profile = workload_profile(summarize(seed_000_like()), coverage=0.99)
+    profile = workload_profile(summarize(parse_samples(seed_000_like())), coverage=0.99)
     assert profile["prompt_to_generation_ratio"] == pytest.approx(28.55, rel=0.01)
     assert profile["prefill_heavy"] is True
     assert profile["prompt_tokens_bound"] == 100000
@@ -131,17 +135,17 @@ def test_workload_profile_of_seed_000():
 
 
 def test_lower_coverage_recommends_less_and_says_what_it_rejects():
-    profile = workload_profile(summarize(seed_000_like()), coverage=0.9)
+    profile = workload_profile(summarize(parse_samples(seed_000_like())), coverage=0.9)
     assert profile["prompt_tokens_bound"] == 20000
     assert profile["requests_over_prompt_bound"] == 7138 - 6496
 
 
 def test_decode_heavy_workload():
-    assert workload_profile(summarize(seed_000_like(prompt_tokens=1e6, generation_tokens=2e6)))["prefill_heavy"] is False
+    assert workload_profile(summarize(parse_samples(seed_000_like(prompt_tokens=1e6, generation_tokens=2e6))))["prefill_heavy"] is False
 
 
 def test_no_requests_no_recommendation():
-    profile = workload_profile(summarize(histogram_text("vllm:request_prompt_tokens", [("+Inf", 0)], 0) + "\n"))
+    profile = workload_profile(summarize(parse_samples(histogram_text("vllm:request_prompt_tokens", [("+Inf", 0)], 0) + "\n")))
     assert profile["recommended_max_model_len"] is None
     assert "no requests" in profile["reasons"][0]
 
@@ -149,7 +153,7 @@ def test_no_requests_no_recommendation():
 def test_open_ended_bucket_gives_no_recommendation():
     text = seed_000_like().replace('model_name="m"} 7124', 'model_name="m"} 7000').replace(
         'le="200000",model_name="m"} 7138', 'le="200000",model_name="m"} 7000')
-    profile = workload_profile(summarize(text), coverage=0.99)
+    profile = workload_profile(summarize(parse_samples(text)), coverage=0.99)
     assert profile["prompt_tokens_bound"] is None
     assert "open-ended last bucket" in profile["reasons"][0]
 
@@ -158,3 +162,65 @@ def test_draft_positions_that_are_not_numbers_are_a_clear_error():
     odd = AFTER.replace('position="0"', 'position="first"')
     with pytest.raises(ValueError, match="positions 'first', not draft positions"):
         speculative_counters(parse_samples(odd))
+
+
+class MetricsHandler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.server.authorizations.append(self.headers.get("Authorization"))
+        status, body = self.server.answer
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(body.encode())))
+        self.end_headers()
+        self.wfile.write(body.encode())
+
+    def log_message(self, *_args):
+        pass
+
+
+@pytest.fixture
+def metrics_server():
+    """A local /metrics answering what each test sets, recording the Authorization header of every request."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), MetricsHandler)
+    server.answer, server.authorizations = (200, AFTER), []
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+    thread.join()
+
+
+def url_of(server):
+    return f"http://127.0.0.1:{server.server_address[1]}"
+
+
+def test_read_metrics_sends_the_key_and_parses_the_samples(metrics_server):
+    samples = read_metrics(url_of(metrics_server), "k" * 20, 5)
+    assert speculative_counters(samples)["draft_tokens"] == speculative_counters(parse_samples(AFTER))["draft_tokens"]
+    assert read_metrics(url_of(metrics_server), None, 5) == samples
+    assert metrics_server.authorizations == ["Bearer " + "k" * 20, None]
+
+
+@pytest.mark.parametrize(
+    ("answer", "fragments"),
+    [((401, "Unauthorized"), ["/metrics answered HTTP 401: the server refuses the API key", "give the instance's key in api_key"]),
+     ((500, "boom"), ["/metrics answered HTTP 500: boom"]),
+     ((200, "<html>a login page</html>"), ["/metrics did not answer Prometheus text: not Prometheus text exposition"]),
+     ((200, "node_load1 0.5\n"), ["/metrics did not answer Prometheus text: no vllm: metric"])],
+    ids=["401", "500", "html", "not-vllm"],
+)
+def test_read_metrics_names_what_answered_instead(metrics_server, answer, fragments):
+    metrics_server.answer = answer
+    with pytest.raises(ValueError) as raised:
+        read_metrics(url_of(metrics_server), "k" * 20, 5)
+    assert str(raised.value).startswith(url_of(metrics_server) + "/metrics ")
+    for fragment in fragments:
+        assert fragment in str(raised.value)
+
+
+def test_read_metrics_names_a_closed_port():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    with pytest.raises(ValueError, match="/metrics did not answer: not answering yet .ConnectionRefusedError"):
+        read_metrics(url, None, 5)

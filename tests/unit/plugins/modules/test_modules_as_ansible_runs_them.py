@@ -8,6 +8,7 @@ import http.server
 import json
 import os
 import pathlib
+import shutil
 import socket
 import socketserver
 import subprocess
@@ -123,24 +124,37 @@ def bench(url, tmp_path, **args):
             "timeout": 5, **args}
 
 
-def test_bench_names_a_refused_key_on_v1_models(server, tmp_path):
+@pytest.fixture
+def vllm_on_path(tmp_path):
+    """The local runner needs a vllm on PATH before anything is sent; these tests stop before it runs."""
+    return {"path": fake_tools(tmp_path / "bin", vllm="")}
+
+
+def test_bench_names_a_refused_key_on_v1_models(server, tmp_path, vllm_on_path):
     server.routes["/v1/models"] = (401, '{"error": "Unauthorized"}', 0)
     refused("vllm_bench", bench(server.url, tmp_path), "/v1/models answered HTTP 401: the server refuses the API key",
-            "give the instance's key in api_key")
+            "give the instance's key in api_key", **vllm_on_path)
 
 
 @pytest.mark.parametrize(("status", "body"), [(404, '{"detail": "Not Found"}'), (401, '{"error": "Unauthorized"}')])
-def test_bench_reset_without_the_development_routes_names_vllm_allow_dev_mode(server, tmp_path, status, body):
+def test_bench_reset_without_the_development_routes_names_vllm_allow_dev_mode(server, tmp_path, vllm_on_path, status, body):
     server.routes["/reset_prefix_cache"] = (status, body, 0)
     refused("vllm_bench", bench(server.url, tmp_path, model="m", require_idle=False, prefix_cache="reset"),
             f"/reset_prefix_cache answered HTTP {status}: prefix_cache: reset needs vLLM's development routes",
-            "opens only with vllm_allow_dev_mode: true on an instance bound to loopback only; use prefix_cache: disjoint")
+            "opens only with vllm_allow_dev_mode: true on an instance bound to loopback only; use prefix_cache: disjoint", **vllm_on_path)
     assert not (tmp_path / "bench").exists()
 
 
-def test_bench_names_a_metrics_page_that_is_not_prometheus_text(server, tmp_path):
+def test_bench_names_a_metrics_page_that_is_not_prometheus_text(server, tmp_path, vllm_on_path):
     server.routes["/metrics"] = (200, "<html>a login page</html>", 0)
-    refused("vllm_bench", bench(server.url, tmp_path, model="m"), "/metrics did not answer Prometheus text")
+    refused("vllm_bench", bench(server.url, tmp_path, model="m"), "/metrics did not answer Prometheus text", **vllm_on_path)
+
+
+@pytest.mark.skipif(shutil.which("vllm") is not None, reason="this host has a vllm on PATH")
+def test_bench_local_runner_without_vllm_is_refused_with_the_other_problems(server, tmp_path):
+    refused("vllm_bench", bench(server.url, tmp_path, concurrencies=[0]), "vllm_bench refused: concurrencies: [0] must be",
+            "; runner: local needs the vllm command on this host's PATH; use runner: exec or container")
+    assert not (tmp_path / "bench").exists()
 
 
 def test_bench_names_a_plan_file_of_an_older_release(tmp_path):
