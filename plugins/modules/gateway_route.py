@@ -102,6 +102,7 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._files import write_atomically
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._gateway import (
     after_request,
     drain_problems,
@@ -168,13 +169,13 @@ def main() -> None:
     after = {"plan": plan_file(plan), "drained": drained_file(after_drained), "config": render_config(plan, after_drained)}
     changed_names = [name for name in paths if before[name] != after[name]]
     if changed_names and not module.check_mode:
-        os.makedirs(os.path.dirname(paths["config"]), mode=0o700, exist_ok=True)
-        for name in changed_names:
-            fd = os.open(paths[name] + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                handle.write(after[name])
-            os.chmod(paths[name] + ".tmp", 0o600)
-            os.replace(paths[name] + ".tmp", paths[name])
+        try:
+            os.makedirs(os.path.dirname(paths["config"]), mode=0o700, exist_ok=True)
+            for name in changed_names:
+                write_atomically(paths[name], after[name], 0o600)
+        except OSError as error:
+            refuse(module, [f"{config_dir}: the gateway's files cannot be written ({error}); give a config_dir the task's user can "
+                            "write (become: true), then re-run"])
     rotation: dict[str, list[str]] = {group: [] for group in plan["groups"]}
     for deployment in in_rotation(plan, after_drained):
         rotation.setdefault(deployment["group"], []).append(deployment["id"])

@@ -124,6 +124,7 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._files import write_atomically
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_client import (
     ENDPOINT_ARGUMENT_SPEC,
     discover_model,
@@ -231,11 +232,7 @@ def main():
                 changed = handle.read() != text
         if changed:
             os.makedirs(params["results_dir"], mode=0o755, exist_ok=True)
-            temporary = results_file + ".tmp"
-            with open(temporary, "w", encoding="utf-8") as handle:
-                handle.write(text)
-            os.chmod(temporary, 0o644)
-            os.replace(temporary, results_file)
+            write_atomically(results_file, text, 0o644)
     except OSError as error:
         reason = (f"results_dir: cannot write {results_file} ({error.strerror or error}); give a results_dir the task's user "
                   "can write, or become: true")

@@ -154,3 +154,23 @@ def test_an_instance_drained_by_name_stays_out_when_its_host_goes_back_and_says_
     assert result["drained"] == ["gx10-1/chat"]
     warnings = [w["event"]["msg"] if isinstance(w, dict) else w for w in result["warnings"]]
     assert warnings == ["gx10-1/chat: drained by name, so still out of rotation; undrain by name to put back"]
+
+
+def test_a_file_readable_by_others_is_rewritten_0600_and_no_temporary_file_is_left(tmp_path, plan):
+    run(tmp_path, plan=plan)
+    (tmp_path / "drained.json").write_text('["gx10-1"]\n')
+    (tmp_path / "drained.json").chmod(0o644)
+    run(tmp_path, plan=plan)
+    written = files(tmp_path)
+    assert set(written) == {"plan.json", "drained.json", "litellm/config.yaml"}
+    assert {mode for _text, mode in written.values()} == {0o600}
+
+
+def test_a_folder_that_cannot_be_written_is_named_and_nothing_is_written(tmp_path, plan):
+    (tmp_path / "litellm").write_text("a file where the folder should be")
+    result = run(tmp_path, plan=plan)
+    assert result["failed"] and result["ok"] is False and result["config_changed"] is False
+    assert result["msg"] == (f"{tmp_path}: the gateway's files cannot be written ([Errno 17] File exists: '{tmp_path}/litellm'); give a "
+                             "config_dir the task's user can write (become: true), then re-run")
+    assert result["reasons"] == [result["msg"]] and "exception" not in result
+    assert set(files(tmp_path)) == {"litellm"}
