@@ -17,6 +17,8 @@ description:
   - Returns the plan of every instance (unit, container, URL, run image, argv, environment names, ports, served names,
     weights, start-after list, launch checks, memory arithmetic, config hash and unit file), the names to remove, every
     error at once, the warnings, and the env files (the only part holding secrets; use it under no_log).
+  - Every option is required and has no default of its own (the vllm role's defaults are the defaults); a missing or
+    unknown option is an error naming it.
   - The same file provides C(vllm_drift) (why a running instance differs from its plan),
     C(vllm_pull_reference), C(vllm_run_image), C(meminfo), C(vllm_admission_problem) and
     C(vllm_models_problems).
@@ -35,82 +37,133 @@ options:
   image:
     description: C(vllm_image).
     type: str
+    required: true
   allow_floating_tag:
-    description: Accept images not pinned by digest.
+    description: Accept images not pinned by digest (C(vllm_allow_floating_tag)).
     type: bool
+    required: true
   allow_wildcard_bind:
-    description: Accept binding 0.0.0.0 or ::.
+    description: Accept binding 0.0.0.0 or C(::) (C(vllm_allow_wildcard_bind)).
     type: bool
-  registry_mirror:
-    description: Registry the images are pulled through.
+    required: true
+  allow_dev_mode:
+    description: Accept settings that open vLLM's engine controls, on loopback-only instances (C(vllm_allow_dev_mode)).
+    type: bool
+    required: true
+  guard_digest:
+    description: SHA-256 of the key middleware the containers mount; a changed middleware changes the config hash.
     type: str
+    required: true
+  registry_mirror:
+    description: Registry the images are pulled through (C(vllm_registry_mirror)).
+    type: str
+    required: true
   gmu_cap:
     description: Highest sum of gpu_memory_utilization; null takes the hardware class's ceiling, above it is refused.
     type: float
+    required: true
   hardware_class:
     description: The host's hardware class (C(sparkfleet_hardware_class)); its env, batch size and ceiling apply.
     type: str
+    required: true
   hardware_overrides:
     description: C(sparkfleet_hardware_overrides).
     type: dict
+    required: true
   catalog_extra:
     description: Further model catalog entries (C(vllm_catalog_extra)).
     type: dict
+    required: true
   memory_total_bytes:
     description: The host's memory pool (C(spark_facts) C(memory.pool_bytes)); null uses the class's figure.
     type: int
+    required: true
   vllm_version:
     description: The vLLM release of the image, for the catalog's known-broken combinations.
     type: str
+    required: true
   drop_caches:
     description: Drop the page cache before each launch; null takes the class's setting.
     type: bool
+    required: true
   overrides:
     description: C(vllm_instance_overrides), settings laid over named instances.
     type: dict
+    required: true
+  cluster:
+    description: The cluster node this plan is for (the cluster role's), or null for the host's own instances.
+    type: dict
+    required: true
+  reserved_gmu:
+    description: The share of the memory pool the host's own instances take, which a cluster node leaves them.
+    type: float
+    required: true
   gpus:
-    description: Give the containers the GPUs.
+    description: Give the containers the GPUs (C(vllm_gpus)).
     type: bool
+    required: true
   models_dir:
-    description: Host directory mounted at /models.
+    description: Host directory mounted at /models (C(vllm_models_dir)).
     type: str
+    required: true
   cache_dir:
-    description: Host directory of the caches.
+    description: Host directory of the caches (C(vllm_cache_dir)).
     type: str
+    required: true
   config_dir:
-    description: Where the env and plan files live.
+    description: Where the env and plan files live (C(vllm_config_dir)).
     type: str
+    required: true
   env:
     description: C(vllm_env).
     type: dict
+    required: true
   health_timeout:
-    description: Default seconds of the health gate.
+    description: Default seconds of the health gate (C(vllm_health_timeout)).
     type: int
+    required: true
   host_addresses:
     description: The host's IP addresses; null when only the inventory is checked (the LAN checks are skipped).
     type: list
     elements: str
+    required: true
   wait_online_enabled:
     description: Whether Docker on this host is ordered after network-online.target; null when unknown.
     type: bool
+    required: true
   readiness_script:
-    description: Path of the readiness wait on the host.
+    description: Path of the readiness wait on the host; the key middleware and the fabric wait are beside it.
     type: str
+    required: true
   start_limit_interval:
-    description: StartLimitIntervalSec of the units.
+    description: StartLimitIntervalSec of the units (C(vllm_start_limit_interval)).
     type: int
+    required: true
   start_limit_burst:
-    description: StartLimitBurst of the units.
+    description: StartLimitBurst of the units (C(vllm_start_limit_burst)).
     type: int
+    required: true
   restart_delay:
-    description: RestartSec of the units.
+    description: RestartSec of the units (C(vllm_restart_delay)).
     type: int
+    required: true
 """
 
 EXAMPLES = r"""
+# The vllm role's tasks/plan.yml passes every option from its variables; this is the same call without a cluster.
 - name: Plan this host's instances
   ansible.builtin.set_fact:
-    plan: "{{ vllm_instances | sparkfleet.vllm.vllm_plan(vllm_instance_defaults, image=vllm_image, gmu_cap=0.85) }}"
+    plan: >-
+      {{ vllm_instances | sparkfleet.vllm.vllm_plan(vllm_instance_defaults, image=vllm_image,
+         allow_floating_tag=vllm_allow_floating_tag, allow_wildcard_bind=vllm_allow_wildcard_bind, allow_dev_mode=vllm_allow_dev_mode,
+         guard_digest='', registry_mirror=vllm_registry_mirror, gmu_cap=vllm_gmu_cap, hardware_class=sparkfleet_hardware_class,
+         hardware_overrides={}, catalog_extra=vllm_catalog_extra, memory_total_bytes=none, vllm_version=vllm_version,
+         drop_caches=vllm_drop_caches, overrides=vllm_instance_overrides, cluster=none, reserved_gmu=0, gpus=vllm_gpus,
+         models_dir=vllm_models_dir, cache_dir=vllm_cache_dir, config_dir=vllm_config_dir, env=vllm_env,
+         health_timeout=vllm_health_timeout, host_addresses=ansible_facts.all_ipv4_addresses + ['127.0.0.1'],
+         wait_online_enabled=true, readiness_script='/usr/local/libexec/sparkfleet/vllm_readiness.py',
+         start_limit_interval=vllm_start_limit_interval, start_limit_burst=vllm_start_limit_burst,
+         restart_delay=vllm_restart_delay) }}
   no_log: true
 """
 

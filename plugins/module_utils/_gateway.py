@@ -66,6 +66,10 @@ GATEWAY_SETTINGS: tuple[Setting, ...] = (
     Setting("api_docs", "bool", ""),
 )
 
+# The role's defaults (roles/gateway/defaults/main.yml; a unit test holds the two equal), for what has to
+# be known without the role: the gateway_plan and gateway_settings_problems filters called with only some
+# settings, and another gateway host's config folder, which its hostvars hold only when the inventory sets
+# it (gateway_routers). The role itself passes every setting (vars/main.yml).
 DEFAULT_SETTINGS: dict[str, t.Any] = {
     "image": "",
     "bind_address": "127.0.0.1",

@@ -100,7 +100,6 @@ class Key:
     flag: str | None = None
     required: bool = False
     choices: tuple[str, ...] = ()
-    default: t.Any = None
     # For whole numbers: the largest value any operator means, and why, so a typo in the millions is refused.
     maximum: int | None = None
     bound: str = ""
@@ -109,7 +108,7 @@ class Key:
 INSTANCE_KEYS: tuple[Key, ...] = (
     Key("name", "name", "Lower-case letters, digits and dashes; names the unit `sparkfleet-vllm-NAME.service` and the container `vllm-NAME`.", required=True),
     Key("state", "choice", "`present`, or `absent` to stop and remove the instance (an instance left out of the list is removed too).",
-        choices=("present", "absent"), default="present"),
+        choices=("present", "absent")),
     Key("catalog", "catalog", "A model catalog entry (docs/catalog.md): brings the weights path and the entry's settings, "
         "and its limits are checked (context, drafter size, modalities, known-broken combinations, memory)."),
     Key("image", "image", "The image, `repo[:tag]@sha256:<64 hex>`; default `vllm_image`."),
@@ -736,36 +735,14 @@ def unit_file(plan: t.Mapping[str, t.Any], readiness: t.Sequence[str] | None, op
     ])
 
 
-DEFAULT_OPTIONS: dict[str, t.Any] = {
-    "image": "",
-    "allow_floating_tag": False,
-    "allow_wildcard_bind": False,
-    "allow_dev_mode": False,
-    "guard_digest": "",
-    "registry_mirror": "",
-    "gmu_cap": None,
-    "hardware_class": "dgx_spark",
-    "hardware_overrides": {},
-    "catalog_extra": {},
-    "memory_total_bytes": None,
-    "vllm_version": "",
-    "drop_caches": None,
-    "overrides": {},
-    "cluster": None,
-    "reserved_gmu": 0,
-    "gpus": True,
-    "models_dir": "/srv/models",
-    "cache_dir": "/var/cache/sparkfleet/vllm",
-    "config_dir": "/etc/sparkfleet/vllm",
-    "env": {},
-    "health_timeout": 1200,
-    "host_addresses": [],
-    "wait_online_enabled": False,
-    "readiness_script": "/usr/local/libexec/sparkfleet/vllm_readiness.py",
-    "start_limit_interval": 1800,
-    "start_limit_burst": 3,
-    "restart_delay": 10,
-}
+# build_plan's options, every one given by the caller (roles/vllm/tasks/plan.yml from the role's variables,
+# whose defaults are in roles/vllm/defaults/main.yml): a default here would drift from the role's.
+PLAN_OPTIONS: tuple[str, ...] = (
+    "image", "allow_floating_tag", "allow_wildcard_bind", "allow_dev_mode", "guard_digest", "registry_mirror", "gmu_cap",
+    "hardware_class", "hardware_overrides", "catalog_extra", "memory_total_bytes", "vllm_version", "drop_caches", "overrides",
+    "cluster", "reserved_gmu", "gpus", "models_dir", "cache_dir", "config_dir", "env", "health_timeout", "host_addresses",
+    "wait_online_enabled", "readiness_script", "start_limit_interval", "start_limit_burst", "restart_delay",
+)
 
 
 # The settings of the units' restarts and the gate: whole numbers, with the largest any operator means.
@@ -837,10 +814,10 @@ def build_plan(instances: t.Any, defaults: t.Any, **given: t.Any) -> dict[str, t
     ``errors`` (every problem; when there is any, nothing else is filled in), ``env_files``
     (name -> env file text) and ``endpoints`` (what a gateway needs to route to each instance,
     its key included); those two are the only parts holding secrets."""
-    unknown = set(given) - set(DEFAULT_OPTIONS)
-    if unknown:
-        raise TypeError(f"unknown plan options: {', '.join(sorted(unknown))}")
-    options = {**DEFAULT_OPTIONS, **given}
+    missing, unknown = [name for name in PLAN_OPTIONS if name not in given], sorted(set(given) - set(PLAN_OPTIONS))
+    if missing or unknown:
+        raise TypeError(f"build_plan: plan options missing: {', '.join(missing) or 'none'}; unknown: {', '.join(unknown) or 'none'}")
+    options = dict(given)
     options["variable"] = "cluster_instance" if options["cluster"] else "vllm_instances"
     options["owned_env"] = OWNED_ENV | set(NETWORK_ENV) if options["cluster"] else OWNED_ENV
     plan: dict[str, t.Any] = {"instances": [], "absent": [], "errors": [], "warnings": [], "env_files": {},

@@ -22,8 +22,10 @@ import typing as t
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._model_catalog import (
     DRAFT_TOKENS_WHY,
     MAX_DRAFT_TOKENS,
+    VERSION,
     Range,
     as_number,
+    version_tuple,
 )
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_correctness import BUILTIN_CASES
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_plan import KEYS_BY_NAME
@@ -97,7 +99,8 @@ FIGURES = ("output_throughput", "mean_tpot_ms", "mean_ttft_ms", "mean_itl_ms", "
 OVERRIDABLE = frozenset({"speculative", "max_num_batched_tokens", "max_num_seqs", "attention_backend", "moe_backend",
                          "kv_cache_dtype", "catalog", "model", "quantization", "prefix_caching", "extra_args", "env",
                          "gpu_memory_utilization", "max_model_len", "enforce_eager", "dtype"})
-CATEGORIES = ("code", "prose", "chat", "structured")
+# The first release whose SpeculativeConfig has num_speculative_tokens_per_batch_size, as checked in the lab's image.
+SCHEDULE_SINCE = "0.32.0"
 
 
 def variant_id(overrides: t.Mapping[str, t.Any]) -> str:
@@ -461,3 +464,83 @@ def report_markdown(title: str, results: t.Sequence[t.Mapping[str, t.Any]], deci
                 lines.append(f"| {name} | {found.get('requests')} | {found.get('output_tokens')} "
                              f"| {f'{rate * 100:.1f}%' if rate is not None else '-'} | {f'{length:.2f}' if length else '-'} |")
     return "\n".join(lines) + "\n"
+
+
+def figures_readable(entry: t.Any) -> bool:
+    return isinstance(entry, dict) and all(
+        entry.get(name) is None or (isinstance(entry[name], dict) and {"mean", "spread_pct"} <= set(entry[name])) for name in FIGURES)
+
+
+def record_problems(results: t.Sequence[t.Any]) -> list[str]:
+    """Why variant records cannot be decided on or reported, each named. The records are files a
+    rerun keeps from earlier runs, so one from an interrupted run or edited by hand is refused here."""
+    errors = []
+    for index, record in enumerate(results):
+        where = f"results[{index}]"
+        wrong = [key for key, kind in (("name", str), ("rank", int), ("draft_count", int), ("status", str))
+                 if not isinstance(record, dict) or not isinstance(record.get(key), kind) or isinstance(record.get(key), bool)]
+        if wrong:
+            errors.append(f"{where}: {', '.join(wrong)} missing or of the wrong type; give the records vllm_sweep_record wrote")
+            continue
+        if record["status"] != "ok":
+            continue
+        gate, summary = record.get("gate"), record.get("summary")
+        if not isinstance(gate, dict) or not isinstance(gate.get("ok"), bool) or "reason" not in gate:
+            errors.append(f"{where} ({record['name']}).gate: {gate!r} is not a verdict with ok and reason; give the records "
+                          "vllm_sweep_record wrote")
+        if not isinstance(summary, dict) or not all(str(c).isdigit() and figures_readable(e) for c, e in summary.items()):
+            errors.append(f"{where} ({record['name']}).summary: not figures per concurrency (each figure with mean and "
+                          "spread_pct); give the records vllm_sweep_record wrote")
+    return errors
+
+
+def schedule_note(results: t.Sequence[t.Mapping[str, t.Any]], concurrencies: t.Sequence[int], max_num_seqs: int,
+                  noise_floor_pct: float, vllm_version: str) -> tuple[list[list[int]] | None, str]:
+    """The per-batch-size schedule, when the release served has it, and the sentence saying why there is one or none."""
+    if not vllm_version or version_tuple(vllm_version) < version_tuple(SCHEDULE_SINCE):
+        return None, (f"No per-batch-size schedule: vLLM {vllm_version or '(release unknown; set vllm_version)'} is not known "
+                      f"to have num_speculative_tokens_per_batch_size (vLLM {SCHEDULE_SINCE} has it).")
+    recommended = schedule(results, concurrencies, max_num_seqs, noise_floor_pct)
+    return recommended, ("Per-batch-size schedule (speculative options num_speculative_tokens_per_batch_size, ranges inclusive): "
+                         f"{json.dumps(recommended)}." if recommended else
+                         "No per-batch-size schedule: fewer than two speculative variants passed.")
+
+
+def plot_series(results: t.Sequence[t.Mapping[str, t.Any]], target: int, single: int) -> dict[str, t.Any] | None:
+    """What sweep.png draws against the draft count of each measured variant: throughput at the target
+    concurrency, TPOT at one stream and acceptance; None when no variant was measured."""
+    measured = sorted((r for r in results if r["status"] == "ok"), key=lambda r: r["draft_count"])
+    if not measured:
+        return None
+
+    def means(concurrency: int, name: str, scale: int = 1) -> list[float]:
+        return [((figure(r["summary"], concurrency, name) or {}).get("mean") or 0) * scale for r in measured]
+
+    return {"draft_counts": [r["draft_count"] for r in measured],
+            "series": [(f"output tok/s at c={target}", means(target, "output_throughput")),
+                       (f"mean TPOT ms at c={single}", means(single, "mean_tpot_ms")),
+                       (f"acceptance % at c={target}", means(target, "acceptance", 100))]}
+
+
+def sweep_report(title: str, results: t.Sequence[t.Any], objective: t.Mapping[str, t.Any], concurrencies: t.Any,
+                 max_num_seqs: t.Any, vllm_version: str) -> dict[str, t.Any]:
+    """vllm_sweep_report's decision and files, but the drawing: ``errors`` (every problem of the options,
+    each named by its option; when any, nothing else is filled in), ``decision`` (ok, winner, reasons,
+    schedule, schedule_note, winner_settings), ``markdown``, ``files`` (decision.json and report.md as
+    bytes) and ``plot`` (plot_series)."""
+    checked, errors = objective_problems(objective, concurrencies, max_num_seqs)
+    if vllm_version and not VERSION.fullmatch(vllm_version):
+        errors.append(f"vllm_version: {vllm_version!r} is not a vLLM release; give the image's release such as 0.32.0 "
+                      "(0.32.0rc1, 0.33.0.dev5 and 0.32.0+cpu are read as their release), or leave it empty")
+    errors += record_problems(results)
+    if errors:
+        return {"errors": errors}
+    decision = decide(results, checked)
+    recommended, note = schedule_note(results, concurrencies, max_num_seqs, checked["noise_floor_pct"], vllm_version)
+    winner = next((r for r in results if r["name"] == decision["winner"]), None)
+    decision.update(schedule=recommended, schedule_note=note, winner_settings=(winner or {}).get("settings") or {})
+    markdown = report_markdown(title, results, decision, checked)
+    document = {**decision, "objective": checked, "variants": sorted(results, key=lambda r: r["rank"])}
+    return {"errors": [], "decision": decision, "markdown": markdown,
+            "files": {"decision.json": (json.dumps(document, indent=1, sort_keys=True) + "\n").encode(), "report.md": markdown.encode()},
+            "plot": plot_series(results, checked["target_concurrency"], checked["single_stream"])}

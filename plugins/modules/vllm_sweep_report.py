@@ -31,7 +31,8 @@ options:
     type: str
     required: true
   results:
-    description: The variant records.
+    description:
+      - The variant records (the C(vllm_sweep_record) filter's); one lacking what the decision reads is refused, naming it.
     type: list
     elements: dict
     required: true
@@ -124,19 +125,11 @@ markdown:
 """
 
 import io
-import json
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._files import write_changed
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._model_catalog import VERSION, version_tuple
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_sweep import (
-    decide,
-    figure,
-    objective_problems,
-    report_markdown,
-    schedule,
-)
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_sweep import sweep_report
 
 try:
     import matplotlib
@@ -146,24 +139,14 @@ try:
 except ImportError:
     pyplot = None
 
-# The first release whose SpeculativeConfig has num_speculative_tokens_per_batch_size, as checked in the lab's image.
-SCHEDULE_SINCE = "0.32.0"
 
-
-def plot_png(title, results, target, single):
-    measured = sorted((r for r in results if r["status"] == "ok"), key=lambda r: r["draft_count"])
-    counts = [r["draft_count"] for r in measured]
-    figure_, axes = pyplot.subplots(1, 3, figsize=(12, 3.6), dpi=100)
-    series = (
-        (f"output tok/s at c={target}", [(figure(r["summary"], target, "output_throughput") or {}).get("mean") for r in measured]),
-        (f"mean TPOT ms at c={single}", [(figure(r["summary"], single, "mean_tpot_ms") or {}).get("mean") for r in measured]),
-        (f"acceptance % at c={target}", [((figure(r["summary"], target, "acceptance") or {}).get("mean") or 0) * 100 for r in measured]),
-    )
-    for axis, (label, values) in zip(axes, series, strict=True):
-        axis.plot(counts, [v or 0 for v in values], marker="o")
+def plot_png(title, plot):
+    figure_, axes = pyplot.subplots(1, len(plot["series"]), figsize=(12, 3.6), dpi=100)
+    for axis, (label, values) in zip(axes, plot["series"], strict=True):
+        axis.plot(plot["draft_counts"], values, marker="o")
         axis.set_xlabel("draft tokens")
         axis.set_title(label, fontsize=9)
-        axis.set_xticks(sorted(set(counts)))
+        axis.set_xticks(sorted(set(plot["draft_counts"])))
     figure_.suptitle(title, fontsize=10)
     figure_.tight_layout()
     buffer = io.BytesIO()
@@ -189,33 +172,19 @@ def main():
     params = module.params
     if params["plot"] and pyplot is None:
         module.fail_json(msg=missing_required_lib("matplotlib"), ok=False, reasons=[missing_required_lib("matplotlib")])
-    objective, problems = objective_problems(params["objective"], params["concurrencies"], params["max_num_seqs"])
-    version = params["vllm_version"]
-    if version and not VERSION.fullmatch(version):
-        problems.append(f"vllm_version: {version!r} is not a vLLM release; give the image's release such as 0.32.0 "
-                        "(0.32.0rc1, 0.33.0.dev5 and 0.32.0+cpu are read as their release), or leave it empty")
-    if problems:
-        module.fail_json(msg="; ".join(problems), ok=False, reasons=problems)
-    results = params["results"]
-    decision = decide(results, objective)
-    recommended, note = None, ""
-    if version and version_tuple(version) >= version_tuple(SCHEDULE_SINCE):
-        recommended = schedule(results, params["concurrencies"], params["max_num_seqs"], objective["noise_floor_pct"])
-        note = ("Per-batch-size schedule (speculative options num_speculative_tokens_per_batch_size, ranges inclusive): "
-                f"{json.dumps(recommended)}." if recommended else
-                "No per-batch-size schedule: fewer than two speculative variants passed.")
-    else:
-        note = (f"No per-batch-size schedule: vLLM {version or '(release unknown; set vllm_version)'} is not known to have "
-                f"num_speculative_tokens_per_batch_size (vLLM {SCHEDULE_SINCE} has it).")
-    winner = next((r for r in results if r["name"] == decision["winner"]), None)
-    decision.update(schedule=recommended, schedule_note=note, winner_settings=(winner or {}).get("settings") or {})
-    markdown = report_markdown(params["title"], results, decision, objective)
-    document = {**decision, "objective": objective, "variants": sorted(results, key=lambda r: r["rank"])}
-    contents = {"decision.json": (json.dumps(document, indent=1, sort_keys=True) + "\n").encode(), "report.md": markdown.encode()}
-    if params["plot"] and any(r["status"] == "ok" for r in results):
-        contents["sweep.png"] = plot_png(params["title"], results, objective["target_concurrency"], objective["single_stream"])
-    changed, files = write_changed(params["dest"], contents, module.check_mode)
-    module.exit_json(changed=changed, files=files, markdown=markdown, **decision)
+    report = sweep_report(params["title"], params["results"], params["objective"], params["concurrencies"], params["max_num_seqs"],
+                          params["vllm_version"])
+    if report["errors"]:
+        module.fail_json(msg="; ".join(report["errors"]), ok=False, reasons=report["errors"])
+    contents = dict(report["files"])
+    if params["plot"] and report["plot"]:
+        contents["sweep.png"] = plot_png(params["title"], report["plot"])
+    try:
+        changed, files = write_changed(params["dest"], contents, module.check_mode)
+    except OSError as error:
+        reason = f"dest: cannot write {error.filename or params['dest']} ({error.strerror or error}); give a folder the task's user can write"
+        module.fail_json(msg=reason, ok=False, reasons=[reason])
+    module.exit_json(changed=changed, files=files, markdown=report["markdown"], **report["decision"])
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 the memory arithmetic, as the plan applies them."""
 
 import pytest
+from plan_options import plan_options
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._hardware_classes import CLASSES, resolve_class
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._model_catalog import CATALOG, VERSION, as_number, catalog_problems, version_tuple
@@ -28,10 +29,8 @@ def instance(**overrides):
     return spec
 
 
-def plan(*instances, hardware_class="dgx_spark", **options):
-    options.setdefault("image", IMAGE)
-    options.setdefault("vllm_version", "0.32.0")
-    return build_plan(list(instances), {}, hardware_class=hardware_class, **options)
+def plan(*instances, **options):
+    return build_plan(list(instances), {}, **plan_options(**{"image": IMAGE, "vllm_version": "0.32.0", **options}))
 
 
 def errors(*instances, **options):

@@ -5,6 +5,7 @@ import shlex
 from pathlib import Path
 
 import pytest
+from plan_options import plan_options
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._cluster import (
     CLUSTER_SETTINGS,
@@ -58,13 +59,9 @@ def planned(cluster=None, reports=None):
 def node_plan(cluster, node, **options):
     option = {**node["option"], "node_env": options.pop("node_env", {})}
     instance = {**cluster["instance"], "name": cluster["name"]}
-    options.setdefault("image", IMAGE)
-    options.setdefault("hardware_class", "dgx_spark")
-    options.setdefault("host_addresses", ["10.0.0.5", "192.168.100.11", "127.0.0.1"])
-    options.setdefault("wait_online_enabled", True)
-    options.setdefault("vllm_version", cluster["vllm_version"])
-    options.setdefault("config_dir", "/etc/sparkfleet/cluster")
-    return build_plan([instance], {}, cluster=option, **options)
+    return build_plan([instance], {}, **plan_options(**{
+        "image": IMAGE, "host_addresses": ["10.0.0.5", "192.168.100.11", "127.0.0.1"], "wait_online_enabled": True,
+        "vllm_version": cluster["vllm_version"], "config_dir": "/etc/sparkfleet/cluster", **options, "cluster": option}))
 
 
 def test_two_sparks_each_get_their_rank_and_fast_link():
@@ -292,7 +289,7 @@ def test_known_broken_combinations_across_nodes_are_refused():
     # On one node the same drafter is fine: the rule holds across nodes only.
     single = {**cluster["instance"], "name": "one", "port": 8001}
     del single["tensor_parallel_size"]
-    assert build_plan([single], {}, image=IMAGE, hardware_class="dgx_spark", host_addresses=None, vllm_version="0.32.0")["errors"] == []
+    assert build_plan([single], {}, **plan_options(image=IMAGE, host_addresses=None, vllm_version="0.32.0"))["errors"] == []
 
 
 def test_each_rank_holds_its_part_of_the_weights_and_the_kv_cache():
@@ -304,8 +301,8 @@ def test_each_rank_holds_its_part_of_the_weights_and_the_kv_cache():
     memory = node_plan(cluster, node)["instances"][0]["memory"]
     assert (memory["ranks"], memory["weights_gib"]) == (2, 11.78)
     assert "minus weights 11.78 GiB (1/2 of 23.55 GiB per rank)" in memory["arithmetic"]
-    single = build_plan([{**cluster["instance"], "name": "one", "tensor_parallel_size": None}], {}, image=IMAGE,
-                        hardware_class="dgx_spark", host_addresses=None, vllm_version="0.32.0")["instances"][0]["memory"]
+    single = build_plan([{**cluster["instance"], "name": "one", "tensor_parallel_size": None}], {},
+                        **plan_options(image=IMAGE, host_addresses=None, vllm_version="0.32.0"))["instances"][0]["memory"]
     assert memory["full_length_request_gib"] == round(single["full_length_request_gib"] / 2, 2)
 
 

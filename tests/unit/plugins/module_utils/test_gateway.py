@@ -5,8 +5,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from plan_options import plan_options
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._gateway import (
+    DEFAULT_SETTINGS,
     GATEWAY_SETTINGS,
     SCHEMA_VERSION,
     backend_reports,
@@ -35,7 +37,7 @@ def endpoints(host, binds, served=("qwen",), port=8000):
     """A host's endpoints as the vllm role publishes them: from its real instance plan."""
     instance = {"name": "chat", "model": "/models/qwen", "served_model_names": list(served), "port": port,
                 "api_key": KEYS[host], "bind_addresses": binds, "gpu_memory_utilization": 0.5}
-    plan = build_plan([instance], {}, image=VLLM_IMAGE, host_addresses=None, allow_wildcard_bind=True)
+    plan = build_plan([instance], {}, **plan_options(image=VLLM_IMAGE, host_addresses=None, allow_wildcard_bind=True))
     assert plan["errors"] == []
     return plan["endpoints"]
 
@@ -318,10 +320,18 @@ def test_docs_show_the_bounds_of_every_setting_as_the_table_checks_them():
     assert shown == bounds_table("gateway_", GATEWAY_SETTINGS), "docs/gateway.md's bounds table is stale: paste bounds_table's"
 
 
+def test_the_python_defaults_are_the_roles_and_the_role_passes_every_setting():
+    role = Path(__file__).parents[4] / "roles" / "gateway"
+    defaults = yaml.safe_load((role / "defaults" / "main.yml").read_text())
+    assert DEFAULT_SETTINGS == {name: defaults[f"gateway_{name}"] for name in DEFAULT_SETTINGS}
+    passed = yaml.safe_load((role / "vars" / "main.yml").read_text())["__gateway_settings"]
+    assert passed == {name: f"{{{{ gateway_{name} }}}}" for name in DEFAULT_SETTINGS}
+
+
 def test_the_drain_filter_gives_each_gateway_its_names_and_folder():
     from ansible_collections.sparkfleet.vllm.plugins.filter.gateway import gateway_routers
 
     hostvars = {"gw-a": {"gateway_backends": ["spark-1"], "gateway_config_dir": "/srv/gw"}, "gw-b": {"gateway_backends": ["gx10-1"]}}
     assert gateway_routers(["gw-a", "gw-b", "gw-gone"], hostvars, ["spark-1/chat"], ["gx10-1"]) == [
         {"gateway": "gw-a", "drain": ["spark-1/chat"], "undrain": [], "config_dir": "/srv/gw"},
-        {"gateway": "gw-b", "drain": [], "undrain": ["gx10-1"], "config_dir": "/etc/sparkfleet/gateway"}]
+        {"gateway": "gw-b", "drain": [], "undrain": ["gx10-1"], "config_dir": DEFAULT_SETTINGS["config_dir"]}]

@@ -1,6 +1,7 @@
 import json
 
 import pytest
+from plan_options import plan_options
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_client import (
     instance_endpoint,
@@ -17,7 +18,7 @@ DIGEST = "sha256:" + "a" * 64
 def planned():
     instance = {"name": "llm", "model": "/models/gemma", "served_model_names": ["gemma-it", "gemma"], "port": 8001, "api_key": "k" * 20,
                 "bind_addresses": ["127.0.0.1", "192.0.2.5"], "gpu_memory_utilization": 0.5}
-    plan = build_plan([instance], {}, image=f"r/vllm@{DIGEST}", host_addresses=["192.0.2.5"], wait_online_enabled=True)
+    plan = build_plan([instance], {}, **plan_options(image=f"r/vllm@{DIGEST}", host_addresses=["192.0.2.5"], wait_online_enabled=True))
     assert plan["errors"] == []
     return plan["instances"][0], plan["env_files"]["llm"]
 

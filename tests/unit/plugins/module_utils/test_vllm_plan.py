@@ -5,6 +5,8 @@ import re
 import shlex
 
 import pytest
+import yaml
+from plan_options import PLAN_TASKS, ROLE, ROLE_DEFAULTS, plan_options
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_instance import (
     parse_image_reference,
@@ -15,6 +17,7 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_instance imp
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_plan import (
     INSTANCE_KEYS,
     OWNED_FLAGS,
+    PLAN_OPTIONS,
     build_plan,
     drift_reasons,
     key_table_markdown,
@@ -32,14 +35,13 @@ def instance(**overrides):
     return spec
 
 
-DEFAULTS = {"bind_addresses": ["127.0.0.1"], "gpu_memory_utilization": 0.5}
+DEFAULTS = ROLE_DEFAULTS["vllm_instance_defaults"]
 
 
 def plan(*instances, defaults=None, **options):
     """The plan on the lab's class unless a test names another (no class env, no class batch size)."""
-    options.setdefault("image", IMAGE)
-    options.setdefault("hardware_class", "cpu_lab")
-    return build_plan(list(instances) or [instance()], DEFAULTS if defaults is None else defaults, **options)
+    return build_plan(list(instances) or [instance()], DEFAULTS if defaults is None else defaults,
+                      **plan_options(**{"image": IMAGE, "hardware_class": "cpu_lab", **options}))
 
 
 def errors(*instances, **options):
@@ -61,6 +63,26 @@ def test_a_good_instance_has_no_problems_and_a_full_plan():
     assert llm["run_image"] == f"registry.local:5000/vllm-cpu@{DIGEST}"
     assert llm["env_names"] == ["VLLM_API_KEY", "PYTHONPATH"] and llm["start_after"] == []
     assert re.fullmatch(r"[0-9a-f]{16}", llm["config_hash"])
+
+
+def test_every_option_is_given_and_a_missing_or_unknown_one_is_named():
+    options = plan_options()
+    del options["readiness_script"], options["hardware_class"]
+    with pytest.raises(TypeError, match="^build_plan: plan options missing: hardware_class, readiness_script; unknown: none$"):
+        build_plan([instance()], DEFAULTS, **options)
+    with pytest.raises(TypeError, match="^build_plan: plan options missing: none; unknown: gmu_ceiling$"):
+        build_plan([instance()], DEFAULTS, **plan_options(gmu_ceiling=0.9))
+
+
+def test_the_role_passes_every_option_and_the_readiness_wait_it_installs():
+    task = next(t for t in yaml.safe_load(PLAN_TASKS) if t["name"] == "Plan the vLLM instances of this host")
+    call = task["ansible.builtin.set_fact"]["__vllm_plan"].split("sparkfleet.vllm.vllm_plan(", 1)[1]
+    passed = re.findall(r"\b([a-z_]+)=(?!=)", call)
+    assert sorted(passed) == sorted(PLAN_OPTIONS), "each option once, none the plan does not know"
+    install = next(t for t in yaml.safe_load((ROLE / "tasks" / "readiness.yml").read_text()) if "ansible.builtin.copy" in t)
+    readiness = plan_options()["readiness_script"]
+    assert "vllm_readiness.py" in install["loop"]
+    assert install["ansible.builtin.copy"]["dest"].replace("{{ item | basename }}", "vllm_readiness.py") == readiness
 
 
 def test_the_key_never_reaches_the_public_plan():

@@ -15,10 +15,12 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_sweep import
     objective_problems,
     plan_sweep,
     plan_variants,
+    record_problems,
     report_markdown,
     schedule,
     spread,
     summarise_variant,
+    sweep_report,
 )
 
 ROOT = pathlib.Path(__file__).resolve().parents[4]
@@ -267,6 +269,74 @@ def test_the_report_options_are_checked_like_the_settings():
     assert found[0].startswith("objective.target_concurrency: missing") and found[1].startswith("max_num_seqs: 10000000 is out of range")
 
 
+def reported(*results, **changes):
+    options = {"title": "lab sweep", "results": list(results) or [result("k0", 0, 0, [100.0, 104.0])],
+               "objective": {"target_concurrency": 8, "noise_floor_pct": 0}, "concurrencies": [1, 8], "max_num_seqs": 256,
+               "vllm_version": "", **changes}
+    return sweep_report(**options)
+
+
+def test_the_report_holds_the_decision_the_schedule_and_the_winners_settings():
+    k0 = result("k0", 0, 0, [100.0, 104.0])
+    k2 = {**result("k2", 2, 1, [100.0, 100.0]), "settings": {"speculative": {"num_speculative_tokens": 2}}}
+    k4 = {**result("k4", 4, 2, [130.0, 131.0]), "settings": {"speculative": {"num_speculative_tokens": 4}}}
+    done = reported(k4, k0, k2, vllm_version="0.32.0", max_num_seqs=64)
+    assert done["errors"] == [] and done["decision"]["winner"] == "k4"
+    assert done["decision"]["winner_settings"] == {"speculative": {"num_speculative_tokens": 4}}
+    # At one stream k2 and k4 tie (same throughput and TPOT), so the simpler one keeps the small batches.
+    assert done["decision"]["schedule"] == [[1, 1, 2], [2, 64, 4]]
+    assert done["decision"]["schedule_note"] == ("Per-batch-size schedule (speculative options num_speculative_tokens_per_batch_size, "
+                                                 "ranges inclusive): [[1, 1, 2], [2, 64, 4]].")
+    document = json.loads(done["files"]["decision.json"])
+    assert {"variants", "winner", "ok", "schedule_note", "reasons", "objective", "winner_settings"} <= set(document)
+    assert [v["name"] for v in document["variants"]] == ["k0", "k2", "k4"], "simplest first"
+    assert document["objective"] == {"target_concurrency": 8, "single_stream": 1, "ttft_budget_ms": None, "noise_floor_pct": 0}
+    assert done["files"]["report.md"].decode() == done["markdown"] and "## k0 (draft tokens 0): ok" in done["markdown"]
+    assert done["plot"]["draft_counts"] == [0, 2, 4]
+    assert [label for label, _values in done["plot"]["series"]] == ["output tok/s at c=8", "mean TPOT ms at c=1", "acceptance % at c=8"]
+    assert done["plot"]["series"][0][1] == [102.0, 100.0, 130.5] and done["plot"]["series"][2][1] == [0, 0, 0]
+
+
+def test_without_a_measured_variant_there_is_no_winner_and_nothing_to_plot():
+    failed = {**result("k2", 2, 0, [0.0, 0.0], status="failed"), "reason": "engine exited"}
+    done = reported(failed)
+    assert done["decision"]["ok"] is False and done["decision"]["winner_settings"] == {} and done["plot"] is None
+
+
+@pytest.mark.parametrize(("version", "note"), [
+    ("0.32.0rc1", "No per-batch-size schedule: fewer than two speculative variants passed."),
+    ("0.33.0.dev5+g1a2b3c", "No per-batch-size schedule: fewer than two speculative variants passed."),
+    ("0.31.9rc2", "No per-batch-size schedule: vLLM 0.31.9rc2 is not known to have num_speculative_tokens_per_batch_size "
+                  "(vLLM 0.32.0 has it)."),
+    ("", "No per-batch-size schedule: vLLM (release unknown; set vllm_version) is not known to have"),
+])
+def test_pre_release_and_local_versions_count_as_their_release(version, note):
+    done = reported(vllm_version=version)
+    assert done["errors"] == [] and done["decision"]["schedule"] is None and done["decision"]["schedule_note"].startswith(note)
+
+
+def test_every_problem_of_the_options_is_named_at_once():
+    found = reported(objective={"target_concurrency": 3, "noise_floor_pct": "5%"}, vllm_version="latest")["errors"]
+    assert [e.split(":")[0] for e in found] == ["objective.target_concurrency", "objective.noise_floor_pct", "vllm_version"]
+    assert found[2].startswith("vllm_version: 'latest' is not a vLLM release; give the image's release")
+
+
+def test_records_the_decision_cannot_read_are_refused_by_name():
+    k0 = result("k0", 0, 0, [100.0, 104.0])
+    assert record_problems([k0, {**result("k9", 9, 1, [0.0, 0.0], status="failed"), "gate": None, "summary": None}]) == []
+    found = record_problems([{"name": "k0", "rank": "0"}, {**k0, "gate": {"ok": "yes"}},
+                             {**k0, "summary": {"8": {"output_throughput": 104.0}}}, {**k0, "summary": {"eight": {}}}])
+    assert found == [
+        "results[0]: rank, draft_count, status missing or of the wrong type; give the records vllm_sweep_record wrote",
+        "results[1] (k0).gate: {'ok': 'yes'} is not a verdict with ok and reason; give the records vllm_sweep_record wrote",
+        "results[2] (k0).summary: not figures per concurrency (each figure with mean and spread_pct); give the records "
+        "vllm_sweep_record wrote",
+        "results[3] (k0).summary: not figures per concurrency (each figure with mean and spread_pct); give the records "
+        "vllm_sweep_record wrote",
+    ]
+    assert reported({"name": "k0"})["errors"][0].startswith("results[0]: rank, draft_count, status missing")
+
+
 def report(tmp_path, **args):
     options = {"dest": str(tmp_path), "title": "lab sweep", "results": [result("k0", 0, 0, [100.0, 104.0])],
                "objective": {"target_concurrency": 8, "noise_floor_pct": 0}, "concurrencies": [1, 8], "plot": False, **args}
@@ -277,23 +347,22 @@ def report(tmp_path, **args):
     return json.loads(done.stdout)
 
 
-def test_vllm_sweep_report_refuses_a_floor_that_is_not_a_number(tmp_path):
-    refused = report(tmp_path, objective={"target_concurrency": 8, "noise_floor_pct": "abc"})
-    assert refused["failed"] and "Traceback" not in json.dumps(refused)
+def test_vllm_sweep_report_writes_the_decision_and_the_report(tmp_path):
+    done = report(tmp_path, vllm_version="0.32.0rc1")
+    assert not done.get("failed") and done["changed"] and done["winner"] == "k0", done
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["decision.json", "report.md"]
+    assert json.loads((tmp_path / "decision.json").read_text())["schedule_note"] == done["schedule_note"]
+    assert not report(tmp_path, vllm_version="0.32.0rc1")["changed"], "the same decision writes nothing"
+
+
+def test_vllm_sweep_report_refuses_what_it_cannot_decide_without_a_traceback(tmp_path):
+    refused = report(tmp_path, objective={"target_concurrency": 8, "noise_floor_pct": "abc"}, vllm_version="latest")
+    assert refused["failed"] and "Traceback" not in json.dumps(refused) and not refused["ok"]
     assert refused["msg"].startswith("objective.noise_floor_pct: 'abc' is not a number; give a number from 0 to 50 percent")
-    assert report(tmp_path, objective={"target_concurrency": 3})["msg"].startswith(
-        "objective.target_concurrency: 3 is not one of the concurrencies measured (1, 8)")
+    assert refused["reasons"][1].startswith("vllm_version: 'latest' is not a vLLM release")
+    assert report(tmp_path, results=[{"name": "k0"}])["msg"].startswith("results[0]: rank, draft_count, status missing")
     assert list(tmp_path.iterdir()) == [], "nothing written"
-
-
-@pytest.mark.parametrize("version", ["0.32.0rc1", "0.33.0.dev5+g1a2b3c"])
-def test_vllm_sweep_report_reads_pre_release_and_local_versions_as_their_release(tmp_path, version):
-    done = report(tmp_path, vllm_version=version)
-    assert not done.get("failed"), done
-    assert done["schedule_note"].startswith("No per-batch-size schedule: fewer than two speculative variants passed")
-
-
-def test_vllm_sweep_report_refuses_a_version_it_cannot_read(tmp_path):
-    refused = report(tmp_path, vllm_version="latest")
-    assert refused["failed"] and refused["msg"].startswith("vllm_version: 'latest' is not a vLLM release; give the image's release")
-    assert "0.31.9" in report(tmp_path, vllm_version="0.31.9rc2")["schedule_note"]
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    refused = report(blocked / "sweep")
+    assert refused["failed"] and refused["msg"].startswith(f"dest: cannot write {blocked / 'sweep'}")
