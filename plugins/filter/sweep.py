@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import pathlib
 
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._model_catalog import CATALOG
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_plan import merged_instances
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_sweep import (
     correctness_gate,
     plan_sweep,
@@ -24,8 +26,14 @@ def controller_has(kind, path):
     return found.is_dir() if kind == "directory" else found.is_file()
 
 
-def vllm_sweep_plan(instances, settings):
-    return plan_sweep(instances, settings or {}, controller_has)
+def vllm_sweep_plan(instances, settings, defaults=None, catalog_extra=None):
+    """The swept instance as the vllm plan merges it (vllm_instance_defaults, its catalog entry), so a
+    drafter set in the defaults or brought by the catalog is the one the sweep varies."""
+    catalog = {**CATALOG, **catalog_extra} if isinstance(catalog_extra, dict) else CATALOG
+    merged, _problems = merged_instances(instances, defaults if isinstance(defaults, dict) else {}, "", catalog)
+    # The plan's own problems are refused by its plan task; a list it cannot merge is judged as given.
+    present = [{key: value for key, value in instance.items() if not key.startswith("_")} for instance in merged] if merged else instances
+    return plan_sweep(present, settings or {}, controller_has)
 
 
 def vllm_sweep_record(variant, status, reason=None, correctness=None, baseline=None, bench=None, acceptance=None,

@@ -181,11 +181,24 @@ def swept(**changes):
 
 def test_the_playbook_defaults_plan_the_draft_lengths_and_text_numbers_become_numbers():
     planned = swept()
-    assert planned["errors"] == [] and planned["base"] == BASE
+    assert planned["errors"] == [] and planned["base"] == {**BASE, "state": "present"}
     assert [v["name"] for v in planned["variants"]] == ["k0", "k1", "k2", "k3", "k4", "k5"]
     # Extra vars arrive as text (-e sweep_repeats=5); the variants read the checked numbers.
     settings = swept(sweep_repeats="5", sweep_noise_floor_pct="2.5", sweep_ttft_budget_ms="1500")["settings"]
     assert (settings["sweep_repeats"], settings["sweep_noise_floor_pct"], settings["sweep_ttft_budget_ms"]) == (5, 2.5, 1500)
+
+
+def test_the_swept_instance_is_merged_as_the_plan_merges_it():
+    """Found when read: a drafter set in vllm_instance_defaults was invisible to the sweep."""
+    defaults = {"speculative": BASE["speculative"], "max_num_seqs": 16}
+    planned = vllm_sweep_plan([{"name": "chat"}], {**SETTINGS, "sweep_draft_counts": [0, 3]}, defaults)
+    assert planned["errors"] == [] and planned["base"]["speculative"] == BASE["speculative"] and planned["base"]["max_num_seqs"] == 16
+    assert [v["settings"]["speculative"] for v in planned["variants"]] == [
+        {"num_speculative_tokens": 0}, {**BASE["speculative"], "num_speculative_tokens": 3}]
+    catalog = vllm_sweep_plan([{"name": "chat", "catalog": "gemma-4-26b-a4b-it-nvfp4", "speculative": {"method": "mtp"}}],
+                              {**SETTINGS, "sweep_draft_counts": [0, 2]})
+    assert catalog["errors"] == [] and catalog["base"]["speculative"]["model"] == "/models/gemma-4-26B-A4B-it-assistant", \
+        "the drafter the catalog brings is the one swept"
 
 
 @pytest.mark.parametrize(("changes", "expected"), [
