@@ -118,6 +118,44 @@ def test_the_fabric_gate_passes_on_the_lab_network_and_names_the_pair_below_its_
     print("\n" + "\n".join(towards_worker["reasons"] + from_worker["reasons"]))
 
 
+STALE = "old-tp2"
+
+
+def plant_stale_rank(host):
+    """A rank of a cluster since renamed, as the role deployed it: plan, key, unit (enabled, running),
+    container, last good copies."""
+    plan_text = json.dumps({"name": STALE, "unit": f"sparkfleet-cluster-{STALE}.service", "container": f"vllm-cluster-{STALE}"})
+    host.check_output(f"printf '%s' '{plan_text}' > /etc/sparkfleet/cluster/{STALE}.json && cp /etc/sparkfleet/cluster/{STALE}.json "
+                      f"/etc/sparkfleet/cluster/last-good/ && (umask 077 && echo VLLM_API_KEY=stale > /etc/sparkfleet/cluster/{STALE}.env)")
+    host.check_output(f"printf '[Service]\\nExecStart=/bin/sleep infinity\\n[Install]\\nWantedBy=multi-user.target\\n' "
+                      f"> /etc/systemd/system/sparkfleet-cluster-{STALE}.service && systemctl daemon-reload "
+                      f"&& systemctl enable --now sparkfleet-cluster-{STALE}.service")
+    host.check_output(f"docker create --name vllm-cluster-{STALE} {plan(host)['run_image']}")
+
+
+def stale_rank_left(host):
+    files = [f"/etc/sparkfleet/cluster/{name}" for name in (f"{STALE}.json", f"{STALE}.env", f"last-good/{STALE}.json")]
+    return {"files": [path for path in files + [f"/etc/systemd/system/sparkfleet-cluster-{STALE}.service"] if host.file(path).exists],
+            "unit": host.run(f"systemctl show -p LoadState --value sparkfleet-cluster-{STALE}.service").stdout.strip(),
+            "container": host.run(f"docker inspect --format '{{{{.Name}}}}' vllm-cluster-{STALE}").rc == 0}
+
+
+def test_a_rank_of_a_renamed_cluster_is_removed_and_the_serving_cluster_is_left_alone(head, worker):
+    for host in (head, worker):
+        plant_stale_rank(host)
+    serving = (started_at(head), started_at(worker))
+    check = playbook("cluster.yml", "--check", "--diff")
+    assert check.returncode == 0, check.stdout[-3000:]
+    assert f"Stop and disable the unit of {STALE}" in check.stdout and f"/etc/sparkfleet/cluster/{STALE}.env" in check.stdout
+    assert all(stale_rank_left(host)["container"] and stale_rank_left(host)["unit"] == "loaded" for host in (head, worker)), "check mode"
+    result = playbook("cluster.yml")
+    assert result.returncode == 0, result.stdout[-3000:]
+    for host in (head, worker):
+        assert stale_rank_left(host) == {"files": [], "unit": "not-found", "container": False}
+    assert (started_at(head), started_at(worker)) == serving, "the serving cluster was not restarted"
+    assert "choices" in chat(head)
+
+
 def test_a_killed_worker_fails_the_cluster_and_reapplying_restarts_both_ranks(head, worker):
     assert "choices" in chat(head)
     worker.run_expect([0], f"docker kill {CONTAINER}")
