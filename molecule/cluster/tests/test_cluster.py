@@ -195,6 +195,8 @@ def test_a_killed_worker_fails_the_cluster_and_reapplying_restarts_both_ranks(he
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-3000:]
     assert "is relaunched, every rank together" in output and KEY not in output
+    assert "TASK [sparkfleet.vllm.cluster : Raise the maintenance flag]" in output
+    assert not head.file("/run/sparkfleet/vllm-maintenance").exists and not worker.file("/run/sparkfleet/vllm-maintenance").exists
     worker_start, head_start = started_at(worker)[0], started_at(head)[0]
     assert head_before is None or head_start != head_before[0], "the head was restarted with the worker"
     assert worker_start < head_start
