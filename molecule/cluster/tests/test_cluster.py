@@ -92,6 +92,12 @@ def test_a_refused_cluster_changes_nothing(head, worker):
                    "cluster_instance.tensor_parallel_size: 1; 2 nodes x 1 GPU per node is 2")
     result = playbook("cluster.yml", "-e", json.dumps({"cluster_master_addr": "127.0.0.1"}))
     assert_refused(result, "cluster_master_addr: 127.0.0.1 is not the head's (sparkfleet-molecule-node-1) address on the fast link")
+    # Every rank's weights are launch-checked, and every node refuses when one cannot launch.
+    long_context = {"cluster_instance": {**bad["cluster_instance"], "tensor_parallel_size": 2, "max_model_len": 8192}}
+    result = playbook("cluster.yml", "-e", json.dumps(long_context))
+    assert_refused(result, "Cluster lab-tp2 refused, the cluster was not relaunched: sparkfleet-molecule-node-1: cluster_instance (lab-tp2)"
+                   ".max_model_len: 8192 is more than the model's own maximum of 4096", "sparkfleet-molecule-node-2: cluster_instance")
+    assert "fatal: [sparkfleet-molecule-node-1]" in result.stdout and "fatal: [sparkfleet-molecule-node-2]" in result.stdout
     assert KEY not in result.stdout + result.stderr
     assert (cluster_state(head), cluster_state(worker)) == before
 
