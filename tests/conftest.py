@@ -1,19 +1,35 @@
-"""The suite's three layers as pytest markers (pytest.ini), taken from where a test lives, and the
-lab layer skipped once a faster layer failed: an hour of lab hosts proves nothing then."""
+"""Test layers: unit, static and lab, run in that order; the lab layer is skipped once an earlier one failed.
+
+Select one layer with a marker, for example `scripts/test -m unit` or `scripts/test -m "not lab"`.
+"""
+
+import pathlib
 
 import pytest
 
-LAYERS = (("tests/unit/", "unit"), ("tests/integration/test_static.py", "static"), ("tests/integration/test_molecule.py", "lab"))
+LAYERS = ("unit", "static", "lab")
+HERE = pathlib.Path(__file__).resolve().parent
+FAILED_EARLY = pytest.StashKey[bool]()
 
 
-def pytest_collection_modifyitems(config, items):
+def layer_of(item):
+    path = pathlib.Path(str(item.fspath)).resolve()
+    if HERE / "unit" in path.parents:
+        return "unit"
+    return "lab" if path.name == "test_molecule.py" else "static"
+
+
+def pytest_collection_modifyitems(items):
     for item in items:
-        path = item.path.relative_to(config.rootpath).as_posix()
-        for prefix, layer in LAYERS:
-            if path.startswith(prefix):
-                item.add_marker(layer)
+        item.add_marker(getattr(pytest.mark, layer_of(item)))
+    items.sort(key=lambda item: LAYERS.index(layer_of(item)))
+
+
+def pytest_runtest_makereport(item, call):
+    if call.excinfo is not None and not call.excinfo.errisinstance(pytest.skip.Exception) and layer_of(item) != "lab":
+        item.session.config.stash[FAILED_EARLY] = True
 
 
 def pytest_runtest_setup(item):
-    if item.get_closest_marker("lab") and item.session.testsfailed:
-        pytest.skip(f"{item.session.testsfailed} unit or static test(s) failed; the lab layer would prove nothing")
+    if layer_of(item) == "lab" and item.session.config.stash.get(FAILED_EARLY, False):
+        pytest.skip("an earlier layer (unit or static) failed: the lab layer does not run")
