@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pathlib
 
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._model_catalog import CATALOG
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._model_catalog import CATALOG, catalog_problems
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_plan import merged_instances
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_sweep import (
     correctness_gate,
@@ -29,9 +29,10 @@ def controller_has(kind, path):
 def vllm_sweep_plan(instances, settings, defaults=None, catalog_extra=None):
     """The swept instance as the vllm plan merges it (vllm_instance_defaults, its catalog entry), so a
     drafter set in the defaults or brought by the catalog is the one the sweep varies."""
-    catalog = {**CATALOG, **catalog_extra} if isinstance(catalog_extra, dict) else CATALOG
-    merged, _problems = merged_instances(instances, defaults if isinstance(defaults, dict) else {}, "", catalog)
-    # The plan's own problems are refused by its plan task; a list it cannot merge is judged as given.
+    # The plan's own problems (a bad catalog extra, a list it cannot merge) are refused by its plan task;
+    # until then the instances are judged as given.
+    extra = catalog_extra if isinstance(catalog_extra, dict) and not catalog_problems(catalog_extra) else {}
+    merged, _problems = merged_instances(instances, defaults if isinstance(defaults, dict) else {}, "", {**CATALOG, **extra})
     present = [{key: value for key, value in instance.items() if not key.startswith("_")} for instance in merged] if merged else instances
     return plan_sweep(present, settings or {}, controller_has)
 

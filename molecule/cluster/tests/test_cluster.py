@@ -124,6 +124,26 @@ def test_the_fabric_gate_passes_on_the_lab_network_and_names_the_pair_below_its_
     print("\n" + "\n".join(towards_worker["reasons"] + from_worker["reasons"]))
 
 
+# The lab's cluster_instance (inventories/lab/group_vars/lab_cluster.yml), given whole because extra vars replace a mapping.
+LAB_INSTANCE = {"model": "/models/tiny-llama", "served_model_names": [MODEL], "port": PORT, "api_key": KEY, "tensor_parallel_size": 2,
+                "env": {"TORCHDYNAMO_DISABLE": "1"}}
+
+
+def test_a_failed_relaunch_of_the_serving_cluster_rolls_every_rank_back_and_serves_again(head, worker):
+    """Found when tried: a failed cluster relaunch rolled back and did not serve ("the cluster is down")."""
+    files = [f"{CONFIG}.env", f"{CONFIG}.json", f"/etc/systemd/system/{UNIT}"]
+    before = [state_digest(host, files, []) for host in (head, worker)]
+    started = time.monotonic()
+    result = playbook("cluster.yml", "-e", json.dumps({"cluster_instance": {**LAB_INSTANCE, "extra_args": ["--no-such-flag"]}}))
+    output = result.stdout + result.stderr
+    print(f"\nfailed relaunch and rollback of both ranks: {time.monotonic() - started:.0f} s")
+    assert result.returncode != 0 and "Cluster lab-tp2 failed its relaunch" in output, output[-3000:]
+    assert "The last good settings of every rank were relaunched and serve again." in output and KEY not in output
+    assert [state_digest(host, files, []) for host in (head, worker)] == before, "every node is back on its last good files"
+    assert unit_state(head) == unit_state(worker) == "active"
+    assert "choices" in chat(head)
+
+
 STALE = "old-tp2"
 
 

@@ -201,6 +201,11 @@ def test_the_swept_instance_is_merged_as_the_plan_merges_it():
         "the drafter the catalog brings is the one swept"
 
 
+def test_a_catalog_extra_the_plan_refuses_is_left_to_the_plan_not_a_traceback():
+    planned = vllm_sweep_plan([BASE], SETTINGS, {}, {"broken": {"weights_gib": -5}})
+    assert planned["errors"] == [] and planned["base"]["speculative"] == BASE["speculative"]
+
+
 @pytest.mark.parametrize(("changes", "expected"), [
     pytest.param({"sweep_noise_floor_pct": "5%"}, "sweep_noise_floor_pct: '5%' is not a number; give a number from 0 to 50 percent",
                  id="percent-sign-is-not-zero"),
