@@ -482,4 +482,3 @@ def stale_ranks(deployed: t.Mapping[str, t.Any], keep: str, config_dir: str) -> 
                  f"{config_dir}/last-good/{unit}", f"{config_dir}/last-good/{name}.env", f"{config_dir}/last-good/{name}.json"]
         ranks.append({"name": name, "unit": unit, "container": container, "files": files})
     return {"ranks": ranks, "problems": problems}
-
