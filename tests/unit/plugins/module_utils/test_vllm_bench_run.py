@@ -12,6 +12,7 @@ import sys
 import threading
 
 import pytest
+from threaded_server import serving
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_bench import benchmark
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_instance import PLAN_SCHEMA_VERSION
@@ -152,12 +153,8 @@ class VllmStandIn(http.server.ThreadingHTTPServer):
 
 @pytest.fixture
 def vllm():
-    with VllmStandIn() as server:
-        thread = threading.Thread(target=server.serve_forever, daemon=True)
-        thread.start()
+    with serving(VllmStandIn()) as server:
         yield server
-        server.shutdown()
-        thread.join()
 
 
 def executable(path, text):

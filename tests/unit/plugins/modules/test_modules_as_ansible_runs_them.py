@@ -17,6 +17,7 @@ import threading
 import time
 
 import pytest
+from threaded_server import serving
 
 ROOT = pathlib.Path(__file__).resolve().parents[4]
 COLLECTIONS = ROOT / ".cache" / "collections"
@@ -69,12 +70,8 @@ class Server(http.server.ThreadingHTTPServer):
 @pytest.fixture
 def server():
     """A vLLM stand-in whose routes each test sets: path -> (status, body, seconds before answering)."""
-    with Server() as running:
-        thread = threading.Thread(target=running.serve_forever, daemon=True)
-        thread.start()
+    with serving(Server()) as running:
         yield running
-        running.shutdown()
-        thread.join()
 
 
 class NotHttp(socketserver.StreamRequestHandler):
