@@ -232,7 +232,7 @@ def bench_args(
 
 
 def output_errors(output: str | None) -> str:
-    return "; ".join(error_lines(output, OUTPUT_MARKERS, limit=5, skip=())) or "no error line in its output"
+    return "; ".join(error_lines(output, OUTPUT_MARKERS, limit=5, skip=(), engine_log=False)) or "no error line in its output"
 
 
 def judge(result: t.Mapping[str, t.Any] | None, output: str, allow_failures: bool) -> list[str]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
 import socket
 import ssl
 import time
@@ -171,6 +172,20 @@ def wait_until_ready(
 
 
 ERROR_MARKERS = ("Error", "error:", "unrecognized arguments")
+# vLLM prefixes each line with its process, "(APIServer pid=1) ", then the level.
+LOG_PREFIX = re.compile(r"^\([\w-]+ pid=\d+\) ")
+QUIET_LEVELS = ("DEBUG", "INFO", "WARNING")
+
+
+def is_engine_log_noise(line: str) -> bool:
+    """A line that names no cause: a quieter level than an error, or the source shown inside a traceback.
+
+    vLLM's startup warning about the open-file limit says "Too many open files" on every start
+    where the limit cannot be raised; a traceback's quoted source lines hold words like
+    ValidationError that name nothing that happened.
+    """
+    body = LOG_PREFIX.sub("", line, count=1)
+    return body[:1].isspace() or body.split(" ", 1)[0] in QUIET_LEVELS
 
 
 def error_lines(
@@ -178,14 +193,17 @@ def error_lines(
     markers: t.Sequence[str] = ERROR_MARKERS,
     limit: int = 6,
     skip: t.Sequence[str] = ("Traceback",),
+    engine_log: bool = True,
 ) -> list[str]:
     """The last ``limit`` lines of a log that hold one of ``markers`` and none of ``skip``, stripped.
 
     The defaults read an engine log: its root cause sits above the traceback's end, and the
-    "Traceback (most recent call last)" line itself names nothing, so it is skipped.
+    "Traceback (most recent call last)" line itself names nothing, so it is skipped, as is
+    every line ``is_engine_log_noise`` finds. Other outputs pass ``engine_log=False``.
     """
     found = [line.strip() for line in (log or "").splitlines()
-             if any(marker in line for marker in markers) and not any(word in line for word in skip)]
+             if any(marker in line for marker in markers) and not any(word in line for word in skip)
+             and not (engine_log and is_engine_log_noise(line))]
     return found[-limit:]
 
 

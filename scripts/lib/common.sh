@@ -66,6 +66,10 @@ ensure_venv() {
   # One docker exec per task instead of copying each module in first: a site.yml run on the lab
   # cluster's two hosts took 58 s instead of 96 s (no change either way).
   export ANSIBLE_PIPELINING=True
+  # community.docker's API read timeout (60 s by default): removing a lab host with its inner
+  # Docker volume took longer than that on two cores busy with the other lanes, failing a
+  # scenario whose tests had passed.
+  export DOCKER_TIMEOUT=300
 }
 
 # ansible-test and molecule want the collection under ansible_collections/<ns>/<name>.

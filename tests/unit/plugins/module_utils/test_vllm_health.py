@@ -158,13 +158,32 @@ def test_error_lines_find_the_root_cause_above_the_traceback_end():
     assert error_lines(shm)[0] == "RuntimeError: Insufficient space in /dev/shm"
 
 
+def test_error_lines_pass_over_warnings_and_quoted_traceback_source():
+    from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_health import error_lines
+
+    # A failed start as CI saw it: the ulimit warning and a traceback's source line were all it reported.
+    log = "\n".join(
+        [
+            "(APIServer pid=1) WARNING 12-01 23:10:02 [system_utils.py:299] Found ulimit of 20000 and failed to automatically"
+            " increase with error current limit exceeds maximum limit. This can cause fd limit errors like"
+            " `OSError: [Errno 24] Too many open files`. Consider increasing with ulimit -n",
+            "(EngineCore pid=60) Traceback (most recent call last):",
+            '(EngineCore pid=60)   File "/opt/venv/lib/python3.11/site-packages/vllm/x.py", line 3, in <module>',
+            "(EngineCore pid=60)     from pydantic.v1.error_wrappers import ValidationError",
+            "(EngineCore pid=60) ValueError: No available memory for the cache blocks.",
+        ]
+    )
+    assert error_lines(log) == ["(EngineCore pid=60) ValueError: No available memory for the cache blocks."]
+    assert error_lines("WARNING 03-23 05:00:57 [utils.py:2079] OSError: Too many open files") == []
+
+
 def test_error_lines_take_the_markers_the_caller_looks_for():
     from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_health import error_lines
 
     output = "Traceback (most recent call last):\nINFO Connection refused\nError 0: Unauthorized\nError 1: Unauthorized\nok\n"
     assert error_lines(output, ("Error", "refused", "Traceback"), limit=2, skip=()) == ["Error 0: Unauthorized", "Error 1: Unauthorized"]
-    assert error_lines(output, ("refused", "Traceback"), limit=5, skip=()) == ["Traceback (most recent call last):", "INFO Connection refused"]
-    assert error_lines(output, ("refused",), limit=5, skip=("INFO",)) == []
+    assert error_lines(output, ("refused", "Traceback"), limit=5, skip=(), engine_log=False) == ["Traceback (most recent call last):", "INFO Connection refused"]
+    assert error_lines(output, ("refused",), limit=5, skip=("INFO",), engine_log=False) == []
     assert error_lines(None) == [] and error_lines("") == []
 
 
