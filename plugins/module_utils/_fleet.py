@@ -5,8 +5,9 @@
 Private to the collection. Each role checks its own settings; what none of them can see alone is
 here: two things on one host claiming one port (a single instance, a cluster's API, rendezvous and
 Ray ports, the gateway, the model source's rsync daemon, and what the operator says the host
-already runs), one box under two inventory names, and a host in two clusters (the cluster
-module's own fleet rule, here for every cluster at once). ``host_claims``
+already runs), one box under two inventory names, a host in two clusters (the cluster
+module's own fleet rule, here for every cluster at once), and a model source that does not serve
+the nodes copying from it. ``host_claims``
 turns one host's variables (as the inventory and the plans published in the same play give them)
 into what it binds; ``fleet_problems`` judges all hosts together.
 """
@@ -87,6 +88,23 @@ def same_box_problems(variables: t.Mapping[str, t.Mapping[str, t.Any]]) -> list[
             for (address, port), hosts in sorted(boxes.items(), key=lambda item: str(item[0])) if len(hosts) > 1]
 
 
+def models_source_problems(variables: t.Mapping[str, t.Mapping[str, t.Any]]) -> list[str]:
+    """A node that copies its checkpoints from a source which does not name itself: the source's
+    rsync daemon and staging run only where ``vllm_models_source`` is the host's own name, so the
+    copies would find nothing to copy from."""
+    errors = []
+    for host, values in sorted(variables.items()):
+        source = values.get("vllm_models_source") or ""
+        if not isinstance(source, str) or source in ("", host) or source not in variables:
+            continue
+        named = variables[source].get("vllm_models_source") or ""
+        if named != source:
+            errors.append(f"{host}: vllm_models_source names {source}, whose own vllm_models_source is {named!r}: {source} then "
+                          f"stages nothing for the others and runs no rsync daemon, so {host}'s copy fails. Set "
+                          f"vllm_models_source: {source} on {source} too (every node sharing the checkpoints names the source)")
+    return errors
+
+
 def fleet_problems(variables: t.Mapping[str, t.Mapping[str, t.Any]],
                    inventory: t.Mapping[str, t.Mapping[str, t.Any]] | None = None) -> list[str]:
     """Every cross-role and cross-host problem of the hosts given (host -> its variables). Cluster
@@ -96,4 +114,4 @@ def fleet_problems(variables: t.Mapping[str, t.Mapping[str, t.Any]],
     for host, values in variables.items():
         claims, claim_errors = host_claims(host, values)
         errors += claim_errors + port_problems(host, claims)
-    return errors + same_box_problems(everyone) + fleet_cluster_problems(everyone)
+    return errors + same_box_problems(everyone) + fleet_cluster_problems(everyone) + models_source_problems(everyone)

@@ -96,3 +96,17 @@ def test_a_limited_run_still_sees_a_cluster_of_hosts_outside_the_limit():
     limited = {"spark-2": fleet["spark-2"]}
     assert any(p.startswith("spark-2: listed in the cluster_nodes of clusters other, tp2") for p in fleet_problems(limited, {**fleet, **outside}))
     assert fleet_problems(limited, fleet) == []
+
+
+def test_a_model_source_must_name_itself_for_the_nodes_copying_from_it():
+    fleet = lab_fleet()
+    fleet["spark-2"]["vllm_models_source"] = "spark-1"
+    (problem,) = fleet_problems(fleet)
+    assert problem.startswith("spark-2: vllm_models_source names spark-1, whose own vllm_models_source is ''")
+    assert "Set vllm_models_source: spark-1 on spark-1 too" in problem
+    fleet["spark-1"]["vllm_models_source"] = "spark-1"
+    assert fleet_problems(fleet) == []
+    # Under --limit the source outside the limit is still read from the inventory.
+    assert fleet_problems({"spark-2": fleet["spark-2"]}, fleet) == []
+    fleet["spark-1"]["vllm_models_source"] = ""
+    assert len(fleet_problems({"spark-2": fleet["spark-2"]}, fleet)) == 1
