@@ -261,6 +261,16 @@ def test_node_env_cannot_replace_the_network_or_the_key():
     assert result["errors"] == ["cluster_instance.env: MASTER_ADDR is set by the role (from the plan); it may not be replaced through env"]
 
 
+def test_dev_mode_through_a_nodes_env_needs_the_opt_in_and_a_loopback_bind():
+    cluster = declaration()
+    node = planned(cluster)["nodes"]["spark-2"]
+    closed = node_plan(cluster, node, node_env={"VLLM_SERVER_DEV_MODE": "1"}, host_addresses=None)
+    assert any(e.startswith("cluster_node_env.VLLM_SERVER_DEV_MODE: opens") and "vllm_allow_dev_mode" in e for e in closed["errors"])
+    # The opt-in does not open it on a cluster's address other hosts reach.
+    exposed = node_plan(cluster, node, node_env={"VLLM_SERVER_DEV_MODE": "1"}, host_addresses=None, allow_dev_mode=True)
+    assert any(e.startswith("cluster_node_env.VLLM_SERVER_DEV_MODE:") and "binds 10.0.0.5" in e for e in exposed["errors"])
+
+
 def test_extra_args_cannot_move_a_rank_or_the_rendezvous():
     cluster = declaration()
     node = planned(cluster)["nodes"]["spark-2"]
