@@ -113,9 +113,11 @@ def test_an_interrupted_run_and_a_container_replaced_by_hand_are_relaunched_behi
     assert [entry["id"] for entry in listed["data"]] == ["tiny-second"]
 
 
-def test_settings_match_the_plan_after_the_relaunches(serve):
+def test_settings_match_the_plan_after_the_relaunches_and_a_second_run_keeps_the_containers(serve):
+    before = serving_state(serve)
     result = site("--tags", "vllm", "-e", instances_json())
     assert result.returncode == 0 and "changed=0" in result.stdout.split("PLAY RECAP")[1], result.stdout[-3000:]
+    assert serving_state(serve) == before, "a run with nothing to change restarted or rewrote something"
     for name in ("first", "second"):
         assert running_hash(serve, name) == planned(serve, name)["config_hash"]
         assert serve.file(f"/etc/sparkfleet/vllm/last-good/{name}.json").content_string == serve.file(f"/etc/sparkfleet/vllm/{name}.json").content_string

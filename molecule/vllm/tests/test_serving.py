@@ -71,14 +71,6 @@ def test_container_runs_the_pinned_digest(serve):
         assert container(serve, name)["Config"]["Image"] == expected
 
 
-def test_second_run_changes_nothing_and_keeps_the_containers(serve):
-    before = serving_state(serve)
-    result = site("--tags", "vllm", "-e", instances_json())
-    assert result.returncode == 0, result.stdout[-3000:]
-    assert "changed=0" in result.stdout.split("PLAY RECAP")[1]
-    assert serving_state(serve) == before
-
-
 def test_check_mode_on_the_serving_host_reports_no_change(serve):
     before = serving_state(serve)
     result = site("--check", "--diff", "--tags", "vllm", "-e", instances_json())
