@@ -21,6 +21,9 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._cluster import RA
 # What a Spark or GX10 commonly runs beside vLLM, on ports an instance must not take; an inventory
 # names its own in sparkfleet_reserved_ports.
 DEFAULT_RESERVED_PORTS = {22: "sshd", 9100: "node exporter", 9400: "dcgm-exporter"}
+# The roles' default ports, for a host whose variables come from the inventory alone (the roles'
+# defaults are not loaded there); tests/unit/plugins/module_utils/test_fleet.py holds them equal.
+ROLE_DEFAULT_PORTS = {"cluster_master_port": 29501, "gateway_port": 4000, "vllm_models_rsync_port": 8873}
 # Connections that reach the controller itself, not a box of the fleet.
 NOT_A_BOX = frozenset({"localhost", "127.0.0.1", "::1"})
 
@@ -54,13 +57,15 @@ def host_claims(host: str, variables: t.Mapping[str, t.Any]) -> tuple[list[tuple
         instance = variables.get("cluster_instance") or {}
         if isinstance(instance, dict):
             claims.append((instance.get("port"), f"cluster_instance.port (cluster {cluster}'s API on its head)"))
-        claims.append((variables.get("cluster_master_port", 29501), f"cluster_master_port (cluster {cluster}'s rendezvous on its head)"))
+        claims.append((variables.get("cluster_master_port", ROLE_DEFAULT_PORTS["cluster_master_port"]),
+                       f"cluster_master_port (cluster {cluster}'s rendezvous on its head)"))
         if variables.get("cluster_backend") == "ray":
             claims.append((RAY_PORT, f"the Ray head of cluster {cluster} (cluster_backend: ray)"))
     if variables.get("gateway_backends"):
-        claims.append((variables.get("gateway_port", 4000), "gateway_port"))
+        claims.append((variables.get("gateway_port", ROLE_DEFAULT_PORTS["gateway_port"]), "gateway_port"))
     if variables.get("vllm_models_source") == host:
-        claims.append((variables.get("vllm_models_rsync_port", 8873), "vllm_models_rsync_port (the model source's rsync daemon)"))
+        claims.append((variables.get("vllm_models_rsync_port", ROLE_DEFAULT_PORTS["vllm_models_rsync_port"]),
+                       "vllm_models_rsync_port (the model source's rsync daemon)"))
     ports = [(as_port(port), who) for port, who in claims]
     return [(port, who) for port, who in ports if port is not None], errors
 

@@ -1,6 +1,12 @@
 """The fleet check's cross-role and cross-host refusals, and the fleets it accepts."""
 
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._fleet import fleet_problems
+import pathlib
+
+import yaml
+
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._fleet import ROLE_DEFAULT_PORTS, fleet_problems
+
+ROLES = pathlib.Path(__file__).resolve().parents[4] / "roles"
 
 
 def endpoint(name, port):
@@ -110,3 +116,10 @@ def test_a_model_source_must_name_itself_for_the_nodes_copying_from_it():
     assert fleet_problems({"spark-2": fleet["spark-2"]}, fleet) == []
     fleet["spark-1"]["vllm_models_source"] = ""
     assert len(fleet_problems({"spark-2": fleet["spark-2"]}, fleet)) == 1
+
+
+def test_the_ports_assumed_for_unset_variables_are_the_roles_defaults():
+    defaults = {}
+    for role in ("cluster", "gateway", "vllm"):
+        defaults.update(yaml.safe_load((ROLES / role / "defaults" / "main.yml").read_text()))
+    assert {name: defaults[name] for name in ROLE_DEFAULT_PORTS} == ROLE_DEFAULT_PORTS
