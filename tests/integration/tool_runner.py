@@ -3,16 +3,10 @@
 import os
 import pathlib
 import subprocess
-import sys
 
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-# The collection as ansible_collections.sparkfleet.vllm (scripts/test links it there), for tests
-# that build their inputs with its module_utils.
-COLLECTIONS_ROOT = ROOT / ".cache" / "collections"
-if (COLLECTIONS_ROOT / "ansible_collections").is_dir() and str(COLLECTIONS_ROOT) not in sys.path:
-    sys.path.insert(0, str(COLLECTIONS_ROOT))
 LOG_DIR = ROOT / ".cache" / "logs"
 # Each molecule scenario's wall time, when its lane finished it, and its verifier's per-test times,
 # printed in the suite's summary (conftest.py).

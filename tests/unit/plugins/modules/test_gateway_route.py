@@ -23,14 +23,18 @@ def endpoint(name, port):
     return {"name": name, "port": port, "bind_addresses": ["0.0.0.0"], "served_names": ["qwen"], "api_key": KEY, "head": True}
 
 
-@pytest.fixture
-def plan():
+def planned(backends=("spark-1", "gx10-1"), gateway="gateway-1"):
     hostvars = {"spark-1": {"ansible_host": "192.0.2.10", "vllm_endpoints": [endpoint("chat", 8000)]},
                 "gx10-1": {"ansible_host": "192.0.2.20", "vllm_endpoints": [endpoint("chat", 8000)]}}
     settings = {"image": "ghcr.io/berriai/litellm:v1.110.2@sha256:" + "ab" * 32, "master_key": "sk-" + "m" * 40,
-                "backends": ["spark-1", "gx10-1"], "model_groups": {"fast": ["qwen"]}}
-    value = gateway_plan(settings, backend_reports(settings["backends"], hostvars), "gateway-1")
+                "backends": list(backends), "model_groups": {"fast": ["qwen"]}}
+    value = gateway_plan(settings, backend_reports(settings["backends"], hostvars), gateway)
     return {k: v for k, v in value.items() if k not in ("env_file", "errors")}
+
+
+@pytest.fixture
+def plan():
+    return planned()
 
 
 def run(config_dir, check_mode=False, **args):
@@ -174,3 +178,30 @@ def test_a_folder_that_cannot_be_written_is_named_and_nothing_is_written(tmp_pat
                              "config_dir the task's user can write (become: true), then re-run")
     assert result["reasons"] == [result["msg"]] and "exception" not in result
     assert set(files(tmp_path)) == {"litellm"}
+
+
+def test_a_drain_one_gateway_refuses_changes_no_gateway(tmp_path):
+    """The gateway role's drain task file on two gateways (local connections, each folder written by
+    this module) routing to one backend: the first could let it go, the second would be left with
+    nothing to route to. Every gateway judges first, so neither changes, and the refusal names the one."""
+    backends = {"gw-both": ["spark-1", "gx10-1"], "gw-one": ["spark-1"]}
+    local = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
+    gateways = {}
+    for gateway, names in backends.items():
+        assert run(tmp_path / gateway, plan=planned(names, gateway))["changed"]
+        gateways[gateway] = {**local, "gateway_backends": names, "gateway_config_dir": str(tmp_path / gateway)}
+    inventory = {"all": {"children": {"gateway": {"hosts": gateways}, "serving": {"hosts": {"spark-1": local, "gx10-1": local}}}}}
+    (tmp_path / "inventory.json").write_text(json.dumps(inventory))
+    play = [{"name": "Drain spark-1", "hosts": "spark-1", "gather_facts": False, "tasks": [
+        {"name": "Drain at every gateway", "ansible.builtin.include_role": {"name": "sparkfleet.vllm.gateway", "tasks_from": "drain.yml"},
+         "vars": {"gateway_drain": ["spark-1"], "gateway_undrain": []}}]}]
+    (tmp_path / "drain.yml").write_text(json.dumps(play))
+    before = {gateway: files(tmp_path / gateway) for gateway in backends}
+    result = subprocess.run(["ansible-playbook", "-i", str(tmp_path / "inventory.json"), str(tmp_path / "drain.yml")],
+                            cwd=ROOT, capture_output=True, text=True, check=False,
+                            env={**os.environ, "NO_COLOR": "1", "ANSIBLE_NOCOLOR": "1", "ANSIBLE_COLLECTIONS_PATH": str(COLLECTIONS)})
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, output[-3000:]
+    assert "Drain or undrain refused, no gateway was changed: gw-one:" in output, output[-3000:]
+    assert "gw-both:" not in output.split("no gateway was changed:", 1)[1].split("\n", 1)[0], "only gw-one refused"
+    assert {gateway: files(tmp_path / gateway) for gateway in backends} == before
