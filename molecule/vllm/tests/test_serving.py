@@ -147,5 +147,3 @@ def test_an_instance_dropped_from_the_inventory_is_removed(serve):
     assert serve.run("docker inspect vllm-second").rc != 0
     assert status(serve, 8002, key=KEY) == "000"
     assert status(serve, 8001, key=KEY) == "200"
-    again = site("--tags", "vllm", "-e", only_first)
-    assert "changed=0" in again.stdout.split("PLAY RECAP")[1], again.stdout[-3000:]
