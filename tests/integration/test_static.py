@@ -116,6 +116,12 @@ def test_the_gateway_is_planned_from_the_inventory_and_refuses_what_it_cannot_ro
         pytest.param("single_spark", {"vllm_models": [{"repo": "no-owner", "revision": "main"}]},
                      ["vllm_models[0] (no-owner).repo: 'no-owner' must be a Hugging Face repo id",
                       "vllm_models[0] (no-owner).revision: 'main' is not a commit hash", "allow_branch"], id="repo-id-and-branch"),
+        # The settings of the roles whose other checks read the host, and the vllm role's that need the inventory only.
+        pytest.param("single_spark", {"driver_guard_allowed_branch": "58"}, ["driver_guard_allowed_branch: 58 is not a driver branch"],
+                     id="driver-branch"),
+        pytest.param("single_spark", {"exporter_dropins_restart_sec": 1}, ["exporter_dropins_restart_sec: 1"], id="exporter-restart"),
+        pytest.param("single_spark", {"vllm_models_source": "spark-1"}, ["vllm_models_source spark-1: give vllm_models_source_address"],
+                     id="models-source-address"),
     ],
 )
 def test_settings_refused_before_any_host_is_contacted(inventory, extra_vars, fragments):
@@ -125,3 +131,13 @@ def test_settings_refused_before_any_host_is_contacted(inventory, extra_vars, fr
     assert result.returncode != 0 and "no host was contacted" in result.stdout and key not in result.stdout
     for fragment in fragments:
         assert fragment in result.stdout, result.stdout[-3000:]
+
+
+@pytest.mark.parametrize(("extra_vars", "fragment"), [
+    ({"wait_online_stack": "netplan"}, "value of wait_online_stack must be one of"),
+    ({"preflight_min_free_disk_gib": "lots"}, "preflight_min_free_disk_gib"),
+])
+def test_arguments_of_roles_that_read_the_host_are_checked_without_it(extra_vars, fragment):
+    """The argument specs of the roles whose other checks read the host (Ansible's own message)."""
+    result, _key = check_inventory("single_spark", "-e", json.dumps(extra_vars))
+    assert result.returncode != 0 and "Validation of arguments failed" in result.stdout and fragment in result.stdout, result.stdout[-3000:]
