@@ -122,6 +122,8 @@ def test_the_gateway_is_planned_from_the_inventory_and_refuses_what_it_cannot_ro
         pytest.param("single_spark", {"exporter_dropins_restart_sec": 1}, ["exporter_dropins_restart_sec: 1"], id="exporter-restart"),
         pytest.param("single_spark", {"vllm_models_source": "spark-1"}, ["vllm_models_source spark-1: give vllm_models_source_address"],
                      id="models-source-address"),
+        pytest.param("tp2", {"cluster_nccl_test_command": ["all_gather_perf", "-e", "lots"]},
+                     ["cluster_nccl_test.max_size: give the largest buffer as bytes or with K/M/G"], id="nccl-buffer-size"),
     ],
 )
 def test_settings_refused_before_any_host_is_contacted(inventory, extra_vars, fragments):
