@@ -23,7 +23,7 @@ import typing as t
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._fabric import MTU_MAX, MTU_MIN, MTU_WHY, interface_named, interface_on, rocev2_gid_index
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._model_catalog import VERSION, version_tuple
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._settings import Setting, path_problem, setting_problems
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._settings import Setting, dropin_problem, setting_problems
 
 BACKENDS = ("native", "ray")
 FIRST_MULTI_NODE_VERSION = "0.27.0"
@@ -194,18 +194,6 @@ def override_problems(nodes: t.Sequence[str], node_vars: t.Mapping[str, t.Mappin
     return errors
 
 
-def dropin_problem(path: t.Any) -> str | None:
-    """Beyond being a path (the settings table's check): a file logind reads."""
-    if path_problem(path):
-        return None
-    folder, name = path.rstrip("/").rsplit("/", 1)
-    if folder.rsplit("/", 1)[-1] != LOGIND_DROPIN_FOLDER or not name.endswith(".conf"):
-        return (f"cluster_logind_remove_ipc_dropin: {path} is not a file logind reads: it reads drop-ins ending in .conf in a "
-                f"{LOGIND_DROPIN_FOLDER} folder (such as /etc/systemd/{LOGIND_DROPIN_FOLDER}/10-sparkfleet-remove-ipc.conf), "
-                "so RemoveIPC=no would not apply and a logout would remove the ranks' shared memory")
-    return None
-
-
 def declaration_problems(cluster: t.Mapping[str, t.Any], inventory: t.Collection[str]) -> list[str]:
     """Problems of the declaration itself, before any node is looked at."""
     cluster = {**DEFAULTS, **cluster}
@@ -225,7 +213,9 @@ def declaration_problems(cluster: t.Mapping[str, t.Any], inventory: t.Collection
         errors += same_box_problems(list(dict.fromkeys(nodes)), node_vars)
     errors += setting_problems("cluster_", CLUSTER_SETTINGS, cluster)
     errors += fast_network_problems(cluster)
-    problem = dropin_problem(cluster["logind_remove_ipc_dropin"])
+    problem = dropin_problem("cluster_logind_remove_ipc_dropin", cluster["logind_remove_ipc_dropin"], LOGIND_DROPIN_FOLDER,
+                             f"/etc/systemd/{LOGIND_DROPIN_FOLDER}/10-sparkfleet-remove-ipc.conf",
+                             "RemoveIPC=no would not apply and a logout would remove the ranks' shared memory")
     errors += [problem] if problem else []
     errors += override_problems(nodes, node_vars) + environment_problems(cluster, nodes, node_vars)
     version = cluster.get("vllm_version")

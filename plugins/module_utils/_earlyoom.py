@@ -73,7 +73,7 @@ def compile_problem(variable: str, pattern: str) -> str | None:
 
 # earlyoom arguments an operator may add, with the form of their value; everything else is either
 # set by the role from its variables or weakens the guard, and is refused with the reason.
-EXTRA_VALUES = {"-s": re.compile(r"^[0-9]{1,3}(,[0-9]{1,3})?$"), "-S": re.compile(r"^[0-9]{1,12}(,[0-9]{1,12})?$")}
+EXTRA_VALUES = {"-s": re.compile(r"[0-9]{1,3}(,[0-9]{1,3})?"), "-S": re.compile(r"[0-9]{1,12}(,[0-9]{1,12})?")}
 EXTRA_SWITCHES = frozenset({"-n", "-d", "-p", "--sort-by-rss", "--syslog"})
 REFUSED_EXTRA = {
     "-m": "set by earlyoom_memory_percent and earlyoom_memory_kill_percent",
@@ -117,7 +117,7 @@ def extra_args_problems(extra_args: t.Any) -> list[str]:
             expecting = None
             continue
         if expecting:
-            if not EXTRA_VALUES[expecting].match(argument):
+            if not EXTRA_VALUES[expecting].fullmatch(argument):
                 errors.append(f"earlyoom_extra_args: {expecting} {argument!r} is not a threshold (PERCENT[,KILL_PERCENT] or KiB[,KiB])")
             else:
                 errors += threshold_problems(f"{expecting} {argument}", expecting, argument)
@@ -129,7 +129,7 @@ def extra_args_problems(extra_args: t.Any) -> list[str]:
         elif flag in EXTRA_VALUES:
             value = argument[2:]
             if value:
-                if not EXTRA_VALUES[flag].match(value):
+                if not EXTRA_VALUES[flag].fullmatch(value):
                     errors.append(f"earlyoom_extra_args: {argument!r} is not a threshold (PERCENT[,KILL_PERCENT] or KiB[,KiB])")
                 else:
                     errors += threshold_problems(argument, flag, value)

@@ -14,9 +14,11 @@ into what it binds; ``fleet_problems`` judges all hosts together.
 
 from __future__ import annotations
 
+import pathlib
 import typing as t
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._cluster import RAY_PORT, fleet_cluster_problems, identity
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._settings import path_problem
 
 # What a Spark or GX10 commonly runs beside vLLM, on ports an instance must not take; an inventory
 # names its own in sparkfleet_reserved_ports.
@@ -24,6 +26,9 @@ DEFAULT_RESERVED_PORTS = {22: "sshd", 9100: "node exporter", 9400: "dcgm-exporte
 # The roles' default ports, for a host whose variables come from the inventory alone (the roles'
 # defaults are not loaded there); tests/unit/plugins/module_utils/test_fleet.py holds them equal.
 ROLE_DEFAULT_PORTS = {"cluster_master_port": 29501, "gateway_port": 4000, "vllm_models_rsync_port": 8873}
+# The roles' configuration folders as their defaults set them, likewise.
+ROLE_DEFAULT_FOLDERS = {"vllm_config_dir": "/etc/sparkfleet/vllm", "cluster_config_dir": "/etc/sparkfleet/cluster",
+                        "gateway_config_dir": "/etc/sparkfleet/gateway"}
 # Connections that reach the controller itself, not a box of the fleet.
 NOT_A_BOX = frozenset({"localhost", "127.0.0.1", "::1"})
 
@@ -68,6 +73,28 @@ def host_claims(host: str, variables: t.Mapping[str, t.Any]) -> tuple[list[tuple
                        "vllm_models_rsync_port (the model source's rsync daemon)"))
     ports = [(as_port(port), who) for port, who in claims]
     return [(port, who) for port, who in ports if port is not None], errors
+
+
+def folder_problems(host: str, variables: t.Mapping[str, t.Any]) -> list[str]:
+    """Configuration folders of two roles on one host that are one folder, or one inside the other:
+    each role removes what it no longer plans from its own folder (the vllm role every plan file of
+    an instance it no longer serves), so it would remove the other role's files. The vllm role's
+    folder counts on every host (its removal runs there); the cluster's and the gateway's where they
+    serve. A malformed folder is its role's refusal."""
+    used = {"vllm_config_dir": True, "cluster_config_dir": bool(variables.get("cluster_name")),
+            "gateway_config_dir": bool(variables.get("gateway_backends"))}
+    folders = {name: variables.get(name, default) for name, default in ROLE_DEFAULT_FOLDERS.items() if used[name]}
+    paths = {name: pathlib.PurePosixPath(folder) for name, folder in folders.items() if path_problem(folder) is None}
+    errors = []
+    names = sorted(paths)
+    for index, first in enumerate(names):
+        for second in names[index + 1:]:
+            a, b = paths[first], paths[second]
+            if a == b or a in b.parents or b in a.parents:
+                errors.append(f"{host}: {first} ({a}) and {second} ({b}) share a folder; each role removes the files it no longer "
+                              "plans from its own folder, and would remove the other's. Give each role a folder of its own, "
+                              "such as /etc/sparkfleet/ROLE")
+    return errors
 
 
 def port_problems(host: str, claims: t.Sequence[tuple[int, str]]) -> list[str]:
@@ -118,5 +145,5 @@ def fleet_problems(variables: t.Mapping[str, t.Mapping[str, t.Any]],
     errors: list[str] = []
     for host, values in variables.items():
         claims, claim_errors = host_claims(host, values)
-        errors += claim_errors + port_problems(host, claims)
+        errors += claim_errors + port_problems(host, claims) + folder_problems(host, values)
     return errors + same_box_problems(everyone) + fleet_cluster_problems(everyone) + models_source_problems(everyone)

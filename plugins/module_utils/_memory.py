@@ -8,14 +8,17 @@ gpu_memory_utilization x total with the memory free at startup (seeds 002 and 00
 
 ``host_settings_problems`` bounds the numbers the host-preparation roles write (the swap role's
 swappiness, the headless role's memory sysctls, the exporter drop-ins): each bound refuses a value
-that would switch the protection off or that no host means.
+that would switch the protection off or that no host means; the drop-ins' names and paths stay
+where systemd reads them.
 """
 
 from __future__ import annotations
 
+import re
 import typing as t
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._model_catalog import Range, as_number
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._settings import dropin_problem, path_problem
 
 GIB = 1024**3
 # The headless role's memory sysctls (seed 002 Phase 0) with the values that keep their purpose;
@@ -50,6 +53,28 @@ HOST_SETTINGS: dict[str, Range] = {
                                                 whole=True, unit="s"),
 }
 
+# A drop-in's own name inside a unit's drop-in folder: no '/' leaves the folder.
+DROPIN_NAME = re.compile(r"[A-Za-z0-9_@+-][A-Za-z0-9_.@+-]*\.conf")
+
+
+def dropin_setting_problems(settings: t.Mapping[str, t.Any]) -> list[str]:
+    """Where the host-preparation roles write their systemd drop-ins."""
+    errors = []
+    if "exporter_dropins_file_name" in settings:
+        name = settings["exporter_dropins_file_name"]
+        if not (isinstance(name, str) and DROPIN_NAME.fullmatch(name)):
+            errors.append(f"exporter_dropins_file_name: {name!r} must be a file name ending in .conf (letters, digits, _.@+-; no '/'): "
+                          "it is written in each exporter's drop-in folder, systemd reads only its *.conf files, and a '/' or "
+                          "'..' would write elsewhere")
+    if "wait_online_docker_dropin_path" in settings:
+        path = settings["wait_online_docker_dropin_path"]
+        problem = path_problem(path, 3)
+        dropin = dropin_problem("wait_online_docker_dropin_path", path, "docker.service.d",
+                                "/etc/systemd/system/docker.service.d/10-wait-online.conf",
+                                "Docker would not wait for the network and LAN-bound instances would fail at boot")
+        errors += [f"wait_online_docker_dropin_path: {path!r} {problem}"] if problem else [dropin] if dropin else []
+    return errors
+
 
 def parse_meminfo(text: str) -> dict[str, int]:
     """/proc/meminfo as bytes."""
@@ -81,7 +106,7 @@ def host_settings_problems(settings: t.Mapping[str, t.Any]) -> list[str]:
     """Problems of the host-preparation settings given (a role passes its own): each named
     ``"<variable>: <value> <what is wrong>; <the fix> (<why>)"``."""
     errors = [p for name, bound in HOST_SETTINGS.items() if name in settings
-              for p in bound.problems(name, settings[name])]
+              for p in bound.problems(name, settings[name])] + dropin_setting_problems(settings)
     restart, timeout = (as_number(settings.get(name), whole=True) for name in
                         ("exporter_dropins_restart_sec", "exporter_dropins_self_test_timeout"))
     if not errors and restart is not None and timeout is not None and timeout <= restart:

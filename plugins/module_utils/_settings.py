@@ -59,6 +59,18 @@ def path_problem(value: t.Any, least_parts: int = 1) -> str | None:
     return None
 
 
+def dropin_problem(variable: str, path: t.Any, folder: str, example: str, consequence: str) -> str | None:
+    """Beyond being a path (path_problem's check): a drop-in its reader reads, a .conf file in a
+    FOLDER folder, worded to name ``variable``."""
+    if path_problem(path):
+        return None
+    parent, name = path.rstrip("/").rsplit("/", 1)
+    if parent.rsplit("/", 1)[-1] == folder and name.endswith(".conf"):
+        return None
+    return (f"{variable}: {path} is not a file its reader reads: drop-ins end in .conf in a {folder} folder (such as {example}), "
+            f"so {consequence}")
+
+
 def value_problem(setting: Setting, value: t.Any) -> str | None:
     """What is wrong with one value (None: nothing), worded to follow ``<variable>: <value> ``."""
     kind = setting.kind

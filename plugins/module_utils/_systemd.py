@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 import typing as t
 
-_PLAIN = re.compile(r"^[A-Za-z0-9_@%+=:,./-]+$")
+_PLAIN = re.compile(r"[A-Za-z0-9_@%+=:,./-]+")
 
 
 def quote_exec_argument(argument: str) -> str:
@@ -17,7 +17,7 @@ def quote_exec_argument(argument: str) -> str:
     quotes it takes C-style backslash escapes.
     """
     escaped = argument.replace("%", "%%").replace("$", "$$")
-    if _PLAIN.match(argument):
+    if _PLAIN.fullmatch(argument):
         return escaped
     escaped = escaped.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
     return f'"{escaped}"'

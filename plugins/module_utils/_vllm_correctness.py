@@ -18,7 +18,7 @@ import threading
 import typing as t
 
 CHECK_KINDS = ("has_number", "exact", "regex", "json_fields")
-CASE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+CASE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 
 
@@ -79,7 +79,7 @@ def validate_cases(variable: str, cases: t.Any) -> list[str]:
             continue
         case_id = item.get("id")
         where = f"{where} ({case_id})" if isinstance(case_id, str) else where
-        if not isinstance(case_id, str) or not CASE_ID.match(case_id):
+        if not isinstance(case_id, str) or not CASE_ID.fullmatch(case_id):
             errors.append(f"{where}.id: {case_id!r} must be letters, digits, dots, dashes or underscores")
         elif case_id in seen:
             errors.append(f"{where}.id: {case_id} is used by another case")

@@ -17,9 +17,9 @@ import os
 import re
 import typing as t
 
-COMMIT = re.compile(r"^[0-9a-f]{40}$")
-REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
-DIRECTORY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+COMMIT = re.compile(r"[0-9a-f]{40}")
+REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
+DIRECTORY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 MANIFEST = ".sparkfleet-manifest.json"
 PARTIAL_PREFIX = ".partial-"
 INDEX_FILES = ("model.safetensors.index.json",)
@@ -65,18 +65,18 @@ def validate_models(variable: str, models: t.Any, allow_branch: bool = False) ->
             continue
         repo = model.get("repo")
         where = f"{where} ({repo})" if isinstance(repo, str) else where
-        if not isinstance(repo, str) or not REPO_ID.match(repo):
+        if not isinstance(repo, str) or not REPO_ID.fullmatch(repo):
             errors.append(f"{where}.repo: {repo!r} must be a Hugging Face repo id, owner/name")
         revision = model.get("revision")
         if not isinstance(revision, str) or not revision:
             errors.append(f"{where}.revision: missing; pin the commit hash (40 hex digits) shown on the model's Files page")
-        elif not COMMIT.match(revision) and not (allow_branch or model.get("allow_branch")):
+        elif not COMMIT.fullmatch(revision) and not (allow_branch or model.get("allow_branch")):
             errors.append(
                 f"{where}.revision: {revision!r} is not a commit hash; a branch or tag can move under you like a floating "
                 "image tag. Pin the 40-hex commit, or set allow_branch: true on the entry (or vllm_models_allow_branch)"
             )
         name = model.get("name", default_name(repo) if isinstance(repo, str) else None)
-        if not isinstance(name, str) or not DIRECTORY_NAME.match(name):
+        if not isinstance(name, str) or not DIRECTORY_NAME.fullmatch(name):
             errors.append(f"{where}.name: {name!r} must be a plain directory name under vllm_models_dir")
         else:
             names.append(name)

@@ -29,6 +29,7 @@ import typing as t
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._cluster import NETWORK_ENV, ray_start_args, serve_cluster_args
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._hardware_classes import resolve_class
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._model_catalog import CATALOG, MAX_DRAFT_TOKENS, VERSION, catalog_problems
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._settings import path_problem
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._systemd import exec_line
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_guards import (
     GIB,
@@ -56,19 +57,38 @@ API_KEY_MIN_LENGTH = 16
 # Bind addresses are kept in their canonical spelling (ipaddress), so these sets see every way of writing them.
 WILDCARDS = frozenset({"0.0.0.0", "::"})
 LOOPBACK = frozenset({"127.0.0.1", "::1"})
-# A host folder: absolute, plain segments only, nothing docker's --volume spec (src:dst:mode) or a unit line would split.
-HOST_FOLDER = re.compile(r"(/[A-Za-z0-9_.+@-]+)+")
 # Settings that open engine-control routes outside the paths vLLM's own key check guards (vLLM 0.32
 # and 0.33 source: entrypoints/serve/{dev,profile,fault_tolerance}, rl/online, scale_out). The
 # guard middleware asks for the key there too; they stay an explicit, loopback-only opt-in.
 DEV_ROUTE_ENV = {
     "VLLM_SERVER_DEV_MODE": "vLLM's development routes (/server_info with the whole config, /reset_prefix_cache, "
                             "/sleep, /wake_up, /collective_rpc, /pause, /update_weights and more)",
+    "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "/v1/load_lora_adapter, /v1/unload_lora_adapter and /adapters, which load adapters "
+                                        "from paths the client names",
+    "VLLM_ENABLE_COHERE_API": "/cohere/v2/chat",
 }
 DEV_ROUTE_FLAGS = {
     "--profiler-config": "/start_profile and /stop_profile",
     "--enable-fault-tolerance": "/fault_tolerance/apply",
     "--tokens-only": "/abort_requests, which aborts anyone's request",
+    "--enable-scale-out": "the render routes, /inference/v1/generate and /inference/v1/abort_requests, which aborts anyone's request",
+    "--enable-tokenizer-info-endpoint": "/tokenizer_info (the tokenizer's config and chat template)",
+    "--enable-offline-docs": "/docs and /static, which --disable-fastapi-docs does not close",
+}
+# Settings that put another server in front of the engine, or swap in the handlers the probes
+# answer with, where the key middleware never runs (vLLM 0.32 source: cli/serve.py,
+# launchers/grpc_server.py, the SageMaker bootstrap's CUSTOM_* handlers): refused, no opt-in.
+GUARD_BYPASS_ENV = {
+    "VLLM_USE_RUST_FRONTEND": "runs the separate vllm-rs server instead of vLLM's own",
+    "VLLM_RUST_FRONTEND_PATH": "names a vllm-rs server binary to run instead of vLLM's own server",
+    "CUSTOM_FASTAPI_PING_HANDLER": "swaps in a handler for /ping, which answers without the key",
+    "CUSTOM_FASTAPI_INVOCATION_HANDLER": "swaps in a handler for /invocations",
+    "CUSTOM_PRE_PROCESS": "runs a hook of its own on every request",
+    "CUSTOM_POST_PROCESS": "runs a hook of its own on every reply",
+}
+GUARD_BYPASS_FLAGS = {
+    "--grpc": "starts a gRPC server with no authentication instead of the HTTP one",
+    "--grpc-port": "serves gRPC with no authentication",
 }
 # The middleware (roles/vllm/files) that asks for the key on every route but the probes: vLLM's own
 # check leaves /invocations, /pooling, /score and more open. Mounted read-only beside the readiness wait.
@@ -389,6 +409,11 @@ def extra_args_problems(field: str, extra: t.Any) -> list[str]:
         if CONTROL.search(argument):
             errors.append(f"{field}: {argument!r} contains a control character (a newline would split the unit's command line)")
             continue
+        bypass = expanded_flag(argument, GUARD_BYPASS_FLAGS)
+        if bypass:
+            errors.append(f"{field}: {argument.split('=', 1)[0]!r} would set {bypass}, which {GUARD_BYPASS_FLAGS[bypass]}, where the "
+                          "role's key check never runs; it is not allowed")
+            continue
         flag = owned_flag(argument)
         if flag:
             shown = argument.split("=", 1)[0] + ("=..." if "=" in argument else "")
@@ -409,6 +434,8 @@ def env_problems(field: str, env: t.Any, owned: t.Collection[str] = OWNED_ENV) -
         elif name in owned:
             errors.append(f"{field}: {name} is set by the role ({'the api_key' if name == 'VLLM_API_KEY' else 'from the plan'}); "
                           "it may not be replaced through env")
+        elif name in GUARD_BYPASS_ENV:
+            errors.append(f"{field}: {name} {GUARD_BYPASS_ENV[name]}, where the role's key check never runs; it is not allowed")
         if isinstance(value, bool) or not isinstance(value, (str, int, float)):
             errors.append(f"{field}.{name}: {value!r} must be a string or a number")
         elif CONTROL.search(str(value)):
@@ -754,11 +781,10 @@ OPTION_BOUNDS = {
 }
 
 
-def host_folder_problems(variable: str, value: t.Any) -> list[str]:
-    if not isinstance(value, str) or not HOST_FOLDER.fullmatch(value) or any(part in (".", "..") for part in value.split("/")):
-        return [f"{variable}: {value!r} must be an absolute folder of plain segments (letters, digits, _.+@-; no '..', no ':', "
-                "no spaces): it lands in docker's --volume spec and the units' lines"]
-    return []
+def host_folder_problems(variable: str, value: t.Any, least_parts: int = 1) -> list[str]:
+    """A host folder lands in docker's --volume spec and the units' lines, and the role creates it."""
+    problem = path_problem(value, least_parts)
+    return [f"{variable}: {value!r} {problem}"] if problem else []
 
 
 def option_problems(options: t.Mapping[str, t.Any]) -> list[str]:
@@ -778,9 +804,10 @@ def option_problems(options: t.Mapping[str, t.Any]) -> list[str]:
         errors.append(f"vllm_version: {version!r} must be the image's vLLM release such as 0.32.0, or empty")
     if not isinstance(options["drop_caches"], bool):
         errors.append(f"vllm_drop_caches: {options['drop_caches']!r} must be true or false, or unset for the class's setting")
-    for name in ("models_dir", "cache_dir", "config_dir"):
-        errors += host_folder_problems("cluster_config_dir" if name == "config_dir" and options["cluster"] else f"vllm_{name}",
-                                       options[name])
+    for name in ("models_dir", "cache_dir"):
+        errors += host_folder_problems(f"vllm_{name}", options[name])
+    # The role makes the configuration folder root-only (0700) and removes the plan files in it that it no longer plans.
+    errors += host_folder_problems("cluster_config_dir" if options["cluster"] else "vllm_config_dir", options["config_dir"], 2)
     if not isinstance(options["allow_dev_mode"], bool):
         errors.append(f"vllm_allow_dev_mode: {options['allow_dev_mode']!r} must be true or false")
     for name, (maximum, why) in OPTION_BOUNDS.items():

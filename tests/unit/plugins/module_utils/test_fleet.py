@@ -2,9 +2,10 @@
 
 import pathlib
 
+import pytest
 import yaml
 
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._fleet import ROLE_DEFAULT_PORTS, fleet_problems
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._fleet import ROLE_DEFAULT_FOLDERS, ROLE_DEFAULT_PORTS, fleet_problems
 
 ROLES = pathlib.Path(__file__).resolve().parents[4] / "roles"
 
@@ -118,8 +119,31 @@ def test_a_model_source_must_name_itself_for_the_nodes_copying_from_it():
     assert len(fleet_problems({"spark-2": fleet["spark-2"]}, fleet)) == 1
 
 
-def test_the_ports_assumed_for_unset_variables_are_the_roles_defaults():
+def test_the_ports_and_folders_assumed_for_unset_variables_are_the_roles_defaults():
     defaults = {}
     for role in ("cluster", "gateway", "vllm"):
         defaults.update(yaml.safe_load((ROLES / role / "defaults" / "main.yml").read_text()))
     assert {name: defaults[name] for name in ROLE_DEFAULT_PORTS} == ROLE_DEFAULT_PORTS
+    assert {name: defaults[name] for name in ROLE_DEFAULT_FOLDERS} == ROLE_DEFAULT_FOLDERS
+
+
+@pytest.mark.parametrize(("changes", "pair"), [
+    ({"gateway_config_dir": "/etc/sparkfleet/vllm"}, "gateway_config_dir (/etc/sparkfleet/vllm) and vllm_config_dir (/etc/sparkfleet/vllm)"),
+    ({"cluster_config_dir": "/etc/sparkfleet/vllm/tp2"}, "cluster_config_dir (/etc/sparkfleet/vllm/tp2) and vllm_config_dir (/etc/sparkfleet/vllm)"),
+    ({"vllm_config_dir": "/etc/sparkfleet/gateway/vllm"}, "gateway_config_dir (/etc/sparkfleet/gateway) and vllm_config_dir (/etc/sparkfleet/gateway/vllm)"),
+])
+def test_two_roles_sharing_a_configuration_folder_are_refused(changes, pair):
+    """The vllm role removes every plan file in its folder that it no longer plans: the gateway's
+    plan.json and drained.json, or a cluster's files, would go."""
+    fleet = lab_fleet()
+    fleet["spark-1"].update(changes)
+    problems = fleet_problems(fleet)
+    assert [problem for problem in problems if "share a folder" in problem] == [f"spark-1: {pair} share a folder; each role removes "
+                                                                             "the files it no longer plans from its own folder, and would "
+                                                                             "remove the other's. Give each role a folder of its own, such as "
+                                                                             "/etc/sparkfleet/ROLE"], problems
+
+
+def test_folders_of_roles_a_host_does_not_run_are_not_compared():
+    fleet = {"spark-1": {"vllm_config_dir": "/etc/sparkfleet/x", "cluster_config_dir": "/etc/sparkfleet/x", "gateway_config_dir": "/etc/sparkfleet/x"}}
+    assert fleet_problems(fleet) == []

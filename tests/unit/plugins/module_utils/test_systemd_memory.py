@@ -26,6 +26,7 @@ HugePages_Total:       0
         ("50%", "50%%"),
         ("$HOME", '"$$HOME"'),
         ("a b", '"a b"'),
+        ("x\n", '"x\\n"'),
     ],
 )
 def test_quote_exec_argument(argument, quoted):
@@ -55,7 +56,7 @@ ROLES = pathlib.Path(__file__).resolve().parents[4] / "roles"
 
 
 def test_the_roles_defaults_are_in_range():
-    for role in ("swap", "headless", "exporter_dropins"):
+    for role in ("swap", "headless", "exporter_dropins", "wait_online"):
         defaults = yaml.safe_load((ROLES / role / "defaults" / "main.yml").read_text())
         assert host_settings_problems(defaults) == [], role
 
@@ -86,6 +87,17 @@ def test_the_roles_defaults_are_in_range():
                  "exporter_dropins_self_test_timeout: 30 is not above exporter_dropins_restart_sec (30)", id="self-test-too-short"),
     pytest.param({"exporter_dropins_self_test_timeout": 10**6}, "exporter_dropins_self_test_timeout: 1000000 is out of range",
                  id="self-test-forever"),
+    pytest.param({"exporter_dropins_file_name": "../../docker.service.d/override.conf"}, "exporter_dropins_file_name: "
+                 "'../../docker.service.d/override.conf' must be a file name ending in .conf", id="exporter-dropin-leaves-its-folder"),
+    pytest.param({"exporter_dropins_file_name": "10-resilience"}, "exporter_dropins_file_name: '10-resilience' must be a file name "
+                 "ending in .conf", id="exporter-dropin-systemd-ignores"),
+    pytest.param({"wait_online_docker_dropin_path": "/etc/systemd/system/../../passwd"}, "wait_online_docker_dropin_path: "
+                 "'/etc/systemd/system/../../passwd' must not step through", id="docker-dropin-leaves-its-folder"),
+    pytest.param({"wait_online_docker_dropin_path": "/etc/systemd/system/docker.service"}, "wait_online_docker_dropin_path: "
+                 "/etc/systemd/system/docker.service is not a file its reader reads: drop-ins end in .conf in a docker.service.d folder",
+                 id="docker-unit-itself"),
+    pytest.param({"wait_online_docker_dropin_path": "/docker.service.d/x.conf"}, "wait_online_docker_dropin_path: "
+                 "'/docker.service.d/x.conf' is too close to /", id="docker-dropin-at-the-root"),
 ])
 def test_host_settings_that_switch_a_protection_off_are_refused(settings, expected):
     problems = host_settings_problems(settings)

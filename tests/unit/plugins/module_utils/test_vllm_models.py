@@ -35,6 +35,10 @@ def test_a_pinned_model_is_valid():
         ({"repo": "a/b", "revision": COMMIT, "include": "*.json"}, ".include: must be a list of glob patterns"),
         ({"repo": "a/b", "revision": COMMIT, "instruction_tuned": "yes"}, ".instruction_tuned: 'yes' must be true, false or unset"),
         ({"repo": "a/b", "revision": COMMIT, "sha": "x"}, "unknown keys sha"),
+        # A trailing newline would reach the hf command line and the staging folder's name.
+        ({"repo": "a/b\n", "revision": COMMIT}, ".repo: 'a/b\\n' must be a Hugging Face repo id"),
+        ({"repo": "a/b", "revision": COMMIT + "\n"}, "is not a commit hash"),
+        ({"repo": "a/b", "revision": COMMIT, "name": "b\n"}, ".name: 'b\\n' must be a plain directory name"),
     ],
 )
 def test_bad_entries_name_the_key(entry, fragment):

@@ -380,7 +380,13 @@ def test_model_ids_and_paths_under_models_pass():
 @pytest.mark.parametrize("variable", ["models_dir", "cache_dir", "config_dir"])
 @pytest.mark.parametrize("folder", ["/srv/a:/etc", "/srv/../etc", "relative", "/srv/./x", "/srv/a b", "/srv/a,b", "/"])
 def test_host_folders_are_plain_absolute_paths(variable, folder):
-    assert only_error(instance(), **{variable: folder}).startswith(f"vllm_{variable}: {folder!r} must be an absolute folder")
+    assert only_error(instance(), **{variable: folder}).startswith(f"vllm_{variable}: {folder!r} ")
+
+
+@pytest.mark.parametrize("folder", ["/etc", "/root", "/usr"])
+def test_the_configuration_folder_is_not_a_system_folder(folder):
+    """The role makes it root-only (0700) and removes the plan files in it that it no longer plans."""
+    assert only_error(instance(), config_dir=folder) == f"vllm_config_dir: {folder!r} is too close to / (give at least 2 levels, such as /etc/sparkfleet/NAME)"
 
 
 @pytest.mark.parametrize("address, canonical", [("0:0::0", "::"), ("::0", "::"), ("0000::", "::"), ("0:0:0:0:0:0:0:1", "::1")])
@@ -451,9 +457,28 @@ def test_dev_mode_with_the_opt_in_is_loopback_only():
     assert "binds 0.0.0.0" in only_error(wildcard, allow_dev_mode=True, allow_wildcard_bind=True)
 
 
-@pytest.mark.parametrize("argument", ["--tokens-onl", "--profiler-conf={}", "--profiler_config={}", "--enable-fault-tol"])
+@pytest.mark.parametrize("argument", ["--tokens-onl", "--profiler-conf={}", "--profiler_config={}", "--enable-fault-tol",
+                                      "--enable-scale-out", "--enable-tokenizer-info-endpoint", "--enable_offline_docs"])
 def test_dev_flags_in_any_spelling_argparse_expands_need_the_opt_in(argument):
     assert "vllm_allow_dev_mode: true" in only_error(instance(extra_args=[argument]))
+
+
+@pytest.mark.parametrize("name", ["VLLM_ALLOW_RUNTIME_LORA_UPDATING", "VLLM_ENABLE_COHERE_API"])
+def test_env_that_adds_routes_needs_the_opt_in(name):
+    """vLLM 0.32 registers the LoRA load routes (and SageMaker's /adapters) and the Cohere API on these."""
+    assert f"(llm).env.{name}: opens" in only_error(instance(env={name: "1"}))
+    assert errors(instance(env={name: "1"}, bind_addresses=["127.0.0.1"]), allow_dev_mode=True) == []
+
+
+@pytest.mark.parametrize("setting", [
+    {"extra_args": ["--grpc"]}, {"extra_args": ["--grpc-port=50051"]}, {"env": {"VLLM_USE_RUST_FRONTEND": "1"}},
+    {"env": {"VLLM_RUST_FRONTEND_PATH": "/tmp/server"}}, {"env": {"CUSTOM_FASTAPI_PING_HANDLER": "mine:ping"}},
+    {"env": {"CUSTOM_PRE_PROCESS": "mine:hook"}},
+])
+def test_settings_that_replace_the_guarded_server_are_refused_even_with_the_opt_in(setting):
+    """Another server (gRPC, vllm-rs) or a swapped-in handler answers where the key middleware never runs."""
+    problem = only_error(instance(bind_addresses=["127.0.0.1"], **setting), allow_dev_mode=True)
+    assert "where the role's key check never runs; it is not allowed" in problem
 
 
 def test_a_changed_guard_middleware_changes_the_config_hash():
