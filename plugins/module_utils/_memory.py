@@ -9,7 +9,7 @@ gpu_memory_utilization x total with the memory free at startup (seeds 002 and 00
 ``host_settings_problems`` bounds the numbers the host-preparation roles write (the swap role's
 swappiness, the headless role's memory sysctls, the exporter drop-ins): each bound refuses a value
 that would switch the protection off or that no host means; the drop-ins' names and paths stay
-where systemd reads them.
+where systemd reads them; the preflight's disk floor and device nodes keep its checks on.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import re
 import typing as t
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._model_catalog import Range, as_number
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._preflight import settings_problems as preflight_settings_problems
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._settings import dropin_problem, path_problem
 
 GIB = 1024**3
@@ -107,6 +108,8 @@ def host_settings_problems(settings: t.Mapping[str, t.Any]) -> list[str]:
     ``"<variable>: <value> <what is wrong>; <the fix> (<why>)"``."""
     errors = [p for name, bound in HOST_SETTINGS.items() if name in settings
               for p in bound.problems(name, settings[name])] + dropin_setting_problems(settings)
+    if "preflight_min_free_disk_gib" in settings or "preflight_device_nodes" in settings:
+        errors += preflight_settings_problems(settings.get("preflight_min_free_disk_gib"), settings.get("preflight_device_nodes"))
     restart, timeout = (as_number(settings.get(name), whole=True) for name in
                         ("exporter_dropins_restart_sec", "exporter_dropins_self_test_timeout"))
     if not errors and restart is not None and timeout is not None and timeout <= restart:

@@ -18,6 +18,7 @@ import json
 import os
 import typing as t
 
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._model_catalog import Range
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_client import (
     discover_model,
     http,
@@ -71,6 +72,18 @@ RunCommand = t.Callable[..., tuple[int, str, str]]
 Which = t.Callable[[str], "str | None"]
 
 
+# A benchmark's sizes, bounded for the time and the memory a run takes; the sweep's sweep_* settings
+# of the same names are bounded by these too.
+CONCURRENCY = Range(1, 1024, "requests in flight at once; past 1024 the batch is bound by max_num_seqs, not the draft length",
+                    whole=True)
+BENCH_RANGES: dict[str, Range] = {
+    "prompts_per_concurrency": Range(1, 256, "each is a full request; past 256 a run takes longer than it teaches", whole=True),
+    "input_tokens": Range(1, 262_144, "the longest context a catalog model takes", whole=True, unit="tokens"),
+    "output_tokens": Range(1, 32_768, "decode speed is measured over them; past 32768 a request outlasts the run", whole=True,
+                           unit="tokens"),
+}
+
+
 class BenchFailure(Exception):
     """Why the benchmark stopped, worded for the operator."""
 
@@ -106,14 +119,14 @@ def validate(options: t.Mapping[str, t.Any]) -> list[str]:
     """
     errors = []
     concurrencies = options.get("concurrencies") or []
-    if not concurrencies or not all(isinstance(c, int) and not isinstance(c, bool) and c > 0 for c in concurrencies):
-        errors.append(f"concurrencies: {concurrencies!r} must be a non-empty list of positive whole numbers")
-    elif len(set(concurrencies)) != len(concurrencies):
+    if not isinstance(concurrencies, list) or not concurrencies:
+        errors.append(f"concurrencies: {concurrencies!r} must be a non-empty list of {CONCURRENCY.span()}")
+    elif len(set(map(str, concurrencies))) != len(concurrencies):
         errors.append(f"concurrencies: {concurrencies!r} repeats a value")
-    for name in ("prompts_per_concurrency", "input_tokens", "output_tokens"):
-        value = options.get(name)
-        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-            errors.append(f"{name}: {value!r} must be a positive whole number")
+    else:
+        errors += [p for index, c in enumerate(concurrencies) for p in CONCURRENCY.problems(f"concurrencies[{index}]", c, text=False)]
+    for name, bound in BENCH_RANGES.items():
+        errors += bound.problems(name, options.get(name), text=False)
     if options.get("dataset") == "natural" and not options.get("documents_dir"):
         errors.append("documents_dir: the natural dataset needs a folder of Markdown or text documents on the host")
     if options.get("runner") == "exec" and not options.get("container"):

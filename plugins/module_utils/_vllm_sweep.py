@@ -27,14 +27,13 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._model_catalog imp
     as_number,
     version_tuple,
 )
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_bench import BENCH_RANGES, CONCURRENCY
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_correctness import BUILTIN_CASES
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_plan import KEYS_BY_NAME
 
 VARIANT_ID = re.compile(r"[a-z0-9][a-z0-9-]{0,40}")
 LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,60}")
 DRAFT_COUNT = Range(0, MAX_DRAFT_TOKENS, "0 is the baseline without speculation; " + DRAFT_TOKENS_WHY, whole=True)
-CONCURRENCY = Range(1, 1024, "requests in flight at once; past 1024 the batch is bound by max_num_seqs, not the draft length",
-                    whole=True)
 # The numbers a variant may change, bounded as the instance plan bounds them, so that a typo is
 # refused before the first variant rather than when its turn comes hours later.
 VARIANT_RANGES: dict[str, Range] = {
@@ -76,12 +75,11 @@ SWEEP_SETTINGS: tuple[Setting, ...] = (
             Range(0, len(BUILTIN_CASES) // 4, f"greedy answers should not change with the draft length; past a quarter of "
                   f"the {len(BUILTIN_CASES)} cases the gate no longer gates", whole=True)),
     Setting("sweep_prompts_per_concurrency", "number", "Prompts per concurrency in each benchmark run.",
-            Range(1, 256, "each is a full request; past 256 a run takes longer than it teaches", whole=True)),
+            BENCH_RANGES["prompts_per_concurrency"]),
     Setting("sweep_input_tokens", "number", "Prompt size of the benchmark, in tokens.",
-            Range(1, 262_144, "the longest context a catalog model takes", whole=True, unit="tokens")),
+            BENCH_RANGES["input_tokens"]),
     Setting("sweep_output_tokens", "number", "Tokens generated per benchmark request.",
-            Range(1, 32_768, "decode speed is measured over them; past 32768 a request outlasts the run", whole=True,
-                  unit="tokens")),
+            BENCH_RANGES["output_tokens"]),
     Setting("sweep_acceptance_max_tokens", "number", "Tokens generated per acceptance prompt.",
             Range(1, 4096, "acceptance per category is a rate; more tokens only lengthen the sweep", whole=True, unit="tokens")),
     Setting("sweep_correctness_max_tokens", "number", "Tokens generated per correctness case.",

@@ -30,12 +30,12 @@ options:
     type: str
     required: true
   concurrencies:
-    description: Concurrent streams, one run each.
+    description: Concurrent streams, one run each; each from 1 to 1024.
     type: list
     elements: int
     default: [1, 4, 8]
   prompts_per_concurrency:
-    description: Prompts per stream; a run sends this times its concurrency.
+    description: Prompts per stream, from 1 to 256; a run sends this times its concurrency.
     type: int
     default: 6
   dataset:
@@ -50,11 +50,11 @@ options:
     description: Task put before every natural-text chunk; the default is seed 000's knowledge-graph extraction prompt.
     type: str
   input_tokens:
-    description: Prompt size, the natural chunks' target or the random input length.
+    description: Prompt size, the natural chunks' target or the random input length; from 1 to 262144 tokens.
     type: int
     default: 1000
   output_tokens:
-    description: Longest answer; natural answers may end sooner, random ones run to it.
+    description: Longest answer, from 1 to 32768 tokens; natural answers may end sooner, random ones run to it.
     type: int
     default: 384
   prefix_cache:

@@ -128,6 +128,8 @@ def test_the_gateway_is_planned_from_the_inventory_and_refuses_what_it_cannot_ro
                      ["wait_online_docker_dropin_path: /etc/systemd/system/docker.service is not a file its reader reads"], id="docker-dropin-path"),
         pytest.param("two_nodes", {"gateway_config_dir": "/etc/sparkfleet/vllm"}, ["gateway_config_dir (/etc/sparkfleet/vllm) and vllm_config_dir "
                                                                                "(/etc/sparkfleet/vllm) share a folder"], id="shared-config-folder"),
+        pytest.param("single_spark", {"preflight_min_free_disk_gib": -5, "preflight_device_nodes": []},
+                     ["preflight_min_free_disk_gib: -5", "preflight_device_nodes: [] must list the GPU's device nodes"], id="preflight-checks-off"),
         pytest.param("single_spark", {"vllm_config_dir": "/etc"}, ["vllm_config_dir: '/etc' is too close to /"], id="config-folder-at-etc"),
         pytest.param("tp2", {"vllm_models_rsync_port": 70000}, ["a vllm_models_rsync_port from 1 to 65535 (the daemon's port; it is 70000)"],
                      id="models-rsync-port"),

@@ -56,7 +56,7 @@ ROLES = pathlib.Path(__file__).resolve().parents[4] / "roles"
 
 
 def test_the_roles_defaults_are_in_range():
-    for role in ("swap", "headless", "exporter_dropins", "wait_online"):
+    for role in ("swap", "headless", "exporter_dropins", "wait_online", "preflight"):
         defaults = yaml.safe_load((ROLES / role / "defaults" / "main.yml").read_text())
         assert host_settings_problems(defaults) == [], role
 
@@ -98,6 +98,8 @@ def test_the_roles_defaults_are_in_range():
                  id="docker-unit-itself"),
     pytest.param({"wait_online_docker_dropin_path": "/docker.service.d/x.conf"}, "wait_online_docker_dropin_path: "
                  "'/docker.service.d/x.conf' is too close to /", id="docker-dropin-at-the-root"),
+    pytest.param({"preflight_device_nodes": ["nvidia*"]}, "preflight_device_nodes: ['nvidia*'] must list the GPU's device nodes",
+                 id="device-nodes-relative"),
 ])
 def test_host_settings_that_switch_a_protection_off_are_refused(settings, expected):
     problems = host_settings_problems(settings)

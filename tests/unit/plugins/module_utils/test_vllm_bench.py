@@ -75,6 +75,10 @@ def test_a_file_that_is_not_a_bench_result(result):
         ({"concurrencies": [2, 2]}, "repeats"),
         ({"prompts_per_concurrency": 0}, "prompts_per_concurrency"),
         ({"output_tokens": -1}, "output_tokens"),
+        # The sweep's bounds: a run of millions of prompts or tokens is a typo, not a benchmark.
+        ({"concurrencies": [1, 5000]}, "concurrencies[1]: 5000 is out of range"),
+        ({"prompts_per_concurrency": 10**6}, "prompts_per_concurrency: 1000000 is out of range"),
+        ({"input_tokens": 10**7}, "input_tokens: 10000000 is out of range"),
         ({"dataset": "natural"}, "documents_dir"),
         ({"runner": "exec"}, "container"),
         ({"runner": "container"}, "image"),

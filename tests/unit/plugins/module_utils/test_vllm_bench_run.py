@@ -293,7 +293,7 @@ def test_reset_empties_the_prefix_cache_before_each_run(tmp_path, vllm, local):
 def test_refusals_are_named_in_one_pass_and_check_mode_sends_nothing(tmp_path, vllm, local):
     msg, result = benchmark(options(tmp_path, vllm, label="../escape", concurrencies=[0], documents_dir="/nowhere"),
                             local.run_command, local.which, True)
-    assert msg.startswith("vllm_bench refused: concurrencies: [0] must be")
+    assert msg.startswith("vllm_bench refused: concurrencies[0]: 0 is out of range")
     assert "label: '../escape' must be a plain name" in msg and "documents_dir: /nowhere is not a folder on this host" in msg
     assert result == {"ok": False, "runs": [], "reasons": result["reasons"]} and len(result["reasons"]) == 3
     msg, result = benchmark(options(tmp_path, vllm, dataset="random"), local.run_command, local.which, True)
