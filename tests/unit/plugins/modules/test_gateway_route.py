@@ -183,14 +183,16 @@ def test_a_folder_that_cannot_be_written_is_named_and_nothing_is_written(tmp_pat
 def test_a_drain_one_gateway_refuses_changes_no_gateway(tmp_path):
     """The gateway role's drain task file on two gateways (local connections, each folder written by
     this module) routing to one backend: the first could let it go, the second would be left with
-    nothing to route to. Every gateway judges first, so neither changes, and the refusal names the one."""
+    nothing to route to. Every gateway judges first, so neither changes, and the refusal names the one.
+    A gateway is any host with gateway_backends: the second is outside the gateway group."""
     backends = {"gw-both": ["spark-1", "gx10-1"], "gw-one": ["spark-1"]}
     local = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
     gateways = {}
     for gateway, names in backends.items():
         assert run(tmp_path / gateway, plan=planned(names, gateway))["changed"]
         gateways[gateway] = {**local, "gateway_backends": names, "gateway_config_dir": str(tmp_path / gateway)}
-    inventory = {"all": {"children": {"gateway": {"hosts": gateways}, "serving": {"hosts": {"spark-1": local, "gx10-1": local}}}}}
+    inventory = {"all": {"children": {"gateway": {"hosts": {"gw-both": gateways["gw-both"]}}, "edge": {"hosts": {"gw-one": gateways["gw-one"]}},
+                                      "serving": {"hosts": {"spark-1": local, "gx10-1": local}}}}}
     (tmp_path / "inventory.json").write_text(json.dumps(inventory))
     play = [{"name": "Drain spark-1", "hosts": "spark-1", "gather_facts": False, "tasks": [
         {"name": "Drain at every gateway", "ansible.builtin.include_role": {"name": "sparkfleet.vllm.gateway", "tasks_from": "drain.yml"},
