@@ -146,6 +146,16 @@ def test_settings_refused_before_any_host_is_contacted(inventory, extra_vars, fr
         assert fragment in result.stdout, result.stdout[-3000:]
 
 
+def test_cluster_nodes_that_would_run_different_images_are_refused_before_any_host(tmp_path):
+    """The image needs no host: the fleet check compares it (the checkpoints wait for the staging)."""
+    other = "vllm/vllm-openai:v0.31.0@sha256:" + "1" * 64
+    (tmp_path / "spark-2.yml").write_text(json.dumps({"all": {"hosts": {"spark-2": {"vllm_image": other}}}}))
+    result, _key = check_inventory("tp2", "-i", str(tmp_path / "spark-2.yml"))
+    assert result.returncode != 0 and "no host was contacted" in result.stdout, result.stdout[-3000:]
+    assert "cluster image: the nodes would run different images" in result.stdout, result.stdout[-3000:]
+    assert "spark-2: vllm/vllm-openai@sha256:" + "1" * 64 in result.stdout
+
+
 @pytest.mark.parametrize(("extra_vars", "fragment"), [
     ({"wait_online_stack": "netplan"}, "value of wait_online_stack must be one of"),
     ({"preflight_min_free_disk_gib": "lots"}, "preflight_min_free_disk_gib"),
