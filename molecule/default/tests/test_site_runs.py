@@ -4,6 +4,8 @@ Each bad input must fail with an error naming the variable, before anything on t
 changes. These tests run ansible-playbook from the controller, once per session.
 """
 
+import re
+
 import pytest
 from site_runner import assert_refused, docker_host, site, state_digest
 
@@ -39,12 +41,14 @@ def test_check_mode_on_converged_hosts_reports_no_change():
 
 
 def test_bad_settings_refused_without_change():
-    """The strict exporter check needs the host's units; the refusals that need no host are the
-    static layer's (tests/integration/test_static.py)."""
-    before = host_state(GX10)
-    result = site("-e", NO_SERVING, "-e", '{"exporter_dropins_strict": true}', limit=GX10)
+    """The strict exporter check needs the host's units: the GX10 host lacks them, and its refusal in
+    the fleet check stops both hosts. The refusals that need no host are the static layer's
+    (tests/integration/test_static.py)."""
+    before = host_state(SPARK), host_state(GX10)
+    result = site("-e", NO_SERVING, "-e", '{"exporter_dropins_strict": true}')
     assert_refused(result, "exporter_dropins_units", "node_exporter.service, dcgm-exporter.service not found", "exporter_dropins_strict")
-    assert host_state(GX10) == before
+    assert not re.search(r"changed=[1-9]", result.stdout)
+    assert (host_state(SPARK), host_state(GX10)) == before
 
 
 @pytest.fixture

@@ -197,8 +197,9 @@ def test_a_node_whose_copy_differs_from_the_source_is_refused(host, peer_without
     assert site("--tags", "vllm", "-e", json.dumps(distributed)).returncode == 0
 
 
-def test_a_source_without_its_address_is_refused_before_any_change(host):
-    before = models_state(host)
+def test_a_source_without_its_address_is_refused_before_any_change(host, peer):
+    """The fleet check refuses it in site.yml's first play: neither host changes."""
+    before = models_state(host), models_state(peer)
     result = site("--tags", "vllm", "-e", json.dumps(dict(MODELS, vllm_models_source=HOST)))
-    assert_refused(result, "vllm_models_source sparkfleet-molecule-models: give vllm_models_source_address", "nothing was changed")
-    assert models_state(host) == before
+    assert_refused(result, "vllm_models_source sparkfleet-molecule-models: give vllm_models_source_address", "nothing was changed on any host")
+    assert (models_state(host), models_state(peer)) == before
