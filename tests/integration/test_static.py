@@ -126,8 +126,9 @@ def test_the_gateway_is_planned_from_the_inventory_and_refuses_what_it_cannot_ro
                      ["exporter_dropins_file_name: '../../docker.service.d/x.conf' must be a file name ending in .conf"], id="exporter-dropin-name"),
         pytest.param("single_spark", {"wait_online_docker_dropin_path": "/etc/systemd/system/docker.service"},
                      ["wait_online_docker_dropin_path: /etc/systemd/system/docker.service is not a file its reader reads"], id="docker-dropin-path"),
-        pytest.param("two_nodes", {"gateway_config_dir": "/etc/sparkfleet/vllm"}, ["gateway_config_dir (/etc/sparkfleet/vllm) and vllm_config_dir "
-                                                                               "(/etc/sparkfleet/vllm) share a folder"], id="shared-config-folder"),
+        pytest.param("two_nodes", {"gateway_config_dir": "/etc/sparkfleet/vllm"},
+                     ["gateway_config_dir (/etc/sparkfleet/vllm) and vllm_config_dir (/etc/sparkfleet/vllm) share a folder"],
+                     id="shared-config-folder"),
         pytest.param("single_spark", {"preflight_min_free_disk_gib": -5, "preflight_device_nodes": []},
                      ["preflight_min_free_disk_gib: -5", "preflight_device_nodes: [] must list the GPU's device nodes"], id="preflight-checks-off"),
         pytest.param("single_spark", {"vllm_config_dir": "/etc"}, ["vllm_config_dir: '/etc' is too close to /"], id="config-folder-at-etc"),

@@ -138,10 +138,9 @@ def test_two_roles_sharing_a_configuration_folder_are_refused(changes, pair):
     fleet = lab_fleet()
     fleet["spark-1"].update(changes)
     problems = fleet_problems(fleet)
-    assert [problem for problem in problems if "share a folder" in problem] == [f"spark-1: {pair} share a folder; each role removes "
-                                                                             "the files it no longer plans from its own folder, and would "
-                                                                             "remove the other's. Give each role a folder of its own, such as "
-                                                                             "/etc/sparkfleet/ROLE"], problems
+    expected = (f"spark-1: {pair} share a folder; each role removes the files it no longer plans from its own folder, and would "
+                "remove the other's. Give each role a folder of its own, such as /etc/sparkfleet/ROLE")
+    assert [problem for problem in problems if "share a folder" in problem] == [expected], problems
 
 
 def test_folders_of_roles_a_host_does_not_run_are_not_compared():
