@@ -39,7 +39,9 @@ THIS_NETWORK = ipaddress.ip_network("0.0.0.0/8")
 INTERFACE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,14}")
 RDMA_DEVICE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 GID_INDEX_MAX = 255
-LOGIND_DROPIN_FOLDER = "logind.conf.d"
+# Where logind reads its drop-ins (logind.conf(5)).
+LOGIND_DROPIN_FOLDERS = ("/etc/systemd/logind.conf.d", "/run/systemd/logind.conf.d", "/usr/local/lib/systemd/logind.conf.d",
+                         "/usr/lib/systemd/logind.conf.d")
 GPUS_PER_NODE_MAX = 8
 
 CLUSTER_SETTINGS: tuple[Setting, ...] = (
@@ -213,8 +215,7 @@ def declaration_problems(cluster: t.Mapping[str, t.Any], inventory: t.Collection
         errors += same_box_problems(list(dict.fromkeys(nodes)), node_vars)
     errors += setting_problems("cluster_", CLUSTER_SETTINGS, cluster)
     errors += fast_network_problems(cluster)
-    problem = dropin_problem("cluster_logind_remove_ipc_dropin", cluster["logind_remove_ipc_dropin"], LOGIND_DROPIN_FOLDER,
-                             f"/etc/systemd/{LOGIND_DROPIN_FOLDER}/10-sparkfleet-remove-ipc.conf",
+    problem = dropin_problem("cluster_logind_remove_ipc_dropin", cluster["logind_remove_ipc_dropin"], LOGIND_DROPIN_FOLDERS,
                              "RemoveIPC=no would not apply and a logout would remove the ranks' shared memory")
     errors += [problem] if problem else []
     errors += override_problems(nodes, node_vars) + environment_problems(cluster, nodes, node_vars)
@@ -328,7 +329,7 @@ def cluster_nodes(cluster: t.Mapping[str, t.Any], reports: t.Mapping[str, t.Mapp
     missing = [host for host in cluster["nodes"] if host not in reports]
     if missing:
         plan["errors"] = [f"cluster_nodes: {', '.join(missing)} did not report (unreachable, or not in this play); "
-                          "a cluster is only changed with every node in the play"]
+                          "a cluster is only changed with every node in the play (or leave the clusters out of this run: --skip-tags cluster)"]
         return plan
     networks = {}
     for host in cluster["nodes"]:

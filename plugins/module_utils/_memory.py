@@ -54,6 +54,9 @@ HOST_SETTINGS: dict[str, Range] = {
                                                 whole=True, unit="s"),
 }
 
+# Where systemd reads docker.service's drop-ins (systemd.unit(5)).
+DOCKER_DROPIN_FOLDERS = ("/etc/systemd/system/docker.service.d", "/run/systemd/system/docker.service.d",
+                         "/usr/local/lib/systemd/system/docker.service.d", "/usr/lib/systemd/system/docker.service.d")
 # A drop-in's own name inside a unit's drop-in folder: no '/' leaves the folder.
 DROPIN_NAME = re.compile(r"[A-Za-z0-9_@+-][A-Za-z0-9_.@+-]*\.conf")
 
@@ -70,8 +73,7 @@ def dropin_setting_problems(settings: t.Mapping[str, t.Any]) -> list[str]:
     if "wait_online_docker_dropin_path" in settings:
         path = settings["wait_online_docker_dropin_path"]
         problem = path_problem(path, 3)
-        dropin = dropin_problem("wait_online_docker_dropin_path", path, "docker.service.d",
-                                "/etc/systemd/system/docker.service.d/10-wait-online.conf",
+        dropin = dropin_problem("wait_online_docker_dropin_path", path, DOCKER_DROPIN_FOLDERS,
                                 "Docker would not wait for the network and LAN-bound instances would fail at boot")
         errors += [f"wait_online_docker_dropin_path: {path!r} {problem}"] if problem else [dropin] if dropin else []
     return errors

@@ -59,16 +59,16 @@ def path_problem(value: t.Any, least_parts: int = 1) -> str | None:
     return None
 
 
-def dropin_problem(variable: str, path: t.Any, folder: str, example: str, consequence: str) -> str | None:
-    """Beyond being a path (path_problem's check): a drop-in its reader reads, a .conf file in a
-    FOLDER folder, worded to name ``variable``."""
+def dropin_problem(variable: str, path: t.Any, folders: t.Sequence[str], consequence: str) -> str | None:
+    """Beyond being a path (path_problem's check): a drop-in its reader reads, a .conf file in one
+    of ``folders`` (where systemd looks), worded to name ``variable``."""
     if path_problem(path):
         return None
     parent, name = path.rstrip("/").rsplit("/", 1)
-    if parent.rsplit("/", 1)[-1] == folder and name.endswith(".conf"):
+    if parent in folders and name.endswith(".conf"):
         return None
-    return (f"{variable}: {path} is not a file its reader reads: drop-ins end in .conf in a {folder} folder (such as {example}), "
-            f"so {consequence}")
+    return (f"{variable}: {path} is not a file its reader reads: drop-ins end in .conf in {' or '.join(folders)} (such as "
+            f"{folders[0]}/10-sparkfleet.conf), so {consequence}")
 
 
 def value_problem(setting: Setting, value: t.Any) -> str | None:

@@ -121,10 +121,9 @@ def validate(options: t.Mapping[str, t.Any]) -> list[str]:
     concurrencies = options.get("concurrencies") or []
     if not isinstance(concurrencies, list) or not concurrencies:
         errors.append(f"concurrencies: {concurrencies!r} must be a non-empty list of {CONCURRENCY.span()}")
-    elif len(set(map(str, concurrencies))) != len(concurrencies):
-        errors.append(f"concurrencies: {concurrencies!r} repeats a value")
     else:
-        errors += [p for index, c in enumerate(concurrencies) for p in CONCURRENCY.problems(f"concurrencies[{index}]", c, text=False)]
+        problems = [p for index, c in enumerate(concurrencies) for p in CONCURRENCY.problems(f"concurrencies[{index}]", c, text=False)]
+        errors += problems or ([f"concurrencies: {concurrencies!r} repeats a value"] if len(set(concurrencies)) != len(concurrencies) else [])
     for name, bound in BENCH_RANGES.items():
         errors += bound.problems(name, options.get(name), text=False)
     if options.get("dataset") == "natural" and not options.get("documents_dir"):

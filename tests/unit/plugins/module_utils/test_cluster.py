@@ -408,8 +408,10 @@ def test_the_environment_a_container_gets_is_judged_not_each_layer():
                                                                "be empty or one Debian package version"),
     ({"fabric_gate": "yes"}, "cluster_fabric_gate: 'yes' must be true or false"),
     ({"logind_remove_ipc_dropin": "/etc/systemd/logind.conf"},
-     "cluster_logind_remove_ipc_dropin: /etc/systemd/logind.conf is not a file its reader reads: drop-ins end in .conf in a "
-     "logind.conf.d folder"),
+     "cluster_logind_remove_ipc_dropin: /etc/systemd/logind.conf is not a file its reader reads: drop-ins end in .conf in "
+     "/etc/systemd/logind.conf.d or "),
+    ({"logind_remove_ipc_dropin": "/srv/logind.conf.d/10-x.conf"},
+     "cluster_logind_remove_ipc_dropin: /srv/logind.conf.d/10-x.conf is not a file its reader reads"),
     ({"logind_remove_ipc_dropin": "/etc/systemd/logind.conf.d/10 x.conf"},
      "cluster_logind_remove_ipc_dropin: '/etc/systemd/logind.conf.d/10 x.conf' has '10 x.conf'"),
     ({"node_vars": {"spark-2": {"fast_interface": "^eth"}}}, "spark-2: cluster_fast_interface: '^eth' must be one interface name"),

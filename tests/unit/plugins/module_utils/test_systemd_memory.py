@@ -94,8 +94,10 @@ def test_the_roles_defaults_are_in_range():
     pytest.param({"wait_online_docker_dropin_path": "/etc/systemd/system/../../passwd"}, "wait_online_docker_dropin_path: "
                  "'/etc/systemd/system/../../passwd' must not step through", id="docker-dropin-leaves-its-folder"),
     pytest.param({"wait_online_docker_dropin_path": "/etc/systemd/system/docker.service"}, "wait_online_docker_dropin_path: "
-                 "/etc/systemd/system/docker.service is not a file its reader reads: drop-ins end in .conf in a docker.service.d folder",
-                 id="docker-unit-itself"),
+                 "/etc/systemd/system/docker.service is not a file its reader reads: drop-ins end in .conf in "
+                 "/etc/systemd/system/docker.service.d or ", id="docker-unit-itself"),
+    pytest.param({"wait_online_docker_dropin_path": "/srv/docker.service.d/10-wait-online.conf"}, "wait_online_docker_dropin_path: "
+                 "/srv/docker.service.d/10-wait-online.conf is not a file its reader reads", id="docker-dropin-where-systemd-never-looks"),
     pytest.param({"wait_online_docker_dropin_path": "/docker.service.d/x.conf"}, "wait_online_docker_dropin_path: "
                  "'/docker.service.d/x.conf' is too close to /", id="docker-dropin-at-the-root"),
     pytest.param({"preflight_device_nodes": ["nvidia*"]}, "preflight_device_nodes: ['nvidia*'] must list the GPU's device nodes",

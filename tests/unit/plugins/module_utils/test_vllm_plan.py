@@ -378,9 +378,12 @@ def test_model_ids_and_paths_under_models_pass():
 
 
 @pytest.mark.parametrize("variable", ["models_dir", "cache_dir", "config_dir"])
-@pytest.mark.parametrize("folder", ["/srv/a:/etc", "/srv/../etc", "relative", "/srv/./x", "/srv/a b", "/srv/a,b", "/"])
-def test_host_folders_are_plain_absolute_paths(variable, folder):
-    assert only_error(instance(), **{variable: folder}).startswith(f"vllm_{variable}: {folder!r} ")
+@pytest.mark.parametrize(("folder", "problem"), [
+    ("/srv/a:/etc", "has 'a:', which a unit file"), ("/srv/../etc", "must not step through '.' or '..'"), ("relative", "must be an absolute path"),
+    ("/srv/./x", "must not step through '.' or '..'"), ("/srv/a b", "has 'a b'"), ("/srv/a,b", "has 'a,b'"), ("/", "is too close to /"),
+])
+def test_host_folders_are_plain_absolute_paths(variable, folder, problem):
+    assert only_error(instance(), **{variable: folder}).startswith(f"vllm_{variable}: {folder!r} {problem}")
 
 
 @pytest.mark.parametrize("folder", ["/etc", "/root", "/usr"])
