@@ -4,7 +4,9 @@
 
 from __future__ import annotations
 
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._cluster import agreement_problems, cluster_nodes, fleet_cluster_problems
+import base64
+
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._cluster import agreement_problems, cluster_nodes, fleet_cluster_problems, stale_ranks
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._fabric import nccl_buffer_problem, nccl_max_bytes
 
 # What each node's own host vars add to the declaration of its group: key -> variable.
@@ -43,7 +45,14 @@ def cluster_fleet_problems(hosts, hostvars, cluster=None):
     return fleet_cluster_problems(declarations, cluster or None)
 
 
+def cluster_stale_ranks(slurped, keep, config_dir):
+    """slurp's results of the host's rank plan files -> the ranks to remove and the files refused."""
+    deployed = {result["item"]: base64.b64decode(result["content"]).decode("utf-8", "replace") for result in slurped or [] if "content" in result}
+    return stale_ranks(deployed, keep or "", config_dir)
+
+
 class FilterModule:
     def filters(self):
         return {"cluster_layout": cluster_layout, "cluster_agreement": cluster_agreement, "cluster_nccl_problem": cluster_nccl_problem,
-                "cluster_node_vars": cluster_node_vars, "cluster_fleet_problems": cluster_fleet_problems}
+                "cluster_node_vars": cluster_node_vars, "cluster_fleet_problems": cluster_fleet_problems,
+                "cluster_stale_ranks": cluster_stale_ranks}

@@ -18,6 +18,11 @@ PLAN_SCHEMA_VERSION = 1
 CONTAINER_PORT = 8000
 
 
+def unit_names(name: str, cluster: bool) -> tuple[str, str]:
+    """(systemd unit, container) of an instance or of a cluster's rank on a node."""
+    return f"sparkfleet-{'cluster' if cluster else 'vllm'}-{name}.service", f"vllm-{'cluster-' if cluster else ''}{name}"
+
+
 def parse_image_reference(image: str) -> dict[str, str | None] | None:
     """Split ``repo[:tag]@sha256:<64 hex>``; None when the reference is not pinned by digest."""
     match = DIGEST_REFERENCE.fullmatch(image or "")

@@ -44,6 +44,7 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_instance imp
     parse_image_reference,
     run_image,
     speculative_config,
+    unit_names,
 )
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_models import host_path
 
@@ -647,8 +648,7 @@ def instance_plan(instance: t.Mapping[str, t.Any], start_after: list[str], optio
     """(public plan, env file text) of one valid instance."""
     name = instance["name"]
     cluster = options["cluster"]
-    kind = "cluster" if cluster else "vllm"
-    unit, container = f"sparkfleet-{kind}-{name}.service", f"vllm-{'cluster-' if cluster else ''}{name}"
+    unit, container = unit_names(name, bool(cluster))
     config_dir = options["config_dir"]
     image = run_image(instance["image"], options["registry_mirror"])
     environment = {**options["hardware"]["env"], **options["env"], **(instance.get("env") or {}), "PYTHONPATH": GUARD_DIR}

@@ -26,6 +26,12 @@ options:
     description: Instance name, used in messages.
     type: str
     required: true
+  variable:
+    description: The inventory variable the instance is declared in, named in messages (a cluster's rank is declared in
+      C(cluster_instance)).
+    type: str
+    choices: [vllm_instances, cluster_instance]
+    default: vllm_instances
   max_model_len:
     description: The instance's C(max_model_len), if set.
     type: int
@@ -92,6 +98,7 @@ def main():
         argument_spec=dict(
             path=dict(type="path", required=True),
             instance=dict(type="str", required=True),
+            variable=dict(type="str", choices=["vllm_instances", "cluster_instance"], default="vllm_instances"),
             max_model_len=dict(type="int"),
             speculative_method=dict(type="str"),
             allow_drafter_on_base_model=dict(type="bool", default=False),
@@ -100,7 +107,7 @@ def main():
         supports_check_mode=True,
     )
     params = module.params
-    where = f"vllm_instances ({params['instance']})"
+    where = f"{params['variable']} ({params['instance']})"
     try:
         files = os.listdir(params["path"]) if os.path.isdir(params["path"]) else []
     except OSError as error:

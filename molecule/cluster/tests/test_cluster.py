@@ -94,6 +94,12 @@ def test_a_refused_cluster_changes_nothing(head, worker):
     result = site("--tags", "cluster", "-e", json.dumps({"cluster_master_addr": "127.0.0.1"}))
     assert_refused(result, "Cluster lab-tp2 refused, nothing was changed on any host",
                    "cluster_master_addr: 127.0.0.1 is not the head's (sparkfleet-molecule-node-1) address on the fast link")
+    # Every rank's weights are launch-checked, and every node refuses when one cannot launch.
+    long_context = {"cluster_instance": {**bad["cluster_instance"], "tensor_parallel_size": 2, "max_model_len": 8192}}
+    result = playbook("cluster.yml", "-e", json.dumps(long_context))
+    assert_refused(result, "Cluster lab-tp2 refused, the cluster was not relaunched: sparkfleet-molecule-node-1: cluster_instance (lab-tp2)"
+                   ".max_model_len: 8192 is more than the model's own maximum of 4096", "sparkfleet-molecule-node-2: cluster_instance")
+    assert "fatal: [sparkfleet-molecule-node-1]" in result.stdout and "fatal: [sparkfleet-molecule-node-2]" in result.stdout
     assert KEY not in result.stdout + result.stderr
     assert (cluster_state(head), cluster_state(worker)) == before
 
@@ -118,6 +124,64 @@ def test_the_fabric_gate_passes_on_the_lab_network_and_names_the_pair_below_its_
     assert towards_worker["reasons"][0].startswith(f"{HEAD} -> {WORKER} ({eth0(worker)}) at MTU 1500: no reply")
     assert f"{WORKER} -> {HEAD}" in from_worker["reasons"][0] and "carries only 1400 bytes" in from_worker["reasons"][0]
     print("\n" + "\n".join(towards_worker["reasons"] + from_worker["reasons"]))
+
+
+# The lab's cluster_instance (inventories/lab/group_vars/lab_cluster.yml), given whole because extra vars replace a mapping.
+LAB_INSTANCE = {"model": "/models/tiny-llama", "served_model_names": [MODEL], "port": PORT, "api_key": KEY, "tensor_parallel_size": 2,
+                "env": {"TORCHDYNAMO_DISABLE": "1"}}
+
+
+def test_a_failed_relaunch_of_the_serving_cluster_rolls_every_rank_back_and_serves_again(head, worker):
+    """Found when tried: a failed cluster relaunch rolled back and did not serve ("the cluster is down")."""
+    files = [f"{CONFIG}.env", f"{CONFIG}.json", f"/etc/systemd/system/{UNIT}"]
+    before = [state_digest(host, files, []) for host in (head, worker)]
+    started = time.monotonic()
+    result = playbook("cluster.yml", "-e", json.dumps({"cluster_instance": {**LAB_INSTANCE, "extra_args": ["--no-such-flag"]}}))
+    output = result.stdout + result.stderr
+    print(f"\nfailed relaunch and rollback of both ranks: {time.monotonic() - started:.0f} s")
+    assert result.returncode != 0 and "Cluster lab-tp2 failed its relaunch" in output, output[-3000:]
+    assert "The last good settings of every rank were relaunched and serve again." in output and KEY not in output
+    assert [state_digest(host, files, []) for host in (head, worker)] == before, "every node is back on its last good files"
+    assert unit_state(head) == unit_state(worker) == "active"
+    assert "choices" in chat(head)
+
+
+STALE = "old-tp2"
+
+
+def plant_stale_rank(host):
+    """A rank of a cluster since renamed, as the role deployed it: plan, key, unit (enabled, running),
+    container, last good copies."""
+    plan_text = json.dumps({"name": STALE, "unit": f"sparkfleet-cluster-{STALE}.service", "container": f"vllm-cluster-{STALE}"})
+    host.check_output(f"printf '%s' '{plan_text}' > /etc/sparkfleet/cluster/{STALE}.json && cp /etc/sparkfleet/cluster/{STALE}.json "
+                      f"/etc/sparkfleet/cluster/last-good/ && (umask 077 && echo VLLM_API_KEY=stale > /etc/sparkfleet/cluster/{STALE}.env)")
+    host.check_output(f"printf '[Service]\\nExecStart=/bin/sleep infinity\\n[Install]\\nWantedBy=multi-user.target\\n' "
+                      f"> /etc/systemd/system/sparkfleet-cluster-{STALE}.service && systemctl daemon-reload "
+                      f"&& systemctl enable --now sparkfleet-cluster-{STALE}.service")
+    host.check_output(f"docker create --name vllm-cluster-{STALE} {plan(host)['run_image']}")
+
+
+def stale_rank_left(host):
+    files = [f"/etc/sparkfleet/cluster/{name}" for name in (f"{STALE}.json", f"{STALE}.env", f"last-good/{STALE}.json")]
+    return {"files": [path for path in files + [f"/etc/systemd/system/sparkfleet-cluster-{STALE}.service"] if host.file(path).exists],
+            "unit": host.run(f"systemctl show -p LoadState --value sparkfleet-cluster-{STALE}.service").stdout.strip(),
+            "container": host.run(f"docker inspect --format '{{{{.Name}}}}' vllm-cluster-{STALE}").rc == 0}
+
+
+def test_a_rank_of_a_renamed_cluster_is_removed_and_the_serving_cluster_is_left_alone(head, worker):
+    for host in (head, worker):
+        plant_stale_rank(host)
+    serving = (started_at(head), started_at(worker))
+    check = playbook("cluster.yml", "--check", "--diff")
+    assert check.returncode == 0, check.stdout[-3000:]
+    assert f"Stop and disable the unit of {STALE}" in check.stdout and f"/etc/sparkfleet/cluster/{STALE}.env" in check.stdout
+    assert all(stale_rank_left(host)["container"] and stale_rank_left(host)["unit"] == "loaded" for host in (head, worker)), "check mode"
+    result = playbook("cluster.yml")
+    assert result.returncode == 0, result.stdout[-3000:]
+    for host in (head, worker):
+        assert stale_rank_left(host) == {"files": [], "unit": "not-found", "container": False}
+    assert (started_at(head), started_at(worker)) == serving, "the serving cluster was not restarted"
+    assert "choices" in chat(head)
 
 
 def test_a_killed_worker_fails_the_cluster_and_reapplying_restarts_both_ranks(head, worker):
@@ -159,6 +223,8 @@ def test_a_killed_worker_fails_the_cluster_and_reapplying_restarts_both_ranks(he
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-3000:]
     assert "is relaunched, every rank together" in output and KEY not in output
+    assert "TASK [sparkfleet.vllm.cluster : Raise the maintenance flag]" in output
+    assert not head.file("/run/sparkfleet/vllm-maintenance").exists and not worker.file("/run/sparkfleet/vllm-maintenance").exists
     worker_start, head_start = started_at(worker)[0], started_at(head)[0]
     assert head_before is None or head_start != head_before[0], "the head was restarted with the worker"
     assert worker_start < head_start

@@ -1,6 +1,7 @@
 """A cluster planned per node: every node's argv and environment, and every refusal."""
 
 import copy
+import json
 import shlex
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._cluster import (
     agreement_problems,
     cluster_nodes,
     fleet_cluster_problems,
+    stale_ranks,
 )
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._fabric import parse_ibdev2netdev
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._settings import bounds_table
@@ -476,3 +478,41 @@ def test_each_nodes_own_host_vars_reach_the_declaration():
         "spark-2": {"hardware_env": None}}
     cluster = declaration(node_vars=cluster_node_vars(["spark-1", "spark-2"], hostvars))
     assert planned(cluster)["errors"][0].startswith("spark-1: cluster_node_env.NCCL_IB_DISABLE: '1' turns RDMA off")
+
+
+def rank_plan_text(name, **changes):
+    return json.dumps({"name": name, "unit": f"sparkfleet-cluster-{name}.service", "container": f"vllm-cluster-{name}", **changes})
+
+
+def test_ranks_of_other_clusters_are_stale_with_the_names_the_plan_gave_them():
+    """Found when read: a rank stayed (unit, container, files, enabled) after its node left the
+    cluster, the cluster was renamed or cluster_name was cleared."""
+    config = "/etc/sparkfleet/cluster"
+    deployed = {f"{config}/lab-tp2.json": rank_plan_text("lab-tp2"), f"{config}/old-tp2.json": rank_plan_text("old-tp2")}
+    stale = stale_ranks(deployed, "lab-tp2", config)
+    assert stale == {"problems": [], "ranks": [{
+        "name": "old-tp2", "unit": "sparkfleet-cluster-old-tp2.service", "container": "vllm-cluster-old-tp2",
+        "files": ["/etc/systemd/system/sparkfleet-cluster-old-tp2.service", f"{config}/old-tp2.env", f"{config}/old-tp2.json",
+                  f"{config}/last-good/sparkfleet-cluster-old-tp2.service", f"{config}/last-good/old-tp2.env", f"{config}/last-good/old-tp2.json"]}]}
+    cleared = stale_ranks(deployed, "", config)
+    assert [rank["name"] for rank in cleared["ranks"]] == ["lab-tp2", "old-tp2"], "cluster_name cleared: every rank goes"
+    old = {**declaration(), "name": "old-tp2"}
+    launched = node_plan(old, planned(old)["nodes"]["spark-2"])["instances"][0]
+    assert (launched["unit"], launched["container"]) == (stale["ranks"][0]["unit"], stale["ranks"][0]["container"])
+
+
+@pytest.mark.parametrize(("text", "fragment"), [
+    pytest.param(rank_plan_text("old-tp2", unit="ssh.service"), "does not name the cluster rank 'old-tp2'", id="another-unit"),
+    pytest.param(rank_plan_text("old-tp2", container="postgres"), "its container vllm-cluster-old-tp2", id="another-container"),
+    pytest.param("{not json", "not a rank's plan", id="damaged"),
+    pytest.param(json.dumps(["old-tp2"]), "does not name the cluster rank", id="not-a-mapping"),
+])
+def test_a_plan_file_naming_no_rank_of_ours_is_refused_never_removed(text, fragment):
+    stale = stale_ranks({"/etc/sparkfleet/cluster/old-tp2.json": text}, "lab-tp2", "/etc/sparkfleet/cluster")
+    assert stale["ranks"] == [] and len(stale["problems"]) == 1 and fragment in stale["problems"][0]
+    assert "remove the rank by hand" in stale["problems"][0]
+
+
+def test_a_file_name_that_is_no_rank_name_is_refused():
+    stale = stale_ranks({"/etc/sparkfleet/cluster/Old Tp2.json": rank_plan_text("Old Tp2")}, "", "/etc/sparkfleet/cluster")
+    assert stale["ranks"] == [] and "does not name the cluster rank 'Old Tp2'" in stale["problems"][0]
