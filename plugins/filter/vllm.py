@@ -176,13 +176,21 @@ _value:
 """
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._memory import admission_problem, parse_meminfo
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_instance import pull_reference, run_image
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_models import validate_models
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_instance import deployed_instances, pull_reference, removal, run_image
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_models import model_folder, validate_models
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_plan import WILDCARDS, build_plan, canonical_address, drift_reasons, pool_share
 
 
 def vllm_plan(instances, defaults, **options):
     return build_plan(instances, defaults, **options)
+
+
+def vllm_removals(deployed_paths, plan, config_dir):
+    """Paths of the host's units and plan files -> what removing each instance deployed but no longer planned (or declared
+    absent) stops and deletes."""
+    planned = {instance["name"] for instance in plan["instances"]}
+    names = sorted(set(deployed_instances(deployed_paths or [], config_dir)) | set(plan["absent"]))
+    return [removal(config_dir, name, False) for name in names if name not in planned]
 
 
 def vllm_drift(plan, files_changed, unit_state, container=None):
@@ -210,6 +218,8 @@ class FilterModule:
         return {
             "vllm_plan": vllm_plan,
             "vllm_drift": vllm_drift,
+            "vllm_removals": vllm_removals,
+            "vllm_model_folder": model_folder,
             "vllm_pull_reference": pull_reference,
             "vllm_run_image": run_image,
             "meminfo": parse_meminfo,

@@ -25,7 +25,7 @@ import typing as t
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._fabric import MTU_MAX, MTU_MIN, MTU_WHY, interface_named, interface_on, rocev2_gid_index
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._model_catalog import VERSION, version_tuple
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._settings import Setting, dropin_problem, setting_problems
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_instance import unit_names
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_instance import UNIT_NAME, removal
 
 BACKENDS = ("native", "ray")
 FIRST_MULTI_NODE_VERSION = "0.27.0"
@@ -443,10 +443,6 @@ def ray_start_args(option: t.Mapping[str, t.Any]) -> list[str]:
     return [*common, "--address", f"{option['master_addr']}:{RAY_PORT}"]
 
 
-# A rank's name as the plan allows it (lower-case letters, digits and dashes).
-RANK_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
-
-
 def stale_ranks(deployed: t.Mapping[str, t.Any], keep: str, config_dir: str) -> dict[str, t.Any]:
     """The ranks a host runs but no longer serves, from their plan files (path -> the file's text):
     ``{"ranks": [{"name", "unit", "container", "files"}], "problems": [...]}``. Every rank but the
@@ -463,13 +459,11 @@ def stale_ranks(deployed: t.Mapping[str, t.Any], keep: str, config_dir: str) -> 
         except ValueError as error:
             problems.append(f"{path}: not a rank's plan ({error}); remove the rank by hand (systemctl disable --now, docker rm), then the file")
             continue
-        unit, container = unit_names(name, True)
-        if not RANK_NAME.fullmatch(name) or not isinstance(plan, dict) or (plan.get("name"), plan.get("unit"), plan.get("container")) != (
-                name, unit, container):
-            problems.append(f"{path}: does not name the cluster rank {name!r} (its unit {unit}, its container {container}); it was not "
-                            "removed: remove the rank by hand (systemctl disable --now, docker rm), then the file")
+        rank = removal(config_dir, name, True)
+        if not UNIT_NAME.fullmatch(name) or not isinstance(plan, dict) or (plan.get("name"), plan.get("unit"), plan.get("container")) != (
+                name, rank["unit"], rank["container"]):
+            problems.append(f"{path}: does not name the cluster rank {name!r} (its unit {rank['unit']}, its container {rank['container']}); "
+                            "it was not removed: remove the rank by hand (systemctl disable --now, docker rm), then the file")
             continue
-        files = [f"/etc/systemd/system/{unit}", f"{config_dir}/{name}.env", f"{config_dir}/{name}.json",
-                 f"{config_dir}/last-good/{unit}", f"{config_dir}/last-good/{name}.env", f"{config_dir}/last-good/{name}.json"]
-        ranks.append({"name": name, "unit": unit, "container": container, "files": files})
+        ranks.append(rank)
     return {"ranks": ranks, "problems": problems}

@@ -22,7 +22,7 @@ import typing as t
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._settings import Setting, setting_problems
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._systemd import exec_line
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_instance import parse_image_reference
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_instance import UNIT_FOLDER, parse_image_reference
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_plan import API_KEY, canonical_address, endpoint_url
 
 ROUTING_STRATEGIES = ("simple-shuffle", "least-busy", "latency-based-routing")
@@ -35,6 +35,16 @@ UNIT = "sparkfleet-gateway.service"
 MASTER_KEY_ENV = "LITELLM_MASTER_KEY"
 # LiteLLM mounts its config here in the container; the host's config folder is mounted read-only.
 CONTAINER_CONFIG_DIR = "/etc/litellm"
+
+
+def gateway_files(config_dir: str) -> dict[str, str]:
+    """Where the gateway's files live on its host: its keys (env, 0600), its plan, the drained list,
+    LiteLLM's folder and config, and its unit."""
+    folder = config_dir.rstrip("/")
+    return {"env": f"{folder}/gateway.env", "plan": f"{folder}/plan.json", "drained": f"{folder}/drained.json",
+            "litellm_dir": f"{folder}/litellm", "config": f"{folder}/litellm/config.yaml", "unit": f"{UNIT_FOLDER}/{UNIT}"}
+
+
 # What the gateway writes on its host; a file of another schema is refused, never guessed at.
 SCHEMA_VERSION = 1
 PLAN_KEYS = ("schema_version", "deployments", "groups", "settings", "url")
@@ -272,16 +282,16 @@ def gateway_plan(settings: t.Mapping[str, t.Any], backends: t.Sequence[t.Mapping
     env_lines = ["# Managed by Ansible (sparkfleet.vllm.gateway); holds the master key and the backends' keys, mode 0600.",
                  f"{MASTER_KEY_ENV}={settings['master_key']}", *[f"{env}={key}" for key, env in keys.items()]]
     plan["env_file"] = "\n".join(env_lines) + "\n"
-    config_dir = settings["config_dir"]
+    files = gateway_files(settings["config_dir"])
     switches = {**({} if settings["admin_ui"] else ADMIN_UI_OFF_ENV), **({} if settings["api_docs"] else API_DOCS_OFF_ENV)}
     plan["docker_run"] = [
-        "/usr/bin/docker", "run", "--name", CONTAINER, "--network", "host", "--env-file", f"{config_dir}/gateway.env",
+        "/usr/bin/docker", "run", "--name", CONTAINER, "--network", "host", "--env-file", files["env"],
         *[argument for name, value in switches.items() for argument in ("--env", f"{name}={value}")],
-        "--volume", f"{config_dir}/litellm:{CONTAINER_CONFIG_DIR}:ro", "--label", "sparkfleet.gateway=1",
+        "--volume", f"{files['litellm_dir']}:{CONTAINER_CONFIG_DIR}:ro", "--label", "sparkfleet.gateway=1",
         settings["image"], "--config", f"{CONTAINER_CONFIG_DIR}/config.yaml",
         "--host", bind_address, "--port", str(settings["port"]), "--num_workers", "1",
     ]
-    plan["unit"], plan["container"] = UNIT, CONTAINER
+    plan["unit"], plan["container"], plan["files"] = UNIT, CONTAINER, files
     plan["unit_file"] = unit_file(plan["docker_run"])
     return plan
 

@@ -10,7 +10,6 @@ an operator never copies a key into a benchmark command line.
 from __future__ import annotations
 
 import json
-import os
 import re
 import typing as t
 from http.client import HTTPException
@@ -19,7 +18,7 @@ from ansible.module_utils.six.moves.urllib.error import URLError
 from ansible.module_utils.urls import open_url
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_health import Reply, exception_reply, parse_env_file
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_instance import PLAN_SCHEMA_VERSION
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_instance import PLAN_SCHEMA_VERSION, settings_paths
 
 ENDPOINT_ARGUMENT_SPEC: dict[str, dict[str, t.Any]] = {
     "instance": {"type": "str"},
@@ -127,8 +126,7 @@ def instance_endpoint(plan: t.Mapping[str, t.Any], env: t.Mapping[str, str]) -> 
 
 def read_instance(config_dir: str, name: str) -> dict[str, t.Any]:
     """The endpoint of instance ``name`` from the files the vllm role wrote; ValueError naming what is missing."""
-    settings_path = os.path.join(config_dir, f"{name}.json")
-    env_path = os.path.join(config_dir, f"{name}.env")
+    env_path, settings_path = settings_paths(config_dir.rstrip("/"), name)
     try:
         with open(settings_path, encoding="utf-8", errors="replace") as handle:
             text = handle.read()

@@ -18,9 +18,60 @@ PLAN_SCHEMA_VERSION = 1
 CONTAINER_PORT = 8000
 
 
+UNIT_FOLDER = "/etc/systemd/system"
+# An instance's or a rank's name as the plan allows it (lower-case letters, digits and dashes).
+UNIT_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
+
+
 def unit_names(name: str, cluster: bool) -> tuple[str, str]:
     """(systemd unit, container) of an instance or of a cluster's rank on a node."""
     return f"sparkfleet-{'cluster' if cluster else 'vllm'}-{name}.service", f"vllm-{'cluster-' if cluster else ''}{name}"
+
+
+def settings_paths(config_dir: str, name: str) -> tuple[str, str]:
+    """(env file, plan file) of an instance or a rank, in its role's configuration folder."""
+    return f"{config_dir}/{name}.env", f"{config_dir}/{name}.json"
+
+
+def instance_files(config_dir: str, name: str, cluster: bool) -> dict[str, t.Any]:
+    """Where an instance's or a rank's files live: its env file (the API key, 0600), its plan and its
+    unit, each with a last good copy. The plan carries these paths; an instance no longer planned
+    is found from its name (deployed_instances)."""
+    unit, container = unit_names(name, cluster)
+    last_good = f"{config_dir}/last-good"
+    env_path, plan_path = settings_paths(config_dir, name)
+    kept = [(env_path, "0600"), (plan_path, "0644"), (f"{UNIT_FOLDER}/{unit}", "0644")]
+    return {
+        "unit": unit, "container": container,
+        "env_path": env_path, "plan_path": plan_path, "unit_path": kept[2][0], "last_good_dir": last_good,
+        "kept_files": [{"path": path, "last_good": f"{last_good}/{path.rsplit('/', 1)[1]}", "mode": mode} for path, mode in kept],
+    }
+
+
+def removal(config_dir: str, name: str, cluster: bool) -> dict[str, t.Any]:
+    """What removing an instance or a rank no longer planned stops and deletes: its unit, its
+    container, its files and their last good copies."""
+    files = instance_files(config_dir, name, cluster)
+    return {"name": name, "unit": files["unit"], "container": files["container"],
+            "files": [kept["path"] for kept in files["kept_files"]] + [kept["last_good"] for kept in files["kept_files"]]}
+
+
+def deployed_instances(paths: t.Iterable[str], config_dir: str) -> list[str]:
+    """The names of the single instances deployed on a host, from the paths of its units
+    (UNIT_FOLDER/sparkfleet-vllm-NAME.service) and plan files (config_dir/NAME.json); a file
+    whose name is no instance name is none of ours."""
+    names = set()
+    for path in paths:
+        folder, _, file_name = path.rpartition("/")
+        if folder == UNIT_FOLDER and file_name.startswith("sparkfleet-vllm-") and file_name.endswith(".service"):
+            name = file_name.removeprefix("sparkfleet-vllm-").removesuffix(".service")
+        elif folder == config_dir.rstrip("/") and file_name.endswith(".json"):
+            name = file_name.removesuffix(".json")
+        else:
+            continue
+        if UNIT_NAME.fullmatch(name):
+            names.add(name)
+    return sorted(names)
 
 
 def parse_image_reference(image: str) -> dict[str, str | None] | None:

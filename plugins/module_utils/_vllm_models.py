@@ -52,6 +52,11 @@ def default_name(repo: str) -> str:
     return repo.rsplit("/", 1)[-1]
 
 
+def model_folder(model: t.Mapping[str, t.Any]) -> str:
+    """The folder under the models directory a vllm_models entry is staged in: its name, or its repo's."""
+    return model.get("name") or default_name(model["repo"])
+
+
 def validate_models(variable: str, models: t.Any, allow_branch: bool = False) -> list[str]:
     """Problems of a vllm_models list, each naming the entry and the key to fix."""
     if not isinstance(models, list):

@@ -41,10 +41,10 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_guards impor
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_instance import (
     CONTAINER_PORT,
     PLAN_SCHEMA_VERSION,
+    instance_files,
     parse_image_reference,
     run_image,
     speculative_config,
-    unit_names,
 )
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_models import host_path
 
@@ -648,15 +648,15 @@ def instance_plan(instance: t.Mapping[str, t.Any], start_after: list[str], optio
     """(public plan, env file text) of one valid instance."""
     name = instance["name"]
     cluster = options["cluster"]
-    unit, container = unit_names(name, bool(cluster))
-    config_dir = options["config_dir"]
+    files = instance_files(options["config_dir"], name, bool(cluster))
+    container = files["container"]
     image = run_image(instance["image"], options["registry_mirror"])
     environment = {**options["hardware"]["env"], **options["env"], **(instance.get("env") or {}), "PYTHONPATH": GUARD_DIR}
     if cluster:
         environment.update({**cluster.get("node_env", {}), **cluster["network_env"]})
     env_text = env_file(instance["api_key"], environment)
     timeout = instance.get("health_timeout") or options["health_timeout"]
-    run = ["/usr/bin/docker", "run", "--name", container, "--ipc=host", "--env-file", f"{config_dir}/{name}.env"]
+    run = ["/usr/bin/docker", "run", "--name", container, "--ipc=host", "--env-file", files["env_path"]]
     publications = [] if cluster else published_ports(instance)
     for publication in publications:
         run += ["--publish", publication]
@@ -678,8 +678,7 @@ def instance_plan(instance: t.Mapping[str, t.Any], start_after: list[str], optio
     plan = {
         "schema_version": PLAN_SCHEMA_VERSION,
         "name": name,
-        "unit": unit,
-        "container": container,
+        **files,
         "url": url,
         "container_url": url if cluster else f"http://127.0.0.1:{CONTAINER_PORT}",
         "image": instance["image"],
@@ -713,7 +712,7 @@ def instance_plan(instance: t.Mapping[str, t.Any], start_after: list[str], optio
         "master_addr": cluster["master_addr"], "master_port": cluster["master_port"], "host_ip": cluster["host_ip"],
     }
     readiness = ["/usr/bin/python3", options["readiness_script"], "--container", container, "--url", url,
-                 "--env-file", f"{config_dir}/{name}.env", "--timeout", str(timeout), *[f"--served-name={n}" for n in plan["served_names"]]]
+                 "--env-file", files["env_path"], "--timeout", str(timeout), *[f"--served-name={n}" for n in plan["served_names"]]]
     # A worker serves no API: its unit is up once its container runs; the head's readiness covers the cluster.
     plan["unit_file"] = unit_file(plan, readiness if not cluster or cluster["rank"] == 0 else None, options)
     return plan, env_text
@@ -838,7 +837,8 @@ def pool_share(instances: t.Any, defaults: t.Any) -> float:
 
 def build_plan(instances: t.Any, defaults: t.Any, **given: t.Any) -> dict[str, t.Any]:
     """The plan of one host: ``instances`` (planned, in start order), ``absent`` (names to remove),
-    ``errors`` (every problem; when there is any, nothing else is filled in), ``env_files``
+    ``errors`` (every problem; when there is any, nothing else is filled in), ``folders`` (the
+    configuration and data folders to create), ``env_files``
     (name -> env file text) and ``endpoints`` (what a gateway needs to route to each instance,
     its key included); those two are the only parts holding secrets."""
     missing, unknown = [name for name in PLAN_OPTIONS if name not in given], sorted(set(given) - set(PLAN_OPTIONS))
@@ -878,6 +878,13 @@ def build_plan(instances: t.Any, defaults: t.Any, **given: t.Any) -> dict[str, t
     plan["errors"] = errors
     if errors:
         return plan
+    # The host's folders the instances need: the configuration (root only, it holds the keys) and
+    # what the containers mount (the models, the caches, the readiness wait and the key middleware).
+    plan["folders"] = {
+        "config": [options["config_dir"], f"{options['config_dir']}/last-good"],
+        "data": [options["models_dir"], *[f"{options['cache_dir']}/{cache}" for cache, _target in CACHE_MOUNTS],
+                 str(pathlib.PurePosixPath(options["readiness_script"]).parent)],
+    }
     for instance in present:
         public, env_text = instance_plan(instance, [i["unit"] for i in plan["instances"]], options, memories.get(instance["_index"]))
         plan["instances"].append(public)

@@ -23,11 +23,11 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_models impor
     INDEX_FILES,
     MANIFEST,
     PARTIAL_PREFIX,
-    default_name,
     hf_download_args,
     listing_problems,
     manifest,
     model_facts,
+    model_folder,
     parse_listing,
     read_json,
     read_text,
@@ -210,7 +210,7 @@ def stage_checkpoint(host: Host, params: t.Mapping[str, t.Any]) -> dict[str, t.A
     A copy already staged at the revision is verified against its manifest and left alone when
     intact; a damaged one is named (also as a warning) and staged again.
     """
-    name = params["name"] or default_name(params["repo"])
+    name = model_folder(params)
     entry = {"repo": params["repo"], "revision": params["revision"], "name": name, "include": params["include"]}
     errors = [e.replace("model[0]", "model") for e in validate_models("model", [entry], params["allow_branch"])]
     if errors:

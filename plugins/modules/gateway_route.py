@@ -87,6 +87,10 @@ url:
   description: Where the gateway answers on its host.
   type: str
   returned: success
+unit:
+  description: The gateway's systemd unit, to restart when its config changed.
+  type: str
+  returned: success
 config_changed:
   description: Whether LiteLLM's config changed, so the gateway must restart to route by it.
   type: bool
@@ -104,9 +108,11 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._files import write_atomically
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._gateway import (
+    UNIT,
     after_request,
     drain_problems,
     drained_file,
+    gateway_files,
     in_rotation,
     kept_out,
     plan_file,
@@ -141,8 +147,8 @@ def main() -> None:
         supports_check_mode=True,
     )
     config_dir = module.params["config_dir"]
-    paths = {"plan": os.path.join(config_dir, "plan.json"), "drained": os.path.join(config_dir, "drained.json"),
-             "config": os.path.join(config_dir, "litellm", "config.yaml")}
+    files = gateway_files(config_dir)
+    paths = {name: files[name] for name in ("plan", "drained", "config")}
     try:
         before = {name: read_text(path) for name, path in paths.items()}
     except (OSError, UnicodeDecodeError) as error:
@@ -170,7 +176,7 @@ def main() -> None:
     changed_names = [name for name in paths if before[name] != after[name]]
     if changed_names and not module.check_mode:
         try:
-            os.makedirs(os.path.dirname(paths["config"]), mode=0o700, exist_ok=True)
+            os.makedirs(files["litellm_dir"], mode=0o700, exist_ok=True)
             for name in changed_names:
                 write_atomically(paths[name], after[name], 0o600)
         except OSError as error:
@@ -180,7 +186,7 @@ def main() -> None:
     for deployment in in_rotation(plan, after_drained):
         rotation.setdefault(deployment["group"], []).append(deployment["id"])
     result = {
-        "changed": bool(changed_names), "ok": True, "url": plan["url"], "drained": after_drained, "in_rotation": rotation,
+        "changed": bool(changed_names), "ok": True, "url": plan["url"], "unit": UNIT, "drained": after_drained, "in_rotation": rotation,
         "config_changed": "config" in changed_names, "reasons": [],
         "diff": [{"before_header": paths[name], "after_header": paths[name], "before": before[name] or "", "after": after[name]}
                  for name in ("drained", "config") if name in changed_names],

@@ -95,6 +95,16 @@ def test_the_container_runs_the_digest_on_the_bound_address():
     assert "ExecStart=" + " ".join(quote_exec_argument(a) for a in run) in plan["unit_file"]
 
 
+def test_the_plan_names_the_files_the_container_reads():
+    """Found when read: the gateway's unit and folder were named in two places."""
+    plan = plan_for(config_dir="/etc/sparkfleet/gw/")
+    run = plan["docker_run"]
+    assert plan["files"]["env"] == "/etc/sparkfleet/gw/gateway.env" == run[run.index("--env-file") + 1]
+    assert run[run.index("--volume") + 1] == f"{plan['files']['litellm_dir']}:/etc/litellm:ro"
+    assert plan["files"]["config"] == plan["files"]["litellm_dir"] + "/config.yaml"
+    assert plan["files"]["unit"] == "/etc/systemd/system/" + plan["unit"]
+
+
 def test_without_groups_each_served_name_is_a_group():
     hostvars = {**HOSTVARS, "gx10-1": {**HOSTVARS["gx10-1"], "vllm_endpoints": endpoints("gx10-1", ["0.0.0.0"], served=("coder",))}}
     plan = plan_for(hostvars, model_groups={})

@@ -8,12 +8,14 @@ import pytest
 import yaml
 from plan_options import PLAN_TASKS, ROLE, ROLE_DEFAULTS, plan_options
 
+from ansible_collections.sparkfleet.vllm.plugins.filter.vllm import vllm_removals
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_instance import (
     parse_image_reference,
     pull_reference,
     pull_repository,
     run_image,
 )
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_models import model_folder
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_plan import (
     INSTANCE_KEYS,
     OWNED_FLAGS,
@@ -63,6 +65,42 @@ def test_a_good_instance_has_no_problems_and_a_full_plan():
     assert llm["run_image"] == f"registry.local:5000/vllm-cpu@{DIGEST}"
     assert llm["env_names"] == ["VLLM_API_KEY", "PYTHONPATH"] and llm["start_after"] == []
     assert re.fullmatch(r"[0-9a-f]{16}", llm["config_hash"])
+
+
+def test_the_plan_names_every_file_and_folder_the_run_writes_and_mounts():
+    """Found when read: the env and plan paths were built in five places, the cache folders in three."""
+    result = plan(instance(), config_dir="/etc/sparkfleet/vllm")
+    llm = result["instances"][0]
+    assert (llm["env_path"], llm["plan_path"], llm["unit_path"]) == (
+        "/etc/sparkfleet/vllm/llm.env", "/etc/sparkfleet/vllm/llm.json", "/etc/systemd/system/sparkfleet-vllm-llm.service")
+    assert llm["kept_files"] == [
+        {"path": "/etc/sparkfleet/vllm/llm.env", "last_good": "/etc/sparkfleet/vllm/last-good/llm.env", "mode": "0600"},
+        {"path": "/etc/sparkfleet/vllm/llm.json", "last_good": "/etc/sparkfleet/vllm/last-good/llm.json", "mode": "0644"},
+        {"path": "/etc/systemd/system/sparkfleet-vllm-llm.service", "last_good": "/etc/sparkfleet/vllm/last-good/sparkfleet-vllm-llm.service",
+         "mode": "0644"}]
+    run = llm["docker_run"]
+    assert run[run.index("--env-file") + 1] == llm["env_path"]
+    mounted = [run[at + 1].split(":")[0] for at, argument in enumerate(run) if argument == "--volume"]
+    assert set(mounted) <= set(result["folders"]["data"]) | {"/usr/local/libexec/sparkfleet/sparkfleet_vllm_guard.py"}
+    assert result["folders"]["config"] == ["/etc/sparkfleet/vllm", "/etc/sparkfleet/vllm/last-good"]
+
+
+def test_an_instance_no_longer_planned_is_removed_with_the_files_the_plan_gave_it():
+    config = "/etc/sparkfleet/vllm"
+    planned = plan(instance(), instance(name="gone", port=8002, state="absent"), config_dir=config)
+    deployed = [f"{config}/llm.json", f"{config}/old.json", "/etc/systemd/system/sparkfleet-vllm-older.service",
+                "/etc/systemd/system/sparkfleet-vllm-older.service.bak", f"{config}/Notes Here.json", f"{config}/last-good/x.json"]
+    removals = vllm_removals(deployed, planned, config)
+    assert [r["name"] for r in removals] == ["gone", "old", "older"], "a file that names no instance of ours is left alone"
+    was_planned = plan(instance(name="old"), config_dir=config)["instances"][0]
+    old = removals[1]
+    assert (old["unit"], old["container"]) == (was_planned["unit"], was_planned["container"])
+    assert old["files"] == [f["path"] for f in was_planned["kept_files"]] + [f["last_good"] for f in was_planned["kept_files"]]
+
+
+def test_a_checkpoint_is_staged_in_its_name_or_its_repos():
+    assert model_folder({"repo": "nvidia/Gemma-4-26B-A4B-it-NVFP4"}) == "Gemma-4-26B-A4B-it-NVFP4"
+    assert model_folder({"repo": "nvidia/Gemma-4-26B-A4B-it-NVFP4", "name": "gemma"}) == "gemma"
 
 
 def test_every_option_is_given_and_a_missing_or_unknown_one_is_named():

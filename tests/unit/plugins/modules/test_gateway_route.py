@@ -108,7 +108,7 @@ def test_an_older_releases_drained_list_keeps_its_nodes_drained_and_gains_the_sc
 
 
 @pytest.mark.parametrize(("name", "damage", "expected"), [
-    ("plan.json", lambda text: text[: len(text) // 2], "plan.json: not a gateway plan (Unterminated string"),
+    ("plan.json", lambda text: text[: len(text) // 2], "plan.json: not a gateway plan ("),
     ("plan.json", lambda text: json.dumps({k: v for k, v in json.loads(text).items() if k not in ("schema_version", "settings")}),
      "plan.json: schema_version missing, while this collection reads 1: another (older) sparkfleet.vllm wrote it; re-run site.yml "
      "--tags gateway, which rewrites it from the inventory"),
