@@ -15,11 +15,12 @@ description:
   - Applies the hardware class (its environment, batch size and ceiling) and the model catalog entry an instance
     names, refuses contradictions with it and the seed guards, and works out each instance's memory arithmetic.
   - Returns the plan of every instance (unit, container, URL, run image, argv, environment names, ports, served names,
-    weights, start-after list, launch checks, memory arithmetic, config hash and unit file), the names to remove, every
-    error at once, the warnings, and the env files (the only part holding secrets; use it under no_log).
+    weights, start-after list, launch checks, memory arithmetic, config hash, unit file, and every file's path with its
+    last good copy), the names to remove, the host's folders, every error at once, the warnings, and the env files (the
+    only part holding secrets; use it under no_log).
   - Every option is required and has no default of its own (the vllm role's defaults are the defaults); a missing or
     unknown option is an error naming it.
-  - The same file provides C(vllm_drift) (why a running instance differs from its plan),
+  - The same file provides C(vllm_removals) (the instances no longer planned), C(vllm_model_folder),
     C(vllm_pull_reference), C(vllm_run_image), C(meminfo), C(vllm_admission_problem) and
     C(vllm_models_problems).
 author: sparkfleet.vllm contributors (@sparkfleet)
@@ -178,7 +179,7 @@ _value:
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._memory import admission_problem, parse_meminfo
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_instance import deployed_instances, pull_reference, removal, run_image
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_models import model_folder, validate_models
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_plan import WILDCARDS, build_plan, canonical_address, drift_reasons, pool_share
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_plan import WILDCARDS, build_plan, canonical_address, pool_share
 
 
 def vllm_plan(instances, defaults, **options):
@@ -191,10 +192,6 @@ def vllm_removals(deployed_paths, plan, config_dir):
     planned = {instance["name"] for instance in plan["instances"]}
     names = sorted(set(deployed_instances(deployed_paths or [], config_dir)) | set(plan["absent"]))
     return [removal(config_dir, name, False) for name in names if name not in planned]
-
-
-def vllm_drift(plan, files_changed, unit_state, container=None):
-    return drift_reasons(plan, bool(files_changed), unit_state or None, container or None)
 
 
 def vllm_listen_address_problem(address):
@@ -217,7 +214,6 @@ class FilterModule:
     def filters(self):
         return {
             "vllm_plan": vllm_plan,
-            "vllm_drift": vllm_drift,
             "vllm_removals": vllm_removals,
             "vllm_model_folder": model_folder,
             "vllm_pull_reference": pull_reference,

@@ -1,0 +1,201 @@
+"""The serving_unit module run as Ansible runs it (its arguments on stdin), writing a planned
+instance's files into a temporary folder, with stand-ins for systemctl and docker on PATH that
+replay outputs recorded on a lab host (tests/unit/fixtures/serving_unit): drift, check mode, a
+plan file that alone relaunches nothing, modes restored, and every failure named without a traceback."""
+
+import copy
+import json
+import os
+import pathlib
+import stat
+import subprocess
+import sys
+
+import pytest
+from plan_options import ROLE_DEFAULTS, plan_options
+
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_plan import build_plan
+
+ROOT = pathlib.Path(__file__).resolve().parents[4]
+COLLECTIONS = ROOT / ".cache" / "collections"
+MODULE = COLLECTIONS / "ansible_collections" / "sparkfleet" / "vllm" / "plugins" / "modules" / "serving_unit.py"
+RECORDED = ROOT / "tests" / "unit" / "fixtures" / "serving_unit"
+KEY = "k" * 32
+IMAGE = "registry.local:5000/vllm-cpu:0.32.0@sha256:" + "ab" * 32
+# Replays what the state file says the host has, in the recorded formats; anything else fails as the real tools would.
+STAND_IN = """#!/usr/bin/env python3
+import json, pathlib, sys
+state = json.loads((pathlib.Path(__file__).parent / "state.json").read_text())
+tool, args = pathlib.Path(sys.argv[0]).name, sys.argv[1:]
+if tool == "docker" and state.get("docker_down"):
+    sys.stderr.write("Cannot connect to the Docker daemon at unix:///var/run/docker.sock. Is the docker daemon running?\\n")
+    sys.exit(1)
+if tool == "systemctl" and args[:3] == ["show", "--property=LoadState", "--property=ActiveState"]:
+    sys.stdout.write(state["units"].get(args[3], state["not_found"]))
+elif tool == "docker" and args[:2] == ["container", "inspect"] and args[2] in state["containers"]:
+    sys.stdout.write(json.dumps([state["containers"][args[2]]]))
+elif tool == "docker" and args[:2] == ["container", "inspect"]:
+    sys.stdout.write("[]\\n")
+    sys.stderr.write(state["missing"].replace("vllm-nothere", args[2]))
+    sys.exit(1)
+else:
+    sys.stderr.write(f"unexpected {tool} {args}\\n")
+    sys.exit(2)
+"""
+
+
+@pytest.fixture
+def host(tmp_path):
+    """A host: the configuration and unit folders, and the stand-ins with a state the test sets."""
+    (tmp_path / "config" / "last-good").mkdir(parents=True)
+    (tmp_path / "units").mkdir()
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("systemctl", "docker"):
+        (bin_dir / tool).write_text(STAND_IN)
+        (bin_dir / tool).chmod(0o755)
+    return tmp_path
+
+
+def set_state(host, units=None, containers=None, docker_down=False):
+    state = {"units": units or {}, "containers": containers or {}, "docker_down": docker_down,
+             "not_found": (RECORDED / "systemctl-show-not-found.txt").read_text(),
+             "missing": (RECORDED / "docker-container-inspect-missing.stderr").read_text()}
+    (host / "bin" / "state.json").write_text(json.dumps(state))
+
+
+def planned(host, **changes):
+    """The vllm role's plan of one instance, its files in the test's folders; and its env file."""
+    instance = {"name": "tiny", "model": "/models/tiny-llama", "served_model_names": ["tiny"], "port": 8001, "api_key": KEY, **changes}
+    result = build_plan([instance], ROLE_DEFAULTS["vllm_instance_defaults"],
+                        **plan_options(image=IMAGE, hardware_class="cpu_lab", config_dir=str(host / "config")))
+    assert result["errors"] == []
+    plan = result["instances"][0]
+    plan["kept_files"][2] = {**plan["kept_files"][2], "path": str(host / "units" / plan["unit"])}
+    return plan, result["env_files"]["tiny"]
+
+
+def running(plan, config_hash=None, status="running"):
+    """The recorded inspect data of a running instance, as this plan's container."""
+    container = json.loads((RECORDED / "docker-container-inspect-running.json").read_text())[0]
+    container["Config"]["Labels"]["sparkfleet.vllm.config-hash"] = config_hash or plan["config_hash"]
+    container["Config"]["Image"] = plan["run_image"]
+    container["State"]["Status"] = status
+    return container
+
+
+def active(unit):
+    return {unit: (RECORDED / "systemctl-show-activating.txt").read_text().replace("activating", "active")}
+
+
+def run(host, plan, env_file, check_mode=False):
+    payload = {"ANSIBLE_MODULE_ARGS": {"plan": plan, "env_file": env_file, "_ansible_check_mode": check_mode, "_ansible_diff": True}}
+    env = {**os.environ, "PYTHONPATH": str(COLLECTIONS), "PATH": f"{host / 'bin'}{os.pathsep}{os.environ['PATH']}"}
+    done = subprocess.run([sys.executable, str(MODULE)], input=json.dumps(payload), capture_output=True, text=True, env=env, check=False)
+    assert "Traceback" not in done.stdout + done.stderr and KEY not in done.stdout + done.stderr, done.stdout + done.stderr
+    return json.loads(done.stdout)
+
+
+def files(host):
+    return {path.relative_to(host).as_posix(): (path.read_text(), stat.S_IMODE(path.stat().st_mode))
+            for folder in ("config", "units") for path in sorted((host / folder).rglob("*")) if path.is_file()}
+
+
+def test_a_fresh_host_gets_every_file_with_its_mode_and_the_instance_is_launched(host):
+    set_state(host)
+    plan, env_file = planned(host)
+    result = run(host, plan, env_file)
+    assert result["changed"] and result["written"] == ["env", "plan", "unit"] and result["fixed"] == []
+    assert result["drift"] == ["its settings files changed", "its unit is inactive", "no container runs"]
+    assert result["unit_state"] == {"LoadState": "not-found", "ActiveState": "inactive"}
+    written = files(host)
+    assert written["config/tiny.env"] == (env_file, 0o600)
+    assert json.loads(written["config/tiny.json"][0]) == plan and written["config/tiny.json"][1] == 0o644
+    assert written["units/sparkfleet-vllm-tiny.service"] == (plan["unit_file"], 0o644)
+    assert [entry["before"] for entry in result["diff"]] == ["", "", ""]
+    assert "API key" in result["diff"][0]["after"], "the env file's content never reaches a diff"
+
+
+def test_a_host_running_its_plan_changes_nothing(host):
+    plan, env_file = planned(host)
+    set_state(host)
+    run(host, plan, env_file)
+    set_state(host, units=active(plan["unit"]), containers={plan["container"]: running(plan)})
+    before = files(host)
+    again = run(host, plan, env_file)
+    assert not again["changed"] and again["written"] == [] and again["drift"] == [] and again["diff"] == []
+    assert files(host) == before
+
+
+def test_check_mode_answers_the_same_and_writes_nothing(host):
+    set_state(host)
+    plan, env_file = planned(host)
+    checked = run(host, plan, env_file, check_mode=True)
+    assert files(host) == {}
+    assert checked["changed"] and checked["written"] == ["env", "plan", "unit"]
+    assert checked["drift"] == ["its settings files changed", "its unit is inactive", "no container runs"]
+    applied = run(host, plan, env_file)
+    assert {key: applied[key] for key in ("written", "drift")} == {key: checked[key] for key in ("written", "drift")}
+
+
+def test_a_plan_file_alone_rewritten_relaunches_nothing_and_a_changed_setting_does(host):
+    plan, env_file = planned(host)
+    set_state(host, units=active(plan["unit"]), containers={plan["container"]: running(plan)})
+    run(host, plan, env_file)
+    described = copy.deepcopy(plan)
+    described["memory"] = {"note": "a field a newer release adds to the plan"}
+    result = run(host, described, env_file)
+    assert result["written"] == ["plan"] and result["drift"] == [], "a plan file describes the unit; it is not the unit"
+    changed, changed_env = planned(host, max_num_seqs=8)
+    result = run(host, changed, changed_env)
+    assert result["written"] == ["plan", "unit"]
+    assert result["drift"] == ["its settings files changed", f"its container runs config {plan['config_hash']}, the plan is {changed['config_hash']}"]
+
+
+def test_a_secret_file_made_readable_is_closed_again_without_a_relaunch(host):
+    plan, env_file = planned(host)
+    set_state(host, units=active(plan["unit"]), containers={plan["container"]: running(plan)})
+    run(host, plan, env_file)
+    (host / "config" / "tiny.env").chmod(0o644)
+    result = run(host, plan, env_file)
+    assert result["changed"] and result["written"] == [] and result["fixed"] == ["env"] and result["drift"] == []
+    assert files(host)["config/tiny.env"][1] == 0o600
+
+
+@pytest.mark.parametrize(("container", "reason"), [
+    pytest.param({"config_hash": "0123456789abcdef"}, "its container runs config 0123456789abcdef, the plan is", id="other-settings"),
+    pytest.param({"status": "exited"}, "its container is exited", id="exited"),
+])
+def test_a_container_changed_by_hand_is_drift(host, container, reason):
+    plan, env_file = planned(host)
+    set_state(host, units=active(plan["unit"]), containers={plan["container"]: running(plan, **container)})
+    run(host, plan, env_file)
+    result = run(host, plan, env_file)
+    assert not result["changed"] and len(result["drift"]) == 1 and result["drift"][0].startswith(reason)
+
+
+@pytest.mark.parametrize(("damage", "fragment"), [
+    pytest.param(lambda plan: {**plan, "schema_version": 0}, "plan: schema_version 0, while this release reads 1", id="other-release"),
+    pytest.param(lambda plan: {**plan, "kept_files": plan["kept_files"][:2]}, "plan: lacks kept_files", id="files-missing"),
+    pytest.param(lambda plan: {k: v for k, v in plan.items() if k != "config_hash"}, "plan: lacks config_hash", id="hash-missing"),
+])
+def test_a_plan_that_is_not_this_releases_is_refused_writing_nothing(host, damage, fragment):
+    set_state(host)
+    plan, env_file = planned(host)
+    result = run(host, damage(plan), env_file)
+    assert result["failed"] and result["msg"].startswith(fragment) and "__vllm_plan.instances" in result["msg"]
+    assert files(host) == {}
+
+
+def test_a_stopped_docker_and_a_missing_folder_are_named_with_the_fix_and_change_nothing(host):
+    plan, env_file = planned(host)
+    set_state(host, docker_down=True)
+    result = run(host, plan, env_file)
+    assert result["failed"] and result["msg"].startswith(f"docker container inspect {plan['container']} exited 1: Cannot connect")
+    assert result["msg"].endswith("is Docker running on the host?") and files(host) == {}, "a host that cannot answer is left as it was"
+    set_state(host)
+    (host / "config" / "last-good").rmdir()
+    (host / "config").rmdir()
+    result = run(host, plan, env_file)
+    assert result["failed"] and result["msg"] == (f"{host}/config/tiny.env: its folder {host}/config does not exist; the role creates it "
+                                                  "before this step (plan folders)")
