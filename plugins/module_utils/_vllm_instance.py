@@ -62,7 +62,7 @@ def deployed_instances(paths: t.Iterable[str], config_dir: str) -> list[str]:
     whose name is no instance name is none of ours."""
     names = set()
     for path in paths:
-        folder, _, file_name = path.rpartition("/")
+        folder, file_name = path.rsplit("/", 1) if "/" in path else ("", path)
         if folder == UNIT_FOLDER and file_name.startswith("sparkfleet-vllm-") and file_name.endswith(".service"):
             name = file_name.removeprefix("sparkfleet-vllm-").removesuffix(".service")
         elif folder == config_dir.rstrip("/") and file_name.endswith(".json"):
