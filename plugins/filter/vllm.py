@@ -21,7 +21,7 @@ description:
   - Every option is required and has no default of its own (the vllm role's defaults are the defaults); a missing or
     unknown option is an error naming it.
   - The same file provides C(vllm_removals) (the instances no longer planned), C(vllm_model_folder),
-    C(vllm_pull_reference), C(vllm_run_image), C(meminfo), C(vllm_admission_problem) and
+    C(vllm_pull_reference), C(vllm_run_image), C(meminfo) and
     C(vllm_models_problems).
 author: sparkfleet.vllm contributors (@sparkfleet)
 positional: _input
@@ -176,7 +176,7 @@ _value:
   type: dict
 """
 
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._memory import admission_problem, parse_meminfo
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._memory import parse_meminfo
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_instance import deployed_instances, pull_reference, removal, run_image
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_models import model_folder, validate_models
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_plan import WILDCARDS, build_plan, canonical_address, pool_share
@@ -206,10 +206,6 @@ def vllm_models_problems(models, allow_branch=False):
     return validate_models("vllm_models", models, bool(allow_branch))
 
 
-def vllm_admission_problem(meminfo_bytes, name, gpu_memory_utilization):
-    return admission_problem(name, float(gpu_memory_utilization), meminfo_bytes)
-
-
 class FilterModule:
     def filters(self):
         return {
@@ -219,7 +215,6 @@ class FilterModule:
             "vllm_pull_reference": pull_reference,
             "vllm_run_image": run_image,
             "meminfo": parse_meminfo,
-            "vllm_admission_problem": vllm_admission_problem,
             "vllm_models_problems": vllm_models_problems,
             "vllm_listen_address_problem": vllm_listen_address_problem,
             "vllm_pool_share": pool_share,

@@ -1,11 +1,16 @@
 # Copyright: sparkfleet.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""One planned serving unit on its host (a vLLM instance or a cluster's rank): its files written
-from the plan, each atomically with its mode, and why the running unit differs from its plan.
+"""One planned serving unit on its host (a vLLM instance or a cluster's rank), step by step:
+its files written from the plan, each atomically with its mode, and why the running unit differs
+from its plan (prepare); the unit stopped and its container removed (stop); the page cache
+dropped, the memory admitted, the start limit cleared and the unit started (start); its last good
+files restored (restore) or its files kept as the last good ones (keep); a unit no longer planned
+removed with its files (remove). The roles order the steps (a cluster's across its nodes) and gate
+between them.
 
 Private to the collection; the serving_unit module is its caller. Check mode is answered here:
-the same comparison, nothing written. The env file holds the API key, so its content never
-reaches a diff or a result.
+the same comparison, nothing written, stopped or started. The env file holds the API key, so its
+content never reaches a diff or a result.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import os
 import typing as t
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._files import write_atomically
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._memory import admission_problem, parse_meminfo
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_instance import PLAN_SCHEMA_VERSION
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_plan import drift_reasons
 
@@ -24,6 +30,9 @@ FILE_KINDS = ("env", "plan", "unit")
 RELAUNCHING_KINDS = frozenset(("env", "unit"))
 SECRET_KINDS = frozenset(("env",))
 HIDDEN = "(the env file holds the API key; its content is not shown)\n"
+STEPS = ("prepare", "stop", "start", "restore", "keep", "remove")
+MEMINFO = "/proc/meminfo"
+DROP_CACHES = "/proc/sys/vm/drop_caches"
 
 Runner = t.Callable[[list[str]], tuple[int, str, str]]
 
@@ -142,9 +151,6 @@ def container_state(run: Runner, container: str) -> dict[str, t.Any] | None:
 def prepare(plan: t.Mapping[str, t.Any], env_text: str, check_mode: bool, run: Runner) -> dict[str, t.Any]:
     """Bring the unit's files to its plan and say why the running unit is not the plan (drift).
     In check mode nothing is written and the answer is the same."""
-    problem = plan_problem(plan)
-    if problem:
-        raise UnitError(problem)
     # Read before anything is written, so a host whose systemd or Docker cannot answer is left as it was.
     state = unit_state(run, plan["unit"])
     container = container_state(run, plan["container"])
@@ -153,3 +159,129 @@ def prepare(plan: t.Mapping[str, t.Any], env_text: str, check_mode: bool, run: R
     drift = drift_reasons(plan, relaunching, state["ActiveState"], container)
     return {"changed": bool(synced["content"] or synced["metadata"]), "written": synced["content"], "fixed": synced["metadata"],
             "drift": drift, "unit_state": state, "diff": synced["diff"]}
+
+
+def stop(plan: t.Mapping[str, t.Any], check_mode: bool, run: Runner) -> dict[str, t.Any]:
+    """Stop the unit (systemd reads its unit file again first) and remove its container: one left
+    from the stopped run, or started by hand, would look like a failed start to the gate."""
+    state = unit_state(run, plan["unit"])
+    container = container_state(run, plan["container"])
+    changed = state["ActiveState"] not in ("inactive", "failed") or container is not None
+    if not check_mode:
+        checked(run, ["systemctl", "daemon-reload"])
+        if state["LoadState"] != "not-found":
+            checked(run, ["systemctl", "stop", plan["unit"]])
+        if container is not None:
+            checked(run, ["docker", "rm", "--force", plan["container"]])
+    return {"changed": changed, "unit_state": state}
+
+
+def start(plan: t.Mapping[str, t.Any], memory_admission: bool, check_mode: bool, run: Runner,
+          meminfo_path: str = MEMINFO, drop_caches_path: str = DROP_CACHES) -> dict[str, t.Any]:
+    """Drop the page cache (seed 002: on a unified pool it counts against the memory vLLM finds
+    free), refuse a start the memory available now cannot hold, clear the start limit (a
+    deliberate relaunch is a person acting, not a crash loop) and start the unit without waiting:
+    the gate waits."""
+    if check_mode:
+        return {"changed": True}
+    if plan.get("drop_caches"):
+        checked(run, ["sync"])
+        try:
+            with open(drop_caches_path, "w", encoding="ascii") as handle:
+                handle.write("3\n")
+        except OSError as error:
+            raise UnitError(f"{drop_caches_path}: cannot drop the page cache ({error.strerror}); run the task as root") from error
+    if memory_admission:
+        try:
+            with open(meminfo_path, encoding="ascii") as handle:
+                problem = admission_problem(plan["name"], float(plan["gpu_memory_utilization"]), parse_meminfo(handle.read()))
+        except OSError as error:
+            raise UnitError(f"{meminfo_path}: cannot be read ({error.strerror})") from error
+        if problem:
+            raise UnitError(problem)
+    rc, out, err = run(["systemctl", "reset-failed", plan["unit"]])
+    if rc != 0 and "not loaded" not in err + out:
+        raise UnitError(f"systemctl reset-failed {plan['unit']} exited {rc}: {err.strip() or out.strip()}")
+    checked(run, ["systemctl", "start", "--no-block", plan["unit"]])
+    return {"changed": True}
+
+
+def restore(plan: t.Mapping[str, t.Any], check_mode: bool, run: Runner) -> dict[str, t.Any]:
+    """Put the last good files back (systemd reads the restored unit at once); ``restored`` is
+    false, and nothing is touched, when the unit has no complete last good copy."""
+    copies = [read_file(kept["last_good"]) for kept in plan["kept_files"]]
+    if any(copy is None for copy in copies):
+        return {"changed": False, "restored": False}
+    files = [{"kind": kind, "path": kept["path"], "mode": int(kept["mode"], 8), "content": copy[0]}
+             for kind, kept, copy in zip(FILE_KINDS, plan["kept_files"], copies, strict=True)]
+    synced = sync_files(files, check_mode)
+    if not check_mode:
+        checked(run, ["systemctl", "daemon-reload"])
+    return {"changed": bool(synced["content"] or synced["metadata"]), "restored": True, "written": synced["content"]}
+
+
+def keep(plan: t.Mapping[str, t.Any], check_mode: bool) -> dict[str, t.Any]:
+    """Keep the unit's files, which just passed the gate, as its last good settings."""
+    files = []
+    for kind, kept in zip(FILE_KINDS, plan["kept_files"], strict=True):
+        current = read_file(kept["path"])
+        if current is None:
+            raise UnitError(f"{kept['path']}: missing, so it cannot be kept as the last good copy; re-run the play")
+        files.append({"kind": kind, "path": kept["last_good"], "mode": int(kept["mode"], 8), "content": current[0]})
+    synced = sync_files(files, check_mode)
+    return {"changed": bool(synced["content"] or synced["metadata"]), "written": synced["content"]}
+
+
+def removal_problem(removal: t.Any) -> str | None:
+    if not isinstance(removal, dict) or not all(isinstance(removal.get(key), str) and removal[key] for key in ("name", "unit", "container")) \
+            or not isinstance(removal.get("files"), list) or not all(isinstance(path, str) and path.startswith("/") for path in removal["files"]):
+        return "plan: a removal needs name, unit, container and files (absolute paths), as vllm_removals and cluster_stale_ranks give them"
+    return None
+
+
+def remove(removal: t.Mapping[str, t.Any], check_mode: bool, run: Runner) -> dict[str, t.Any]:
+    """Stop and disable the unit of an instance or rank no longer planned, remove its container
+    and delete its files (key, plan, unit, last good copies); systemd then forgets the unit."""
+    state = unit_state(run, removal["unit"])
+    container = container_state(run, removal["container"])
+    present = [path for path in removal["files"] if os.path.lexists(path)]
+    diff = [{"before_header": path, "after_header": path, "before": "(present)\n", "after": "(removed)\n"} for path in present]
+    if not check_mode:
+        if state["LoadState"] != "not-found":
+            checked(run, ["systemctl", "disable", "--now", removal["unit"]])
+        if container is not None:
+            checked(run, ["docker", "rm", "--force", removal["container"]])
+        for path in present:
+            try:
+                os.unlink(path)
+            except OSError as error:
+                raise UnitError(f"{path}: cannot be removed ({error.strerror}); run the task as root (become: true)") from error
+        if present:
+            checked(run, ["systemctl", "daemon-reload"])
+    changed = state["LoadState"] != "not-found" or container is not None or bool(present)
+    return {"changed": changed, "removed": present, "unit_state": state, "diff": diff}
+
+
+def checked(run: Runner, argv: list[str]) -> str:
+    rc, out, err = run(argv)
+    if rc != 0:
+        raise UnitError(f"{' '.join(argv)} exited {rc}: {err.strip() or out.strip()}")
+    return out
+
+
+def step(name: str, plan: t.Any, env_text: str | None, memory_admission: bool, check_mode: bool, run: Runner) -> dict[str, t.Any]:
+    """One step of the transaction on one unit; UnitError says what stopped it and the fix."""
+    problem = removal_problem(plan) if name == "remove" else plan_problem(plan)
+    if problem:
+        raise UnitError(problem)
+    if name == "prepare":
+        return prepare(plan, env_text or "", check_mode, run)
+    if name == "stop":
+        return stop(plan, check_mode, run)
+    if name == "start":
+        return start(plan, memory_admission, check_mode, run)
+    if name == "restore":
+        return restore(plan, check_mode, run)
+    if name == "keep":
+        return keep(plan, check_mode)
+    return remove(plan, check_mode, run)

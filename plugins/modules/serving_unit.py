@@ -7,39 +7,58 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 ---
 module: serving_unit
-short_description: Write a planned vLLM instance's or cluster rank's files and say why the running one differs
+short_description: One step of relaunching, rolling back or removing a planned vLLM instance or cluster rank
 version_added: 0.9.0
 description:
   - Takes one planned unit (an instance of the plan the vllm role builds, a single instance or a cluster's rank) and
-    brings its files to the plan, each written atomically with its mode and owned by root, at the paths the plan
-    names (C(kept_files)) - the env file holding the API key (0600), the plan file and the systemd unit (0644).
-  - Then reads the unit's state (C(systemctl show)) and the container's (C(docker container inspect)) and returns
-    why the running unit differs from its plan (C(drift)) - a rewritten env file or unit, a unit that is not active,
-    no container, or a container whose config hash label, image or state is not the plan's. A rewritten plan file
-    alone is no drift; it only describes the unit.
-  - The role relaunches the unit when C(drift) is not empty; this module never stops or starts anything.
+    runs one step of its transaction on the host; the roles order the steps (a cluster's across its nodes) and gate
+    between them with M(sparkfleet.vllm.vllm_health).
+  - C(prepare) brings the unit's files to the plan at the paths it names (C(kept_files)), each written atomically
+    with its mode and owned by root - the env file holding the API key (0600), the plan file and the systemd unit
+    (0644) - after reading the unit's state (C(systemctl show)) and the container's (C(docker container inspect)),
+    and returns why the running unit differs from its plan (C(drift)) - a rewritten env file or unit, a unit that
+    is not active, no container, or a container whose config hash label, image or state is not the plan's. A
+    rewritten plan file alone is no drift; it only describes the unit.
+  - C(stop) stops the unit (systemd reads its unit file again first) and removes its container.
+  - C(start) drops the page cache when the plan says so (seed 002), refuses a start the memory available now cannot
+    hold (O(memory_admission)), clears the unit's start limit and starts it without waiting for readiness.
+  - C(restore) puts the last good copies of the files back (C(restored) is false, and nothing changes, when there is
+    no complete copy); C(keep) keeps the files as the last good ones.
+  - C(remove) takes a removal (C(vllm_removals), C(cluster_stale_ranks)) instead of a plan, disables and stops its
+    unit, removes its container and deletes its files.
 author: sparkfleet.vllm contributors (@sparkfleet)
 options:
   plan:
     description:
       - One instance of the host's plan (C(__vllm_plan.instances) in the vllm role, the node's in the cluster role),
-        with its C(kept_files), C(unit_file), C(unit), C(container), C(config_hash) and C(run_image).
+        with its C(kept_files), C(unit_file), C(unit), C(container), C(config_hash) and C(run_image); for O(step=remove),
+        a removal with C(name), C(unit), C(container) and C(files).
       - A plan of another release (its C(schema_version)) is refused.
     type: dict
     required: true
-  env_file:
-    description: The env file's text, which holds the API key (C(__vllm_plan.env_files[name])). Never logged or diffed.
+  step:
+    description: The step to run.
     type: str
-    required: true
+    choices: [prepare, stop, start, restore, keep, remove]
+    default: prepare
+  env_file:
+    description:
+      - The env file's text, which holds the API key (C(__vllm_plan.env_files[name])); needed by O(step=prepare).
+        Never logged or diffed.
+    type: str
+  memory_admission:
+    description: With O(step=start), refuse a start whose memory share is more than the memory available now.
+    type: bool
+    default: true
 attributes:
   check_mode:
     support: full
-    description: Reports the files it would write and the same drift, and writes nothing.
+    description: Reports what the step would change and writes, stops or starts nothing.
   diff_mode:
     support: full
-    description: Shows the plan file's and the unit's changes; the env file's content is never shown.
+    description: Shows the plan file's and the unit's changes and the files a removal deletes; the env file's content is never shown.
 notes:
-  - Needs C(systemctl) and the C(docker) command on the host, and root to write the files.
+  - Needs C(systemctl) and the C(docker) command on the host, and root.
 """
 
 EXAMPLES = r"""
@@ -49,45 +68,64 @@ EXAMPLES = r"""
     env_file: "{{ __vllm_plan.env_files[__vllm_plan.instances[0].name] }}"
   register: unit
 
-- name: Relaunch it when it drifted
-  ansible.builtin.debug:
-    msg: "{{ unit.drift | join('; ') }}"
+- name: Stop it when it drifted
+  sparkfleet.vllm.serving_unit:
+    plan: "{{ __vllm_plan.instances[0] }}"
+    step: stop
+  when: unit.drift | length > 0
+
+- name: Start it again
+  sparkfleet.vllm.serving_unit:
+    plan: "{{ __vllm_plan.instances[0] }}"
+    step: start
   when: unit.drift | length > 0
 """
 
 RETURN = r"""
 written:
   description: The kinds of file whose content was (or in check mode would be) written, among C(env), C(plan) and C(unit).
-  returned: success
+  returned: when O(step) is C(prepare), C(restore) or C(keep)
   type: list
   elements: str
 fixed:
   description: The kinds of file whose content was right but whose mode or owner was (or would be) set.
-  returned: success
+  returned: when O(step=prepare)
   type: list
   elements: str
 drift:
   description: Why the running unit differs from its plan; empty when it runs the plan.
-  returned: success
+  returned: when O(step=prepare)
   type: list
   elements: str
 unit_state:
-  description: The unit's C(LoadState) and C(ActiveState) before any change.
-  returned: success
+  description: The unit's C(LoadState) and C(ActiveState) before the step.
+  returned: when O(step) is C(prepare), C(stop) or C(remove)
   type: dict
+restored:
+  description: Whether a complete last good copy was there to restore.
+  returned: when O(step=restore)
+  type: bool
+removed:
+  description: The files a removal deleted (or would delete).
+  returned: when O(step=remove)
+  type: list
+  elements: str
 """
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._serving_unit import UnitError, prepare
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._serving_unit import STEPS, UnitError, step
 
 
 def main():
     module = AnsibleModule(
         argument_spec=dict(
             plan=dict(type="dict", required=True),
-            env_file=dict(type="str", required=True, no_log=True),
+            step=dict(type="str", choices=list(STEPS), default="prepare"),
+            env_file=dict(type="str", no_log=True),
+            memory_admission=dict(type="bool", default=True),
         ),
+        required_if=[("step", "prepare", ("env_file",))],
         supports_check_mode=True,
     )
 
@@ -95,7 +133,8 @@ def main():
         return module.run_command([module.get_bin_path(argv[0], required=True), *argv[1:]])
 
     try:
-        result = prepare(module.params["plan"], module.params["env_file"], module.check_mode, run)
+        params = module.params
+        result = step(params["step"], params["plan"], params["env_file"], params["memory_admission"], module.check_mode, run)
     except UnitError as error:
         module.fail_json(msg=str(error))
     module.exit_json(**result)

@@ -174,7 +174,7 @@ def test_a_rank_of_a_renamed_cluster_is_removed_and_the_serving_cluster_is_left_
     serving = (started_at(head), started_at(worker))
     check = playbook("cluster.yml", "--check", "--diff")
     assert check.returncode == 0, check.stdout[-3000:]
-    assert f"Stop and disable the unit of {STALE}" in check.stdout and f"/etc/sparkfleet/cluster/{STALE}.env" in check.stdout
+    assert f"Remove the unit, container and files of {STALE}" in check.stdout and f"/etc/sparkfleet/cluster/{STALE}.env" in check.stdout
     assert all(stale_rank_left(host)["container"] and stale_rank_left(host)["unit"] == "loaded" for host in (head, worker)), "check mode"
     result = playbook("cluster.yml")
     assert result.returncode == 0, result.stdout[-3000:]

@@ -25,19 +25,45 @@ IMAGE = "registry.local:5000/vllm-cpu:0.32.0@sha256:" + "ab" * 32
 # Replays what the state file says the host has, in the recorded formats; anything else fails as the real tools would.
 STAND_IN = """#!/usr/bin/env python3
 import json, pathlib, sys
-state = json.loads((pathlib.Path(__file__).parent / "state.json").read_text())
+here = pathlib.Path(__file__).parent
+state = json.loads((here / "state.json").read_text())
 tool, args = pathlib.Path(sys.argv[0]).name, sys.argv[1:]
+with open(here / "calls.log", "a") as log:
+    log.write(" ".join([tool, *args]) + "\\n")
+def save():
+    (here / "state.json").write_text(json.dumps(state))
+def unit_text(active):
+    return state["active"].replace("activating", active)
 if tool == "docker" and state.get("docker_down"):
     sys.stderr.write("Cannot connect to the Docker daemon at unix:///var/run/docker.sock. Is the docker daemon running?\\n")
     sys.exit(1)
 if tool == "systemctl" and args[:3] == ["show", "--property=LoadState", "--property=ActiveState"]:
-    sys.stdout.write(state["units"].get(args[3], state["not_found"]))
+    known = state["units"].get(args[3])
+    sys.stdout.write(unit_text(known) if known else state["not_found"])
+elif tool == "systemctl" and args == ["daemon-reload"]:
+    pass
+elif tool == "systemctl" and args[0] == "stop":
+    state["units"][args[1]] = "inactive"
+    save()
+elif tool == "systemctl" and args[:2] == ["start", "--no-block"]:
+    state["units"][args[2]] = "active"
+    save()
+elif tool == "systemctl" and args[:2] == ["disable", "--now"]:
+    state["units"].pop(args[2], None)
+    save()
+elif tool == "systemctl" and args[0] == "reset-failed":
+    if args[1] not in state["units"]:
+        sys.stderr.write(f"Failed to reset failed state of unit {args[1]}: Unit {args[1]} not loaded.\\n")
+        sys.exit(1)
 elif tool == "docker" and args[:2] == ["container", "inspect"] and args[2] in state["containers"]:
     sys.stdout.write(json.dumps([state["containers"][args[2]]]))
 elif tool == "docker" and args[:2] == ["container", "inspect"]:
     sys.stdout.write("[]\\n")
     sys.stderr.write(state["missing"].replace("vllm-nothere", args[2]))
     sys.exit(1)
+elif tool == "docker" and args[:2] == ["rm", "--force"]:
+    state["containers"].pop(args[2], None)
+    save()
 else:
     sys.stderr.write(f"unexpected {tool} {args}\\n")
     sys.exit(2)
@@ -59,6 +85,7 @@ def host(tmp_path):
 
 def set_state(host, units=None, containers=None, docker_down=False):
     state = {"units": units or {}, "containers": containers or {}, "docker_down": docker_down,
+             "active": (RECORDED / "systemctl-show-activating.txt").read_text(),
              "not_found": (RECORDED / "systemctl-show-not-found.txt").read_text(),
              "missing": (RECORDED / "docker-container-inspect-missing.stderr").read_text()}
     (host / "bin" / "state.json").write_text(json.dumps(state))
@@ -85,11 +112,21 @@ def running(plan, config_hash=None, status="running"):
 
 
 def active(unit):
-    return {unit: (RECORDED / "systemctl-show-activating.txt").read_text().replace("activating", "active")}
+    return {unit: "active"}
 
 
-def run(host, plan, env_file, check_mode=False):
-    payload = {"ANSIBLE_MODULE_ARGS": {"plan": plan, "env_file": env_file, "_ansible_check_mode": check_mode, "_ansible_diff": True}}
+def calls(host):
+    log = host / "bin" / "calls.log"
+    return [line for line in log.read_text().splitlines() if " show " not in f" {line} " and " inspect " not in line] if log.exists() else []
+
+
+def host_state(host):
+    return json.loads((host / "bin" / "state.json").read_text())
+
+
+def run(host, plan, env_file=None, check_mode=False, step="prepare", **args):
+    given = {"plan": plan, "step": step, **({"env_file": env_file} if env_file is not None else {}), **args}
+    payload = {"ANSIBLE_MODULE_ARGS": {**given, "_ansible_check_mode": check_mode, "_ansible_diff": True}}
     env = {**os.environ, "PYTHONPATH": str(COLLECTIONS), "PATH": f"{host / 'bin'}{os.pathsep}{os.environ['PATH']}"}
     done = subprocess.run([sys.executable, str(MODULE)], input=json.dumps(payload), capture_output=True, text=True, env=env, check=False)
     assert "Traceback" not in done.stdout + done.stderr and KEY not in done.stdout + done.stderr, done.stdout + done.stderr
@@ -199,3 +236,80 @@ def test_a_stopped_docker_and_a_missing_folder_are_named_with_the_fix_and_change
     result = run(host, plan, env_file)
     assert result["failed"] and result["msg"] == (f"{host}/config/tiny.env: its folder {host}/config does not exist; the role creates it "
                                                   "before this step (plan folders)")
+
+
+def test_a_relaunch_stops_removes_the_container_starts_and_keeps_the_settings_that_served(host):
+    plan, env_file = planned(host)
+    set_state(host, units=active(plan["unit"]), containers={plan["container"]: running(plan, config_hash="0123456789abcdef")})
+    assert run(host, plan, env_file)["drift"]
+    stopped = run(host, plan, step="stop")
+    assert stopped["changed"] and stopped["unit_state"]["ActiveState"] == "active"
+    started = run(host, plan, step="start", memory_admission=False)
+    kept = run(host, plan, step="keep")
+    assert started["changed"] and kept["changed"] and kept["written"] == ["env", "plan", "unit"]
+    assert calls(host) == ["systemctl daemon-reload", f"systemctl stop {plan['unit']}", f"docker rm --force {plan['container']}",
+                           f"systemctl reset-failed {plan['unit']}", f"systemctl start --no-block {plan['unit']}"]
+    written = files(host)
+    assert written["config/last-good/tiny.env"] == written["config/tiny.env"] and written["config/last-good/tiny.env"][1] == 0o600
+    assert written[f"config/last-good/{plan['unit']}"] == written[f"units/{plan['unit']}"]
+    assert not run(host, plan, step="keep")["changed"], "kept once"
+
+
+def test_a_unit_systemd_never_loaded_starts_without_a_start_limit_to_clear(host):
+    plan, env_file = planned(host)
+    set_state(host)
+    run(host, plan, env_file)
+    assert not run(host, plan, step="stop")["changed"]
+    assert run(host, plan, step="start", memory_admission=False)["changed"]
+    assert host_state(host)["units"] == {plan["unit"]: "active"}
+    assert calls(host)[-1] == f"systemctl start --no-block {plan['unit']}"
+
+
+def test_a_rollback_restores_the_last_good_files_and_without_them_touches_nothing(host):
+    plan, env_file = planned(host)
+    set_state(host)
+    run(host, plan, env_file)
+    nothing = run(host, plan, step="restore")
+    assert not nothing["changed"] and not nothing["restored"], "no last good copy yet"
+    run(host, plan, step="keep")
+    good = files(host)
+    failing, failing_env = planned(host, max_num_seqs=8)
+    run(host, failing, failing_env)
+    assert files(host) != good
+    checked = run(host, failing, step="restore", check_mode=True)
+    assert checked["restored"] and checked["written"] == ["plan", "unit"] and files(host)["config/tiny.json"] != good["config/tiny.json"]
+    restored = run(host, failing, step="restore")
+    assert restored["changed"] and restored["restored"] and files(host) == good
+    assert calls(host)[-1] == "systemctl daemon-reload", "systemd reads the restored unit before it is started again"
+
+
+def test_a_unit_no_longer_planned_is_removed_with_its_files_and_check_mode_only_names_them(host):
+    plan, env_file = planned(host)
+    set_state(host, units=active(plan["unit"]), containers={plan["container"]: running(plan)})
+    run(host, plan, env_file)
+    run(host, plan, step="keep")
+    removal = {"name": "tiny", "unit": plan["unit"], "container": plan["container"],
+               "files": [entry["path"] for entry in plan["kept_files"]] + [entry["last_good"] for entry in plan["kept_files"]]}
+    before = files(host)
+    checked = run(host, removal, step="remove", check_mode=True)
+    assert checked["changed"] and checked["removed"] == removal["files"] and files(host) == before and calls(host) == []
+    assert [entry["before_header"] for entry in checked["diff"]] == removal["files"]
+    removed = run(host, removal, step="remove")
+    assert removed["changed"] and files(host) == {}
+    assert calls(host) == [f"systemctl disable --now {plan['unit']}", f"docker rm --force {plan['container']}", "systemctl daemon-reload"]
+    assert not run(host, removal, step="remove")["changed"]
+    bad = run(host, {**removal, "files": ["relative/path"]}, step="remove")
+    assert bad["failed"] and bad["msg"].startswith("plan: a removal needs name, unit, container and files (absolute paths)")
+
+
+def test_a_start_the_memory_cannot_hold_is_refused_before_the_unit_starts(host, tmp_path):
+    from ansible_collections.sparkfleet.vllm.plugins.module_utils._serving_unit import UnitError, start
+
+    plan, _env_file = planned(host, gpu_memory_utilization=0.5)
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       127000000 kB\nMemAvailable:    40000000 kB\n")
+    drop_caches = tmp_path / "drop_caches"
+    ran = []
+    with pytest.raises(UnitError, match=r"^tiny: gpu_memory_utilization 0.5 wants 60.56 GiB of the 121.12 GiB pool, but only 38.15 GiB"):
+        start({**plan, "drop_caches": True}, True, False, lambda argv: ran.append(argv) or (0, "", ""), str(meminfo), str(drop_caches))
+    assert drop_caches.read_text() == "3\n" and ran == [["sync"]], "the cache was dropped first; the unit was not started"
