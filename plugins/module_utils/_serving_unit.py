@@ -49,10 +49,12 @@ def plan_problem(plan: t.Any) -> str | None:
                 "plan the vllm role built (__vllm_plan.instances), not a plan file of another release")
     kept = plan.get("kept_files")
     missing = [key for key in ("name", "unit", "container", "unit_file", "config_hash", "run_image") if not plan.get(key)]
+    if not isinstance(plan.get("gpu_memory_utilization"), (int, float)) or isinstance(plan.get("gpu_memory_utilization"), bool):
+        missing.append("gpu_memory_utilization")
     if missing or not isinstance(kept, list) or len(kept) != len(FILE_KINDS) or not all(
-            isinstance(entry, dict) and str(entry.get("path", "")).startswith("/") and entry.get("mode") in ("0600", "0644")
-            for entry in kept):
-        shown = ", ".join(missing) if missing else "kept_files (env, plan and unit: absolute path and mode each)"
+            isinstance(entry, dict) and all(str(entry.get(key, "")).startswith("/") for key in ("path", "last_good"))
+            and entry.get("mode") in ("0600", "0644") for entry in kept):
+        shown = ", ".join(missing) if missing else "kept_files (env, plan and unit: absolute path, last good path and mode each)"
         return f"plan: lacks {shown}; give one instance of the plan the vllm role built (__vllm_plan.instances)"
     return None
 
@@ -63,16 +65,17 @@ def plan_text(plan: t.Mapping[str, t.Any]) -> str:
 
 
 def planned_files(plan: t.Mapping[str, t.Any], env_text: str) -> list[dict[str, t.Any]]:
-    """Each file of the unit: kind, path, mode and content."""
+    """Each file of the unit: kind, path, mode and content (bytes)."""
     contents = {"env": env_text, "plan": plan_text(plan), "unit": plan["unit_file"]}
-    return [{"kind": kind, "path": kept["path"], "mode": int(kept["mode"], 8), "content": contents[kind]}
+    return [{"kind": kind, "path": kept["path"], "mode": int(kept["mode"], 8), "content": contents[kind].encode("utf-8")}
             for kind, kept in zip(FILE_KINDS, plan["kept_files"], strict=True)]
 
 
-def read_file(path: str) -> tuple[str, int, tuple[int, int]] | None:
-    """(content, mode, (uid, gid)) of a file, None when there is none."""
+def read_file(path: str) -> tuple[bytes, int, tuple[int, int]] | None:
+    """(content, mode, (uid, gid)) of a file, None when there is none; the content byte for byte,
+    so a last good copy is kept and restored exactly."""
     try:
-        with open(path, encoding="utf-8", errors="replace") as handle:
+        with open(path, "rb") as handle:
             status = os.fstat(handle.fileno())
             return handle.read(), status.st_mode & 0o7777, (status.st_uid, status.st_gid)
     except FileNotFoundError:
@@ -93,8 +96,8 @@ def sync_files(files: list[dict[str, t.Any]], check_mode: bool) -> dict[str, lis
             found["content"].append(file["kind"])
             secret = file["kind"] in SECRET_KINDS
             found["diff"].append({"before_header": file["path"], "after_header": file["path"],
-                                  "before": "" if before is None else HIDDEN if secret else before[0],
-                                  "after": HIDDEN if secret else file["content"]})
+                                  "before": "" if before is None else HIDDEN if secret else before[0].decode("utf-8", "replace"),
+                                  "after": HIDDEN if secret else file["content"].decode("utf-8", "replace")})
             if not check_mode:
                 write(file, owner)
         elif before[1] != file["mode"] or (owner is not None and before[2] != owner):
@@ -164,16 +167,17 @@ def prepare(plan: t.Mapping[str, t.Any], env_text: str, check_mode: bool, run: R
 def stop(plan: t.Mapping[str, t.Any], check_mode: bool, run: Runner) -> dict[str, t.Any]:
     """Stop the unit (systemd reads its unit file again first) and remove its container: one left
     from the stopped run, or started by hand, would look like a failed start to the gate."""
-    state = unit_state(run, plan["unit"])
-    container = container_state(run, plan["container"])
-    changed = state["ActiveState"] not in ("inactive", "failed") or container is not None
     if not check_mode:
         checked(run, ["systemctl", "daemon-reload"])
-        if state["LoadState"] != "not-found":
-            checked(run, ["systemctl", "stop", plan["unit"]])
-        if container is not None:
-            checked(run, ["docker", "rm", "--force", plan["container"]])
-    return {"changed": changed, "unit_state": state}
+    state = unit_state(run, plan["unit"])
+    running = state["ActiveState"] not in ("inactive", "failed")
+    if not check_mode and (running or state["LoadState"] != "not-found"):
+        checked(run, ["systemctl", "stop", plan["unit"]])
+    # Read after the stop: a unit restarting on its own may have created it meanwhile.
+    container = container_state(run, plan["container"])
+    if not check_mode and container is not None:
+        checked(run, ["docker", "rm", "--force", plan["container"]])
+    return {"changed": running or container is not None, "unit_state": state}
 
 
 def start(plan: t.Mapping[str, t.Any], memory_admission: bool, check_mode: bool, run: Runner,

@@ -215,6 +215,9 @@ def test_a_container_changed_by_hand_is_drift(host, container, reason):
     pytest.param(lambda plan: {**plan, "schema_version": 0}, "plan: schema_version 0, while this release reads 1", id="other-release"),
     pytest.param(lambda plan: {**plan, "kept_files": plan["kept_files"][:2]}, "plan: lacks kept_files", id="files-missing"),
     pytest.param(lambda plan: {k: v for k, v in plan.items() if k != "config_hash"}, "plan: lacks config_hash", id="hash-missing"),
+    pytest.param(lambda plan: {**plan, "kept_files": [{k: v for k, v in kept.items() if k != "last_good"} for kept in plan["kept_files"]]},
+                 "plan: lacks kept_files", id="last-good-missing"),
+    pytest.param(lambda plan: {**plan, "gpu_memory_utilization": "0.5"}, "plan: lacks gpu_memory_utilization", id="share-as-text"),
 ])
 def test_a_plan_that_is_not_this_releases_is_refused_writing_nothing(host, damage, fragment):
     set_state(host)
