@@ -5,8 +5,10 @@ its files written from the plan, each atomically with its mode, and why the runn
 from its plan (prepare); the unit stopped and its container removed (stop); the page cache
 dropped, the memory admitted, the start limit cleared and the unit started (start); its last good
 files restored (restore) or its files kept as the last good ones (keep); a unit no longer planned
-removed with its files (remove). The roles order the steps (a cluster's across its nodes) and gate
-between them.
+removed with its files (remove). A single instance's whole relaunch is one step (relaunch: under
+the maintenance flag, stop, start and gate, and on a failed gate restore, start and gate the last
+good files); a cluster's role orders stop and start across its nodes, gates its head and raises
+and clears the flag around them (raise_flag, clear_flag).
 
 Private to the collection; the serving_unit module is its caller. Check mode is answered here:
 the same comparison, nothing written, stopped or started. The env file holds the API key, so its
@@ -21,6 +23,8 @@ import typing as t
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._files import write_atomically
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._memory import admission_problem, parse_meminfo
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_client import read_endpoint
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_gate import Endpoint, gate
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_instance import PLAN_SCHEMA_VERSION
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_plan import drift_reasons
 
@@ -30,7 +34,7 @@ FILE_KINDS = ("env", "plan", "unit")
 RELAUNCHING_KINDS = frozenset(("env", "unit"))
 SECRET_KINDS = frozenset(("env",))
 HIDDEN = "(the env file holds the API key; its content is not shown)\n"
-STEPS = ("prepare", "stop", "start", "restore", "keep", "remove")
+STEPS = ("prepare", "stop", "start", "restore", "keep", "remove", "relaunch", "raise_flag", "clear_flag")
 MEMINFO = "/proc/meminfo"
 DROP_CACHES = "/proc/sys/vm/drop_caches"
 
@@ -266,6 +270,91 @@ def remove(removal: t.Mapping[str, t.Any], check_mode: bool, run: Runner) -> dic
     return {"changed": changed, "removed": present, "unit_state": state, "diff": diff}
 
 
+def raise_flag(flag: str, name: str, check_mode: bool) -> dict[str, t.Any]:
+    """Tell the watchdog that the unit's stop is planned work: the flag names the unit."""
+    content = f"{name}\n".encode()
+    before = read_file(flag)
+    if before is not None and before[0] == content:
+        return {"changed": False}
+    if not check_mode:
+        try:
+            os.makedirs(os.path.dirname(flag), mode=0o755, exist_ok=True)
+            write_atomically(flag, content, 0o644)
+        except OSError as error:
+            raise UnitError(f"{flag}: the maintenance flag cannot be raised ({error.strerror}); run the task as root") from error
+    return {"changed": True}
+
+
+def clear_flag(flag: str, check_mode: bool) -> dict[str, t.Any]:
+    if not os.path.lexists(flag):
+        return {"changed": False}
+    if not check_mode:
+        try:
+            os.unlink(flag)
+        except FileNotFoundError:
+            pass
+        except OSError as error:
+            raise UnitError(f"{flag}: the maintenance flag cannot be cleared ({error.strerror}); run the task as root") from error
+    return {"changed": True}
+
+
+def gate_files(plan: t.Mapping[str, t.Any], run: Runner) -> dict[str, t.Any]:
+    """The gate of the unit as its files on the host describe it: after a rollback these are the last
+    good settings, gated with their own key, names and URL."""
+    env, settings = (kept["path"] for kept in plan["kept_files"][:2])
+    try:
+        found = read_endpoint(env, settings, plan["name"])
+    except ValueError as error:
+        return {"ok": False, "reason": str(error), "msg": f"vLLM health gate failed: {error}"}
+    return gate(Endpoint(found["url"], found["api_key"], found["served_names"], found["container"], found["health_timeout"]),
+                run, warmup=True)
+
+
+def launch(plan: t.Mapping[str, t.Any], memory_admission: bool, run: Runner) -> dict[str, t.Any]:
+    """Stop, start and gate; a step that cannot run is a failed gate with its cause."""
+    try:
+        stop(plan, False, run)
+        start(plan, memory_admission, False, run)
+    except UnitError as error:
+        return {"ok": False, "reason": str(error), "msg": str(error)}
+    return gate_files(plan, run)
+
+
+def roll_back(plan: t.Mapping[str, t.Any], memory_admission: bool, run: Runner) -> str:
+    """Relaunch the last good files after a failed gate; what came of it, as the failure's message says it."""
+    try:
+        if not restore(plan, False, run)["restored"]:
+            stop(plan, False, run)
+            return "There were no last good settings to roll back to; the instance is stopped."
+    except UnitError as error:
+        return f"The rollback could not run ({error}); the instance is down."
+    again = launch(plan, memory_admission, run)
+    if again["ok"]:
+        return "The last good settings were relaunched and serve again."
+    return f"The last good settings were relaunched but do not serve either ({again['msg']}); the instance is down."
+
+
+def relaunch(plan: t.Mapping[str, t.Any], memory_admission: bool, flag: str, check_mode: bool, run: Runner) -> dict[str, t.Any]:
+    """Relaunch a single instance behind its health gate, under the maintenance flag (cleared in
+    every case). A failed gate restores the last good files and relaunches and gates them; the
+    result then has ``failed`` and a ``msg`` saying what went wrong, after how long, what the
+    rollback achieved and the engine log's error lines."""
+    if check_mode:
+        return {"changed": True}
+    raise_flag(flag, plan["name"], False)
+    try:
+        verdict = launch(plan, memory_admission, run)
+        if verdict["ok"]:
+            return {"changed": True, "gate": verdict}
+        rollback = roll_back(plan, memory_admission, run)
+    finally:
+        clear_flag(flag, False)
+    errors = " / ".join(verdict.get("log_errors", [])) or "none found"
+    return {"changed": True, "failed": True, "gate": verdict,
+            "msg": (f"vLLM instance {plan['name']} failed its relaunch: {verdict['msg']} (detected after {verdict.get('elapsed', '?')} s). "
+                    f"{rollback} Errors in the engine log: {errors}")}
+
+
 def checked(run: Runner, argv: list[str]) -> str:
     rc, out, err = run(argv)
     if rc != 0:
@@ -273,11 +362,14 @@ def checked(run: Runner, argv: list[str]) -> str:
     return out
 
 
-def step(name: str, plan: t.Any, env_text: str | None, memory_admission: bool, check_mode: bool, run: Runner) -> dict[str, t.Any]:
+def step(name: str, plan: t.Any, check_mode: bool, run: Runner, env_text: str | None = None, memory_admission: bool = True,
+         maintenance_flag: str | None = None) -> dict[str, t.Any]:
     """One step of the transaction on one unit; UnitError says what stopped it and the fix."""
     problem = removal_problem(plan) if name == "remove" else plan_problem(plan)
     if problem:
         raise UnitError(problem)
+    if name in ("relaunch", "raise_flag", "clear_flag") and not (maintenance_flag or "").startswith("/"):
+        raise UnitError(f"maintenance_flag: {maintenance_flag!r}; step {name} needs the flag's absolute path (vllm_maintenance_flag)")
     if name == "prepare":
         return prepare(plan, env_text or "", check_mode, run)
     if name == "stop":
@@ -288,4 +380,10 @@ def step(name: str, plan: t.Any, env_text: str | None, memory_admission: bool, c
         return restore(plan, check_mode, run)
     if name == "keep":
         return keep(plan, check_mode)
+    if name == "relaunch":
+        return relaunch(plan, memory_admission, maintenance_flag, check_mode, run)
+    if name == "raise_flag":
+        return raise_flag(maintenance_flag, plan["name"], check_mode)
+    if name == "clear_flag":
+        return clear_flag(maintenance_flag, check_mode)
     return remove(plan, check_mode, run)

@@ -127,6 +127,11 @@ def instance_endpoint(plan: t.Mapping[str, t.Any], env: t.Mapping[str, str]) -> 
 def read_instance(config_dir: str, name: str) -> dict[str, t.Any]:
     """The endpoint of instance ``name`` from the files the vllm role wrote; ValueError naming what is missing."""
     env_path, settings_path = settings_paths(config_dir.rstrip("/"), name)
+    return read_endpoint(env_path, settings_path, name)
+
+
+def read_endpoint(env_path: str, settings_path: str, name: str) -> dict[str, t.Any]:
+    """The endpoint an instance's env and plan files describe; ValueError naming what is missing."""
     try:
         with open(settings_path, encoding="utf-8", errors="replace") as handle:
             text = handle.read()

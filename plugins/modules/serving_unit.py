@@ -11,8 +11,8 @@ short_description: One step of relaunching, rolling back or removing a planned v
 version_added: 0.9.0
 description:
   - Takes one planned unit (an instance of the plan the vllm role builds, a single instance or a cluster's rank) and
-    runs one step of its transaction on the host; the roles order the steps (a cluster's across its nodes) and gate
-    between them with M(sparkfleet.vllm.vllm_health).
+    runs one step of its transaction on the host. A single instance's relaunch is one step (C(relaunch)); a
+    cluster's role orders the steps across its nodes and gates its head with M(sparkfleet.vllm.vllm_health).
   - C(prepare) brings the unit's files to the plan at the paths it names (C(kept_files)), each written atomically
     with its mode and owned by root - the env file holding the API key (0600), the plan file and the systemd unit
     (0644) - after reading the unit's state (C(systemctl show)) and the container's (C(docker container inspect)),
@@ -24,6 +24,13 @@ description:
     hold (O(memory_admission)), clears the unit's start limit and starts it without waiting for readiness.
   - C(restore) puts the last good copies of the files back (C(restored) is false, and nothing changes, when there is
     no complete copy); C(keep) keeps the files as the last good ones.
+  - C(relaunch) relaunches a single instance under the maintenance flag (O(maintenance_flag), cleared in every case):
+    C(stop), C(start), then the health gate of M(sparkfleet.vllm.vllm_health) with its warm-up request, reading
+    the key, names and URL from the files on the host. When the gate fails, the last good files are restored,
+    started and gated in turn, and the task fails saying what went wrong, after how long, whether the last good
+    settings serve again, and the engine log's error lines.
+  - C(raise_flag) and C(clear_flag) raise and clear the maintenance flag around a relaunch the role orders
+    itself (a cluster's), so the watchdog takes the stopped units for planned work.
   - C(remove) takes a removal (C(vllm_removals), C(cluster_stale_ranks)) instead of a plan, disables and stops its
     unit, removes its container and deletes its files.
 author: sparkfleet.vllm contributors (@sparkfleet)
@@ -39,7 +46,7 @@ options:
   step:
     description: The step to run.
     type: str
-    choices: [prepare, stop, start, restore, keep, remove]
+    choices: [prepare, stop, start, restore, keep, remove, relaunch, raise_flag, clear_flag]
     default: prepare
   env_file:
     description:
@@ -47,9 +54,14 @@ options:
         Never logged or diffed.
     type: str
   memory_admission:
-    description: With O(step=start), refuse a start whose memory share is more than the memory available now.
+    description: With O(step=start) or O(step=relaunch), refuse a start whose memory share is more than the memory available now.
     type: bool
     default: true
+  maintenance_flag:
+    description:
+      - The maintenance flag's absolute path (C(vllm_maintenance_flag)); needed by O(step=relaunch),
+        O(step=raise_flag) and O(step=clear_flag). The raised flag holds the unit's name.
+    type: path
 attributes:
   check_mode:
     support: full
@@ -68,17 +80,17 @@ EXAMPLES = r"""
     env_file: "{{ __vllm_plan.env_files[__vllm_plan.instances[0].name] }}"
   register: unit
 
-- name: Stop it when it drifted
+- name: Relaunch it behind the health gate when it drifted, rolling back to the last good files on failure
   sparkfleet.vllm.serving_unit:
     plan: "{{ __vllm_plan.instances[0] }}"
-    step: stop
+    step: relaunch
+    maintenance_flag: /run/sparkfleet/vllm-maintenance
   when: unit.drift | length > 0
 
-- name: Start it again
+- name: Keep the files that served as the last good ones
   sparkfleet.vllm.serving_unit:
     plan: "{{ __vllm_plan.instances[0] }}"
-    step: start
-  when: unit.drift | length > 0
+    step: keep
 """
 
 RETURN = r"""
@@ -110,6 +122,13 @@ removed:
   returned: when O(step=remove)
   type: list
   elements: str
+gate:
+  description:
+    - The health gate's result of the relaunched files (of the first start, when the task failed) - C(ok),
+      C(reason), C(elapsed), C(url), C(served_model_names), C(warmup_reply), and on failure C(log_tail) and
+      C(log_errors), as M(sparkfleet.vllm.vllm_health) returns them.
+  returned: when O(step=relaunch) relaunched
+  type: dict
 """
 
 from ansible.module_utils.basic import AnsibleModule
@@ -124,19 +143,24 @@ def main():
             step=dict(type="str", choices=list(STEPS), default="prepare"),
             env_file=dict(type="str", no_log=True),
             memory_admission=dict(type="bool", default=True),
+            maintenance_flag=dict(type="path"),
         ),
-        required_if=[("step", "prepare", ("env_file",))],
+        required_if=[("step", "prepare", ("env_file",)), ("step", "relaunch", ("maintenance_flag",)),
+                     ("step", "raise_flag", ("maintenance_flag",)), ("step", "clear_flag", ("maintenance_flag",))],
         supports_check_mode=True,
     )
 
     def run(argv):
         return module.run_command([module.get_bin_path(argv[0], required=True), *argv[1:]])
 
+    params = module.params
     try:
-        params = module.params
-        result = step(params["step"], params["plan"], params["env_file"], params["memory_admission"], module.check_mode, run)
+        result = step(params["step"], params["plan"], module.check_mode, run, env_text=params["env_file"],
+                      memory_admission=params["memory_admission"], maintenance_flag=params["maintenance_flag"])
     except UnitError as error:
         module.fail_json(msg=str(error))
+    if result.pop("failed", False):
+        module.fail_json(**result)
     module.exit_json(**result)
 
 

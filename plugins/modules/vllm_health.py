@@ -145,35 +145,27 @@ warmup_reply:
   type: str
 """
 
-import json
-
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_client import answered, http, read_instance
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_health import (
-    container_snapshot,
-    error_lines,
-    wait_until_ready,
-)
-
-WARMUP_PROMPT = "Say hello to the operator of this endpoint."
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_client import read_instance
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_gate import Endpoint, gate
 
 
 def endpoint_of(module):
-    """URL, key, names, container and timeout: from the instance's plan files, or given one by one."""
+    """The endpoint to gate: from the instance's plan files, or given one by one."""
     params = module.params
     if params["instance"]:
         try:
             endpoint = read_instance(params["config_dir"], params["instance"])
         except ValueError as error:
             module.fail_json(msg=str(error), ok=False, reasons=[str(error)])
-        timeout = params["timeout"] or endpoint["health_timeout"]
-        return endpoint["url"], endpoint["api_key"], endpoint["served_names"], endpoint["container"], timeout
+        return Endpoint(endpoint["url"], endpoint["api_key"], endpoint["served_names"], endpoint["container"],
+                        params["timeout"] or endpoint["health_timeout"])
     missing = [name for name in ("url", "api_key", "served_model_names") if not params[name]]
     if missing:
         reason = f"give instance, or {', '.join(missing)}"
         module.fail_json(msg=reason, ok=False, reasons=[reason])
-    return params["url"], params["api_key"], params["served_model_names"], params["container"], params["timeout"] or 600
+    return Endpoint(params["url"], params["api_key"], params["served_model_names"], params["container"], params["timeout"] or 600)
 
 
 def main():
@@ -195,41 +187,15 @@ def main():
         supports_check_mode=True,
     )
     params = module.params
-    url, api_key, names, container, timeout = endpoint_of(module)
-    base = url.rstrip("/")
-    docker = module.get_bin_path("docker", required=True) if container else None
+    endpoint = endpoint_of(module)
+    docker = module.get_bin_path("docker", required=True) if endpoint.container else None
 
-    def inspect():
-        rc, out, _err = module.run_command([docker, "inspect", container])
-        return container_snapshot(out) if rc == 0 else None
+    def run(argv):
+        return module.run_command([docker, *argv[1:]])
 
-    result = wait_until_ready(lambda: http("GET", base + "/v1/models", api_key, timeout=5),
-                              inspect if docker else None, names, timeout, params["interval"])
-    result.update(changed=False, url=base)
+    result = gate(endpoint, run if docker else None, params["interval"], params["log_lines"], params["warmup"], params["warmup_reply_length"])
     if not result["ok"]:
-        if docker:
-            _rc, out, err = module.run_command([docker, "logs", "--tail", "1000", container])
-            whole_log = (out + err).strip()
-            result["log_tail"] = "\n".join(whole_log.splitlines()[-params["log_lines"]:])
-            result["log_errors"] = error_lines(whole_log)
-        module.fail_json(msg=f"vLLM health gate failed: {result['reason']}", **result)
-
-    if params["warmup"]:
-        payload = {
-            "model": names[0],
-            "messages": [{"role": "user", "content": WARMUP_PROMPT}],
-            "max_tokens": params["warmup_reply_length"],
-            "temperature": 0,
-        }
-        reply = http("POST", base + "/v1/chat/completions", api_key, payload, timeout=120)
-        try:
-            result["warmup_reply"] = json.loads(reply.body)["choices"][0]["message"]["content"] if reply.status == 200 else None
-        except (ValueError, KeyError, IndexError, TypeError):
-            result["warmup_reply"] = None
-        if result["warmup_reply"] is None:
-            reason = f"the warm-up request answered {answered(reply)}: {reply.body[:500]}"
-            result.update(ok=False, reason=reason, reasons=[reason])
-            module.fail_json(msg=f"vLLM health gate failed: {reason}", **result)
+        module.fail_json(**result)
     module.exit_json(**result)
 
 

@@ -1,9 +1,11 @@
 """The serving_unit module run as Ansible runs it (its arguments on stdin), writing a planned
 instance's files into a temporary folder, with stand-ins for systemctl and docker on PATH that
 replay outputs recorded on a lab host (tests/unit/fixtures/serving_unit): drift, check mode, a
-plan file that alone relaunches nothing, modes restored, and every failure named without a traceback."""
+plan file that alone relaunches nothing, modes restored, and every failure named without a traceback.
+A relaunch's gate polls a real local HTTP server standing in for the instance's API."""
 
 import copy
+import http.server
 import json
 import os
 import pathlib
@@ -13,6 +15,7 @@ import sys
 
 import pytest
 from plan_options import ROLE_DEFAULTS, plan_options
+from threaded_server import serving
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_plan import build_plan
 
@@ -47,6 +50,13 @@ elif tool == "systemctl" and args[0] == "stop":
     save()
 elif tool == "systemctl" and args[:2] == ["start", "--no-block"]:
     state["units"][args[2]] = "active"
+    if "flag" in state:
+        flag = pathlib.Path(state["flag"])
+        with open(here / "calls.log", "a") as log:
+            log.write(f"maintenance flag at start: {flag.read_text().strip() if flag.exists() else 'none'}\\n")
+    if state.get("starts"):
+        name, container = state["starts"].pop(0)
+        state["containers"][name] = container
     save()
 elif tool == "systemctl" and args[:2] == ["disable", "--now"]:
     state["units"].pop(args[2], None)
@@ -61,6 +71,14 @@ elif tool == "docker" and args[:2] == ["container", "inspect"]:
     sys.stdout.write("[]\\n")
     sys.stderr.write(state["missing"].replace("vllm-nothere", args[2]))
     sys.exit(1)
+elif tool == "docker" and args[0] == "inspect" and args[1] in state["containers"]:
+    sys.stdout.write(json.dumps([state["containers"][args[1]]]))
+elif tool == "docker" and args[0] == "inspect":
+    sys.stdout.write("[]\\n")
+    sys.stderr.write(f"Error: No such object: {args[1]}\\n")
+    sys.exit(1)
+elif tool == "docker" and args[:3] == ["logs", "--tail", "1000"]:
+    sys.stderr.write(state.get("logs", {}).get(args[3], ""))
 elif tool == "docker" and args[:2] == ["rm", "--force"]:
     state["containers"].pop(args[2], None)
     save()
@@ -83,8 +101,8 @@ def host(tmp_path):
     return tmp_path
 
 
-def set_state(host, units=None, containers=None, docker_down=False):
-    state = {"units": units or {}, "containers": containers or {}, "docker_down": docker_down,
+def set_state(host, units=None, containers=None, docker_down=False, **more):
+    state = {"units": units or {}, "containers": containers or {}, "docker_down": docker_down, **more,
              "active": (RECORDED / "systemctl-show-activating.txt").read_text(),
              "not_found": (RECORDED / "systemctl-show-not-found.txt").read_text(),
              "missing": (RECORDED / "docker-container-inspect-missing.stderr").read_text()}
@@ -117,7 +135,8 @@ def active(unit):
 
 def calls(host):
     log = host / "bin" / "calls.log"
-    return [line for line in log.read_text().splitlines() if " show " not in f" {line} " and " inspect " not in line] if log.exists() else []
+    return [line for line in log.read_text().splitlines()
+            if " show " not in f" {line} " and " inspect " not in f" {line} "] if log.exists() else []
 
 
 def host_state(host):
@@ -316,3 +335,131 @@ def test_a_start_the_memory_cannot_hold_is_refused_before_the_unit_starts(host, 
     with pytest.raises(UnitError, match=r"^tiny: gpu_memory_utilization 0.5 wants 60.56 GiB of the 121.12 GiB pool, but only 38.15 GiB"):
         start({**plan, "drop_caches": True}, True, False, lambda argv: ran.append(argv) or (0, "", ""), str(meminfo), str(drop_caches))
     assert drop_caches.read_text() == "3\n" and ran == [["sync"]], "the cache was dropped first; the unit was not started"
+
+
+class Vllm(http.server.BaseHTTPRequestHandler):
+    """vLLM's API as the gate reads it: /v1/models lists the names the key it is sent serves."""
+
+    def reply(self, status, body):
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        names = self.server.serves.get(self.headers.get("Authorization", "").removeprefix("Bearer "))
+        if names:
+            self.reply(200, {"data": [{"id": name} for name in names]})
+        else:
+            self.reply(401, {"error": "Unauthorized"})
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.reply(200, {"choices": [{"message": {"content": "Hello, operator"}}]})
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def vllm():
+    """A real HTTP server on a free local port standing in for the instance's API; ``serves`` maps a key to its names."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Vllm)
+    server.serves = {}
+    with serving(server):
+        yield server
+
+
+def exited_with_a_bad_flag():
+    return json.loads((RECORDED / "docker-inspect-exited-bad-flag.json").read_text())[0]
+
+
+def relaunch(host, plan, **args):
+    return run(host, plan, step="relaunch", memory_admission=False, maintenance_flag=str(host / "run" / "vllm-maintenance"), **args)
+
+
+def test_a_relaunch_is_gated_under_the_maintenance_flag_which_it_clears(host, vllm):
+    plan, env_file = planned(host, port=vllm.server_port)
+    vllm.serves[KEY] = ["tiny"]
+    set_state(host, flag=str(host / "run" / "vllm-maintenance"), starts=[(plan["container"], running(plan))])
+    run(host, plan, env_file)
+    checked = relaunch(host, plan, check_mode=True)
+    assert checked["changed"] and calls(host) == [] and not (host / "run").exists()
+    done = relaunch(host, plan)
+    assert done["changed"] and done["gate"]["ok"] and done["gate"]["served_model_names"] == ["tiny"]
+    assert done["gate"]["warmup_reply"] == "Hello, operator"
+    assert calls(host) == ["systemctl daemon-reload", f"systemctl reset-failed {plan['unit']}", f"systemctl start --no-block {plan['unit']}",
+                           "maintenance flag at start: tiny"]
+    assert not (host / "run" / "vllm-maintenance").exists()
+
+
+def test_a_failed_relaunch_serves_the_last_good_settings_gated_with_their_own_key(host, vllm):
+    good, good_env = planned(host, port=vllm.server_port)
+    vllm.serves[KEY] = ["tiny"]
+    set_state(host, flag=str(host / "run" / "vllm-maintenance"), logs={good["container"]: (RECORDED / "docker-logs-bad-flag.stderr").read_text()},
+              starts=[(good["container"], exited_with_a_bad_flag()), (good["container"], running(good))])
+    run(host, good, good_env)
+    run(host, good, step="keep")
+    kept = files(host)
+    failing, failing_env = planned(host, port=vllm.server_port, api_key="n" * 32, served_model_names=["renamed"], extra_args=["--no-such-flag"])
+    run(host, failing, failing_env)
+    result = relaunch(host, failing)
+    assert result["failed"] and result["msg"].startswith(
+        "vLLM instance tiny failed its relaunch: vLLM health gate failed: the container is exited (exit code 2) (detected after ")
+    assert "The last good settings were relaunched and serve again. Errors in the engine log: " in result["msg"]
+    assert "vllm: error: unrecognized arguments: --no-such-flag" in result["msg"]
+    assert "n" * 32 not in json.dumps(result)
+    assert files(host) == kept, "the last good files are back"
+    assert [line for line in calls(host) if "start" in line] == [f"systemctl start --no-block {good['unit']}", "maintenance flag at start: tiny"] * 2
+    assert host_state(host)["containers"][good["container"]]["State"]["Status"] == "running"
+    assert not (host / "run" / "vllm-maintenance").exists()
+
+
+def test_a_failed_relaunch_without_last_good_settings_stops_the_unit(host, vllm):
+    plan, env_file = planned(host, port=vllm.server_port)
+    set_state(host, starts=[(plan["container"], exited_with_a_bad_flag())])
+    run(host, plan, env_file)
+    result = relaunch(host, plan)
+    assert result["failed"] and "There were no last good settings to roll back to; the instance is stopped." in result["msg"]
+    assert result["msg"].endswith("Errors in the engine log: none found")
+    assert host_state(host)["units"][plan["unit"]] == "inactive" and plan["container"] not in host_state(host)["containers"]
+    assert not (host / "run" / "vllm-maintenance").exists()
+
+
+def test_a_start_that_cannot_run_rolls_back_like_a_failed_gate(host):
+    from ansible_collections.sparkfleet.vllm.plugins.module_utils._serving_unit import relaunch as relaunch_unit
+
+    plan, env_file = planned(host)
+    set_state(host)
+    run(host, plan, env_file)
+    ran = []
+
+    def denied(argv):
+        ran.append(" ".join(argv))
+        if argv[:2] == ["systemctl", "reset-failed"]:
+            return 1, "", "Failed to reset failed state of unit: Access denied"
+        if argv[:3] == ["docker", "container", "inspect"]:
+            return 1, "[]", "Error response from daemon: No such container: vllm-tiny"
+        return 0, "LoadState=loaded\nActiveState=inactive\n" if argv[1] == "show" else "", ""
+
+    result = relaunch_unit(plan, False, str(host / "run" / "vllm-maintenance"), False, denied)
+    assert result["failed"] and result["msg"] == (
+        f"vLLM instance tiny failed its relaunch: systemctl reset-failed {plan['unit']} exited 1: Failed to reset failed state of unit: "
+        "Access denied (detected after ? s). There were no last good settings to roll back to; the instance is stopped. "
+        "Errors in the engine log: none found")
+    assert not any(line.startswith("systemctl start") for line in ran) and not (host / "run" / "vllm-maintenance").exists()
+
+
+def test_the_maintenance_flag_is_raised_with_the_units_name_and_cleared(host):
+    plan, _env_file = planned(host)
+    flag = host / "run" / "vllm-maintenance"
+    assert run(host, plan, step="raise_flag", maintenance_flag=str(flag), check_mode=True)["changed"] and not flag.exists()
+    assert run(host, plan, step="raise_flag", maintenance_flag=str(flag))["changed"]
+    assert flag.read_text() == "tiny\n" and stat.S_IMODE(flag.stat().st_mode) == 0o644
+    assert not run(host, plan, step="raise_flag", maintenance_flag=str(flag))["changed"]
+    assert run(host, plan, step="clear_flag", maintenance_flag=str(flag))["changed"] and not flag.exists()
+    assert not run(host, plan, step="clear_flag", maintenance_flag=str(flag))["changed"]
+    missing = run(host, plan, step="relaunch")
+    assert missing["failed"] and missing["msg"] == "step is relaunch but all of the following are missing: maintenance_flag"

@@ -1,0 +1,67 @@
+# Copyright: sparkfleet.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The health gate of one endpoint: wait until it serves every expected name while its
+container is watched (a failed start ends the wait at once), then one warm-up request. The
+vllm_health module and serving_unit's relaunch share it, so a gated task and a relaunch judge
+alike.
+
+Private to the collection.
+"""
+
+from __future__ import annotations
+
+import json
+import typing as t
+
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_client import answered, http
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_health import container_snapshot, error_lines, wait_until_ready
+
+Runner = t.Callable[[list[str]], tuple[int, str, str]]
+
+# Long enough to avoid the CPU build's crash on a tiny first request.
+WARMUP_PROMPT = "Say hello to the operator of this endpoint."
+
+
+class Endpoint(t.NamedTuple):
+    url: str
+    api_key: str | None
+    served_names: list[str]
+    container: str | None
+    timeout: float
+
+
+def gate(endpoint: Endpoint, run: Runner | None, interval: float = 2, log_lines: int = 40, warmup: bool = False,
+         warmup_reply_length: int = 8) -> dict[str, t.Any]:
+    """The gate's result: ok, reason(s), elapsed, served names, the container's state, and on
+    failure ``msg`` with the log's tail and error lines (``run`` runs docker; None polls the
+    endpoint only)."""
+    base = endpoint.url.rstrip("/")
+    watched = endpoint.container if run is not None else None
+
+    def inspect() -> dict[str, t.Any] | None:
+        rc, out, _err = run(["docker", "inspect", watched])
+        return container_snapshot(out) if rc == 0 else None
+
+    result = wait_until_ready(lambda: http("GET", base + "/v1/models", endpoint.api_key, timeout=5),
+                              inspect if watched else None, endpoint.served_names, endpoint.timeout, interval)
+    result.update(changed=False, url=base)
+    if not result["ok"]:
+        if watched:
+            _rc, out, err = run(["docker", "logs", "--tail", "1000", watched])
+            whole_log = (out + err).strip()
+            result["log_tail"] = "\n".join(whole_log.splitlines()[-log_lines:])
+            result["log_errors"] = error_lines(whole_log)
+        result["msg"] = f"vLLM health gate failed: {result['reason']}"
+        return result
+    if warmup:
+        payload = {"model": endpoint.served_names[0], "messages": [{"role": "user", "content": WARMUP_PROMPT}],
+                   "max_tokens": warmup_reply_length, "temperature": 0}
+        reply = http("POST", base + "/v1/chat/completions", endpoint.api_key, payload, timeout=120)
+        try:
+            result["warmup_reply"] = json.loads(reply.body)["choices"][0]["message"]["content"] if reply.status == 200 else None
+        except (ValueError, KeyError, IndexError, TypeError):
+            result["warmup_reply"] = None
+        if result["warmup_reply"] is None:
+            reason = f"the warm-up request answered {answered(reply)}: {reply.body[:500]}"
+            result.update(ok=False, reason=reason, reasons=[reason], msg=f"vLLM health gate failed: {reason}")
+    return result
