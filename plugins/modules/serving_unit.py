@@ -24,8 +24,8 @@ description:
     hold (O(memory_admission)), clears the unit's start limit and starts it without waiting for readiness.
   - C(restore) puts the last good copies of the files back (C(restored) is false, and nothing changes, when there is
     no complete copy); C(keep) keeps the files as the last good ones.
-  - C(relaunch) relaunches a single instance under the maintenance flag (O(maintenance_flag), cleared in every case):
-    C(stop), C(start), then the health gate of M(sparkfleet.vllm.vllm_health) with its warm-up request, reading
+  - C(relaunch) relaunches a single instance under the maintenance flag (O(maintenance_flag), cleared in every case)
+    - C(stop), C(start), then the health gate of M(sparkfleet.vllm.vllm_health) with its warm-up request, reading
     the key, names and URL from the files on the host. When the gate fails, the last good files are restored,
     started and gated in turn, and the task fails saying what went wrong, after how long, whether the last good
     settings serve again, and the engine log's error lines.
