@@ -18,6 +18,7 @@ import pathlib
 import typing as t
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._cluster import RAY_PORT, fleet_cluster_problems, identity
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._gateway import DEFAULT_SETTINGS as GATEWAY_DEFAULTS
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._settings import path_problem
 
 # What a Spark or GX10 commonly runs beside vLLM, on ports an instance must not take; an inventory
@@ -28,7 +29,7 @@ DEFAULT_RESERVED_PORTS = {22: "sshd", 9100: "node exporter", 9400: "dcgm-exporte
 ROLE_DEFAULT_PORTS = {"cluster_master_port": 29501, "gateway_port": 4000, "vllm_models_rsync_port": 8873}
 # The roles' configuration folders as their defaults set them, likewise.
 ROLE_DEFAULT_FOLDERS = {"vllm_config_dir": "/etc/sparkfleet/vllm", "cluster_config_dir": "/etc/sparkfleet/cluster",
-                        "gateway_config_dir": "/etc/sparkfleet/gateway"}
+                        "gateway_config_dir": GATEWAY_DEFAULTS["config_dir"]}
 # Connections that reach the controller itself, not a box of the fleet.
 NOT_A_BOX = frozenset({"localhost", "127.0.0.1", "::1"})
 

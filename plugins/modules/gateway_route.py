@@ -108,6 +108,7 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._files import write_atomically
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._gateway import (
+    DEFAULT_SETTINGS,
     UNIT,
     after_request,
     drain_problems,
@@ -138,7 +139,7 @@ def refuse(module: AnsibleModule, reasons: list[str]) -> None:
 def main() -> None:
     module = AnsibleModule(
         argument_spec={
-            "config_dir": {"type": "path", "default": "/etc/sparkfleet/gateway"},
+            "config_dir": {"type": "path", "default": DEFAULT_SETTINGS["config_dir"]},
             "plan": {"type": "dict"},
             "drain": {"type": "list", "elements": "str", "default": []},
             "undrain": {"type": "list", "elements": "str", "default": []},
