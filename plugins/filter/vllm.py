@@ -148,6 +148,10 @@ options:
     description: RestartSec of the units (C(vllm_restart_delay)).
     type: int
     required: true
+  maintenance_flag:
+    description: The file that exists while a planned relaunch runs (C(vllm_maintenance_flag)); a file under C(/run).
+    type: str
+    required: true
 """
 
 EXAMPLES = r"""
@@ -164,7 +168,7 @@ EXAMPLES = r"""
          health_timeout=vllm_health_timeout, host_addresses=ansible_facts.all_ipv4_addresses + ['127.0.0.1'],
          wait_online_enabled=true, readiness_script='/usr/local/libexec/sparkfleet/vllm_readiness.py',
          start_limit_interval=vllm_start_limit_interval, start_limit_burst=vllm_start_limit_burst,
-         restart_delay=vllm_restart_delay) }}
+         restart_delay=vllm_restart_delay, maintenance_flag=vllm_maintenance_flag) }}
   no_log: true
 """
 

@@ -23,6 +23,7 @@ import typing as t
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._files import write_atomically
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._memory import admission_problem, parse_meminfo
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._settings import path_problem
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_client import read_endpoint
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_gate import Endpoint, gate
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_instance import PLAN_SCHEMA_VERSION
@@ -305,7 +306,7 @@ def gate_files(plan: t.Mapping[str, t.Any], run: Runner) -> dict[str, t.Any]:
     try:
         found = read_endpoint(env, settings, plan["name"])
     except ValueError as error:
-        return {"ok": False, "reason": str(error), "msg": f"vLLM health gate failed: {error}"}
+        return {"ok": False, "reason": str(error), "msg": str(error)}
     return gate(Endpoint(found["url"], found["api_key"], found["served_names"], found["container"], found["health_timeout"]),
                 run, warmup=True)
 
@@ -320,6 +321,18 @@ def launch(plan: t.Mapping[str, t.Any], memory_admission: bool, run: Runner) -> 
     return gate_files(plan, run)
 
 
+def restored_share(plan: t.Mapping[str, t.Any]) -> dict[str, t.Any]:
+    """The plan with the restored plan file's memory share: the last good settings are admitted on
+    their own share, which may be smaller than the one that just failed."""
+    copy = read_file(plan["kept_files"][1]["path"])
+    try:
+        share = json.loads(copy[0])["gpu_memory_utilization"] if copy else None
+    except (ValueError, KeyError, TypeError):
+        share = None
+    valid = isinstance(share, (int, float)) and not isinstance(share, bool) and 0 < share <= 1
+    return {**plan, "gpu_memory_utilization": share} if valid else dict(plan)
+
+
 def roll_back(plan: t.Mapping[str, t.Any], memory_admission: bool, run: Runner) -> str:
     """Relaunch the last good files after a failed gate; what came of it, as the failure's message says it."""
     try:
@@ -328,7 +341,7 @@ def roll_back(plan: t.Mapping[str, t.Any], memory_admission: bool, run: Runner) 
             return "There were no last good settings to roll back to; the instance is stopped."
     except UnitError as error:
         return f"The rollback could not run ({error}); the instance is down."
-    again = launch(plan, memory_admission, run)
+    again = launch(restored_share(plan), memory_admission, run)
     if again["ok"]:
         return "The last good settings were relaunched and serve again."
     return f"The last good settings were relaunched but do not serve either ({again['msg']}); the instance is down."
@@ -344,15 +357,25 @@ def relaunch(plan: t.Mapping[str, t.Any], memory_admission: bool, flag: str, che
     raise_flag(flag, plan["name"], False)
     try:
         verdict = launch(plan, memory_admission, run)
-        if verdict["ok"]:
-            return {"changed": True, "gate": verdict}
-        rollback = roll_back(plan, memory_admission, run)
+        rollback = None if verdict["ok"] else roll_back(plan, memory_admission, run)
     finally:
-        clear_flag(flag, False)
+        flag_left = flag_not_cleared(flag)
+    if rollback is None:
+        return {"changed": True, "gate": verdict, **({"failed": True, "msg": f"{plan['name']} passed its gate, but {flag_left}"} if flag_left else {})}
     errors = " / ".join(verdict.get("log_errors", [])) or "none found"
     return {"changed": True, "failed": True, "gate": verdict,
             "msg": (f"vLLM instance {plan['name']} failed its relaunch: {verdict['msg']} (detected after {verdict.get('elapsed', '?')} s). "
-                    f"{rollback} Errors in the engine log: {errors}")}
+                    f"{rollback} Errors in the engine log: {errors}" + (f". Also {flag_left}" if flag_left else ""))}
+
+
+def flag_not_cleared(flag: str) -> str:
+    """Why the flag is still raised ('' once it is cleared): a flag left raised keeps the watchdog off
+    the instance, so it is reported beside the relaunch's outcome, never instead of it."""
+    try:
+        clear_flag(flag, False)
+    except UnitError as error:
+        return str(error)
+    return ""
 
 
 def checked(run: Runner, argv: list[str]) -> str:
@@ -362,14 +385,15 @@ def checked(run: Runner, argv: list[str]) -> str:
     return out
 
 
-def step(name: str, plan: t.Any, check_mode: bool, run: Runner, env_text: str | None = None, memory_admission: bool = True,
-         maintenance_flag: str | None = None) -> dict[str, t.Any]:
+def step(name: str, plan: t.Any, check_mode: bool, run: Runner, env_text: str | None = None, memory_admission: bool = True) -> dict[str, t.Any]:
     """One step of the transaction on one unit; UnitError says what stopped it and the fix."""
     problem = removal_problem(plan) if name == "remove" else plan_problem(plan)
     if problem:
         raise UnitError(problem)
-    if name in ("relaunch", "raise_flag", "clear_flag") and not (maintenance_flag or "").startswith("/"):
-        raise UnitError(f"maintenance_flag: {maintenance_flag!r}; step {name} needs the flag's absolute path (vllm_maintenance_flag)")
+    flag = plan.get("maintenance_flag")
+    if name in ("relaunch", "raise_flag", "clear_flag") and path_problem(flag, 2):
+        raise UnitError(f"plan: maintenance_flag {flag!r} {path_problem(flag, 2)}; step {name} needs the flag's path as the vllm role "
+                        "plans it (vllm_maintenance_flag)")
     if name == "prepare":
         return prepare(plan, env_text or "", check_mode, run)
     if name == "stop":
@@ -381,9 +405,9 @@ def step(name: str, plan: t.Any, check_mode: bool, run: Runner, env_text: str | 
     if name == "keep":
         return keep(plan, check_mode)
     if name == "relaunch":
-        return relaunch(plan, memory_admission, maintenance_flag, check_mode, run)
+        return relaunch(plan, memory_admission, flag, check_mode, run)
     if name == "raise_flag":
-        return raise_flag(maintenance_flag, plan["name"], check_mode)
+        return raise_flag(flag, plan["name"], check_mode)
     if name == "clear_flag":
-        return clear_flag(maintenance_flag, check_mode)
+        return clear_flag(flag, check_mode)
     return remove(plan, check_mode, run)

@@ -15,6 +15,7 @@ import typing as t
 from http.client import HTTPException
 
 from ansible.module_utils.six.moves.urllib.error import URLError
+from ansible.module_utils.urls import ConnectionError as RequestError
 from ansible.module_utils.urls import open_url
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_health import Reply, exception_reply, parse_env_file
@@ -55,7 +56,7 @@ def http(method: str, url: str, api_key: str | None, payload: t.Any = None, time
     try:
         response = open_url(url, method=method, headers=headers, data=data, timeout=timeout)
         return Reply(response.getcode(), response.read().decode("utf-8", "replace"))
-    except (URLError, OSError, ValueError, HTTPException) as error:
+    except (URLError, OSError, ValueError, HTTPException, RequestError) as error:
         return exception_reply(error)
 
 

@@ -697,6 +697,7 @@ def instance_plan(instance: t.Mapping[str, t.Any], start_after: list[str], optio
         "catalog": instance.get("catalog"),
         "memory": memory,
         "drop_caches": options["drop_caches"],
+        "maintenance_flag": options["maintenance_flag"],
         "start_after": start_after,
         "health_timeout": timeout,
         "config_hash": digest,
@@ -767,7 +768,7 @@ PLAN_OPTIONS: tuple[str, ...] = (
     "image", "allow_floating_tag", "allow_wildcard_bind", "allow_dev_mode", "guard_digest", "registry_mirror", "gmu_cap",
     "hardware_class", "hardware_overrides", "catalog_extra", "memory_total_bytes", "vllm_version", "drop_caches", "overrides",
     "cluster", "reserved_gmu", "gpus", "models_dir", "cache_dir", "config_dir", "env", "health_timeout", "host_addresses",
-    "wait_online_enabled", "readiness_script", "start_limit_interval", "start_limit_burst", "restart_delay",
+    "wait_online_enabled", "readiness_script", "start_limit_interval", "start_limit_burst", "restart_delay", "maintenance_flag",
 )
 
 
@@ -807,6 +808,12 @@ def option_problems(options: t.Mapping[str, t.Any]) -> list[str]:
         errors += host_folder_problems(f"vllm_{name}", options[name])
     # The role makes the configuration folder root-only (0700) and removes the plan files in it that it no longer plans.
     errors += host_folder_problems("cluster_config_dir" if options["cluster"] else "vllm_config_dir", options["config_dir"], 2)
+    # serving_unit writes the flag and deletes it: anywhere else a typo could delete a file the box needs.
+    flag = options["maintenance_flag"]
+    flag_problem = "must be under /run" if not (isinstance(flag, str) and flag.startswith("/run/")) else path_problem(flag, 2)
+    if flag_problem:
+        errors.append(f"vllm_maintenance_flag: {flag!r} {flag_problem}; give a file under /run (cleared at boot), such as "
+                      "/run/sparkfleet/vllm-maintenance")
     if not isinstance(options["allow_dev_mode"], bool):
         errors.append(f"vllm_allow_dev_mode: {options['allow_dev_mode']!r} must be true or false")
     for name, (maximum, why) in OPTION_BOUNDS.items():

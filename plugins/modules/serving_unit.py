@@ -24,11 +24,12 @@ description:
     hold (O(memory_admission)), clears the unit's start limit and starts it without waiting for readiness.
   - C(restore) puts the last good copies of the files back (C(restored) is false, and nothing changes, when there is
     no complete copy); C(keep) keeps the files as the last good ones.
-  - C(relaunch) relaunches a single instance under the maintenance flag (O(maintenance_flag), cleared in every case)
+  - C(relaunch) relaunches a single instance under the maintenance flag (the plan's C(maintenance_flag), holding the unit's name, cleared in every case)
     - C(stop), C(start), then the health gate of M(sparkfleet.vllm.vllm_health) with its warm-up request, reading
-    the key, names and URL from the files on the host. When the gate fails, the last good files are restored,
-    started and gated in turn, and the task fails saying what went wrong, after how long, whether the last good
-    settings serve again, and the engine log's error lines.
+    the key, names and URL from the files on the host. When the gate fails, or a stop or start cannot run, the
+    last good files are restored, started (admitted on their own memory share) and gated in turn, and the task
+    fails saying what went wrong, after how long, whether the last good settings serve again, and the engine
+    log's error lines.
   - C(raise_flag) and C(clear_flag) raise and clear the maintenance flag around a relaunch the role orders
     itself (a cluster's), so the watchdog takes the stopped units for planned work.
   - C(remove) takes a removal (C(vllm_removals), C(cluster_stale_ranks)) instead of a plan, disables and stops its
@@ -57,11 +58,6 @@ options:
     description: With O(step=start) or O(step=relaunch), refuse a start whose memory share is more than the memory available now.
     type: bool
     default: true
-  maintenance_flag:
-    description:
-      - The maintenance flag's absolute path (C(vllm_maintenance_flag)); needed by O(step=relaunch),
-        O(step=raise_flag) and O(step=clear_flag). The raised flag holds the unit's name.
-    type: path
 attributes:
   check_mode:
     support: full
@@ -84,7 +80,6 @@ EXAMPLES = r"""
   sparkfleet.vllm.serving_unit:
     plan: "{{ __vllm_plan.instances[0] }}"
     step: relaunch
-    maintenance_flag: /run/sparkfleet/vllm-maintenance
   when: unit.drift | length > 0
 
 - name: Keep the files that served as the last good ones
@@ -125,8 +120,8 @@ removed:
 gate:
   description:
     - The health gate's result of the relaunched files (of the first start, when the task failed) - C(ok),
-      C(reason), C(elapsed), C(url), C(served_model_names), C(warmup_reply), and on failure C(log_tail) and
-      C(log_errors), as M(sparkfleet.vllm.vllm_health) returns them.
+      C(reason) and C(msg), and when the gate ran C(elapsed), C(url), C(served_model_names), C(warmup_reply),
+      and on failure C(log_tail) and C(log_errors), as M(sparkfleet.vllm.vllm_health) returns them.
   returned: when O(step=relaunch) relaunched
   type: dict
 """
@@ -143,20 +138,25 @@ def main():
             step=dict(type="str", choices=list(STEPS), default="prepare"),
             env_file=dict(type="str", no_log=True),
             memory_admission=dict(type="bool", default=True),
-            maintenance_flag=dict(type="path"),
         ),
-        required_if=[("step", "prepare", ("env_file",)), ("step", "relaunch", ("maintenance_flag",)),
-                     ("step", "raise_flag", ("maintenance_flag",)), ("step", "clear_flag", ("maintenance_flag",))],
+        required_if=[("step", "prepare", ("env_file",))],
         supports_check_mode=True,
     )
 
+    # A tool that is missing or cannot run is a failed step, never an exit in the middle of a relaunch that must still roll back.
     def run(argv):
-        return module.run_command([module.get_bin_path(argv[0], required=True), *argv[1:]])
+        tool = module.get_bin_path(argv[0])
+        if tool is None:
+            return 127, "", f"{argv[0]} is not installed on the host (not on its PATH)"
+        try:
+            return module.run_command([tool, *argv[1:]], handle_exceptions=False)
+        except OSError as error:
+            return 126, "", f"{tool} cannot run ({error.strerror})"
 
     params = module.params
     try:
         result = step(params["step"], params["plan"], module.check_mode, run, env_text=params["env_file"],
-                      memory_admission=params["memory_admission"], maintenance_flag=params["maintenance_flag"])
+                      memory_admission=params["memory_admission"])
     except UnitError as error:
         module.fail_json(msg=str(error))
     if result.pop("failed", False):

@@ -16,11 +16,12 @@ description:
     carries the last lines of the container's log.
   - Optionally sends a short warm-up chat request once the endpoint is ready.
   - Seed 000's variant launcher ("poll every 15 s ... if container exited or its restart count went up, break").
-author: sparkfleet.vllm contributors (@sparkfleet)
   - Errors that retrying cannot fix end the gate at once with the real reason (401 with the key it was given,
     a header the key cannot travel in, TLS or URL errors, another server answering on the port); only "not up
     yet" (connection refused or reset, a timeout, HTTP 5xx) is waited on.
-  - The verdict is the same function the vllm role's units run as their readiness wait at boot.
+  - The verdict is the same function the vllm role's units run as their readiness wait at boot, and the gate the
+    same one M(sparkfleet.vllm.serving_unit) runs in a single instance's relaunch.
+author: sparkfleet.vllm contributors (@sparkfleet)
 options:
   instance:
     description:
@@ -29,7 +30,7 @@ options:
         O(served_model_names) and O(container).
     type: str
   config_dir:
-    description: Where the vllm role keeps the instances' plan and env files (its C(last-good) folder gates the last good settings).
+    description: Where the vllm role keeps the instances' plan and env files.
     type: path
     default: /etc/sparkfleet/vllm
   url:

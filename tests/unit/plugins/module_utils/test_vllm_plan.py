@@ -424,6 +424,16 @@ def test_host_folders_are_plain_absolute_paths(variable, folder, problem):
     assert only_error(instance(), **{variable: folder}).startswith(f"vllm_{variable}: {folder!r} {problem}")
 
 
+@pytest.mark.parametrize(("flag", "problem"), [
+    ("/etc/passwd", "must be under /run"), ("/run/../etc/passwd", "must not step through '.' or '..'"), ("/run", "must be under /run"),
+    ("run/sparkfleet/flag", "must be under /run"), ("/run/a b", "has 'a b'"), (None, "must be under /run"),
+])
+def test_the_maintenance_flag_is_a_file_under_run_which_the_relaunch_may_delete(flag, problem):
+    error = only_error(instance(), maintenance_flag=flag)
+    assert error.startswith(f"vllm_maintenance_flag: {flag!r} {problem}")
+    assert error.endswith("; give a file under /run (cleared at boot), such as /run/sparkfleet/vllm-maintenance")
+
+
 @pytest.mark.parametrize("folder", ["/etc", "/root", "/usr"])
 def test_the_configuration_folder_is_not_a_system_folder(folder):
     """The role makes it root-only (0700) and removes the plan files in it that it no longer plans."""

@@ -117,6 +117,7 @@ def planned(host, **changes):
     assert result["errors"] == []
     plan = result["instances"][0]
     plan["kept_files"][2] = {**plan["kept_files"][2], "path": str(host / "units" / plan["unit"])}
+    plan["maintenance_flag"] = str(host / "run" / "vllm-maintenance")
     return plan, result["env_files"]["tiny"]
 
 
@@ -377,7 +378,7 @@ def exited_with_a_bad_flag():
 
 
 def relaunch(host, plan, **args):
-    return run(host, plan, step="relaunch", memory_admission=False, maintenance_flag=str(host / "run" / "vllm-maintenance"), **args)
+    return run(host, plan, step="relaunch", memory_admission=False, **args)
 
 
 def test_a_relaunch_is_gated_under_the_maintenance_flag_which_it_clears(host, vllm):
@@ -415,6 +416,31 @@ def test_a_failed_relaunch_serves_the_last_good_settings_gated_with_their_own_ke
     assert [line for line in calls(host) if "start" in line] == [f"systemctl start --no-block {good['unit']}", "maintenance flag at start: tiny"] * 2
     assert host_state(host)["containers"][good["container"]]["State"]["Status"] == "running"
     assert not (host / "run" / "vllm-maintenance").exists()
+
+
+def test_last_good_settings_that_do_not_serve_either_are_named_and_the_instance_is_down(host, vllm):
+    good, good_env = planned(host, port=vllm.server_port)
+    set_state(host, starts=[(good["container"], exited_with_a_bad_flag()), (good["container"], running(good))])
+    run(host, good, good_env)
+    run(host, good, step="keep")
+    failing, failing_env = planned(host, port=vllm.server_port, max_num_seqs=8)
+    run(host, failing, failing_env)
+    result = relaunch(host, failing)
+    assert result["failed"] and "The last good settings were relaunched but do not serve either (vLLM health gate failed: " in result["msg"]
+    assert "the server refuses the API key the gate was given); the instance is down." in result["msg"]
+    assert not (host / "run" / "vllm-maintenance").exists()
+
+
+def test_the_last_good_settings_are_admitted_on_their_own_memory_share(host):
+    from ansible_collections.sparkfleet.vllm.plugins.module_utils._serving_unit import restored_share
+
+    good, good_env = planned(host, gpu_memory_utilization=0.3)
+    set_state(host)
+    run(host, good, good_env)
+    failing, _failing_env = planned(host, gpu_memory_utilization=0.8)
+    assert restored_share(failing)["gpu_memory_utilization"] == 0.3
+    (host / "config" / "tiny.json").write_text("{damaged")
+    assert restored_share(failing)["gpu_memory_utilization"] == 0.8, "a damaged copy is admitted on the share that failed"
 
 
 def test_a_failed_relaunch_without_last_good_settings_stops_the_unit(host, vllm):
@@ -455,11 +481,13 @@ def test_a_start_that_cannot_run_rolls_back_like_a_failed_gate(host):
 def test_the_maintenance_flag_is_raised_with_the_units_name_and_cleared(host):
     plan, _env_file = planned(host)
     flag = host / "run" / "vllm-maintenance"
-    assert run(host, plan, step="raise_flag", maintenance_flag=str(flag), check_mode=True)["changed"] and not flag.exists()
-    assert run(host, plan, step="raise_flag", maintenance_flag=str(flag))["changed"]
+    assert run(host, plan, step="raise_flag", check_mode=True)["changed"] and not flag.exists()
+    assert run(host, plan, step="raise_flag")["changed"]
     assert flag.read_text() == "tiny\n" and stat.S_IMODE(flag.stat().st_mode) == 0o644
-    assert not run(host, plan, step="raise_flag", maintenance_flag=str(flag))["changed"]
-    assert run(host, plan, step="clear_flag", maintenance_flag=str(flag))["changed"] and not flag.exists()
-    assert not run(host, plan, step="clear_flag", maintenance_flag=str(flag))["changed"]
-    missing = run(host, plan, step="relaunch")
-    assert missing["failed"] and missing["msg"] == "step is relaunch but all of the following are missing: maintenance_flag"
+    assert not run(host, plan, step="raise_flag")["changed"]
+    assert run(host, plan, step="clear_flag")["changed"] and not flag.exists()
+    assert not run(host, plan, step="clear_flag")["changed"]
+    missing = run(host, {**plan, "maintenance_flag": "run/flag"}, step="relaunch")
+    assert missing["failed"] and missing["msg"] == ("plan: maintenance_flag 'run/flag' must be an absolute path; step relaunch needs the flag's "
+                                                    "path as the vllm role plans it (vllm_maintenance_flag)")
+    assert not (host / "config" / "tiny.env").exists()
