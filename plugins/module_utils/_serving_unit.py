@@ -46,6 +46,11 @@ class UnitError(Exception):
     """What stopped the unit's files or state from being read or written, with the fix."""
 
 
+def is_share(value: t.Any) -> bool:
+    """A memory share as the plan writes it: a number in (0, 1]."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value <= 1
+
+
 def plan_problem(plan: t.Any) -> str | None:
     """Why ``plan`` is not one planned instance or rank of this release (None: it is)."""
     if not isinstance(plan, dict) or plan.get("schema_version") != PLAN_SCHEMA_VERSION:
@@ -54,7 +59,7 @@ def plan_problem(plan: t.Any) -> str | None:
                 "plan the vllm role built (__vllm_plan.instances), not a plan file of another release")
     kept = plan.get("kept_files")
     missing = [key for key in ("name", "unit", "container", "unit_file", "config_hash", "run_image") if not plan.get(key)]
-    if not isinstance(plan.get("gpu_memory_utilization"), (int, float)) or isinstance(plan.get("gpu_memory_utilization"), bool):
+    if not is_share(plan.get("gpu_memory_utilization")):
         missing.append("gpu_memory_utilization")
     if missing or not isinstance(kept, list) or len(kept) != len(FILE_KINDS) or not all(
             isinstance(entry, dict) and all(str(entry.get(key, "")).startswith("/") for key in ("path", "last_good"))
@@ -307,8 +312,7 @@ def gate_files(plan: t.Mapping[str, t.Any], run: Runner) -> dict[str, t.Any]:
         found = read_endpoint(env, settings, plan["name"])
     except ValueError as error:
         return {"ok": False, "reason": str(error), "msg": str(error)}
-    return gate(Endpoint(found["url"], found["api_key"], found["served_names"], found["container"], found["health_timeout"]),
-                run, warmup=True)
+    return gate(Endpoint.of_instance(found), run, warmup=True)
 
 
 def launch(plan: t.Mapping[str, t.Any], memory_admission: bool, run: Runner) -> dict[str, t.Any]:
@@ -329,8 +333,7 @@ def restored_share(plan: t.Mapping[str, t.Any]) -> dict[str, t.Any]:
         share = json.loads(copy[0])["gpu_memory_utilization"] if copy else None
     except (ValueError, KeyError, TypeError):
         share = None
-    valid = isinstance(share, (int, float)) and not isinstance(share, bool) and 0 < share <= 1
-    return {**plan, "gpu_memory_utilization": share} if valid else dict(plan)
+    return {**plan, "gpu_memory_utilization": share} if is_share(share) else dict(plan)
 
 
 def roll_back(plan: t.Mapping[str, t.Any], memory_admission: bool, run: Runner) -> str:
@@ -391,8 +394,9 @@ def step(name: str, plan: t.Any, check_mode: bool, run: Runner, env_text: str | 
     if problem:
         raise UnitError(problem)
     flag = plan.get("maintenance_flag")
-    if name in ("relaunch", "raise_flag", "clear_flag") and path_problem(flag, 2):
-        raise UnitError(f"plan: maintenance_flag {flag!r} {path_problem(flag, 2)}; step {name} needs the flag's path as the vllm role "
+    flag_problem = path_problem(flag, 2) if name in ("relaunch", "raise_flag", "clear_flag") else None
+    if flag_problem:
+        raise UnitError(f"plan: maintenance_flag {flag!r} {flag_problem}; step {name} needs the flag's path as the vllm role "
                         "plans it (vllm_maintenance_flag)")
     if name == "prepare":
         return prepare(plan, env_text or "", check_mode, run)

@@ -29,6 +29,11 @@ class Endpoint(t.NamedTuple):
     container: str | None
     timeout: float
 
+    @classmethod
+    def of_instance(cls, found: t.Mapping[str, t.Any], timeout: float | None = None) -> Endpoint:
+        """The endpoint of a deployed instance as _vllm_client reads it; its planned timeout unless one is given."""
+        return cls(found["url"], found["api_key"], found["served_names"], found["container"], timeout or found["health_timeout"])
+
 
 def gate(endpoint: Endpoint, run: Runner | None, interval: float = 2, log_lines: int = 40, warmup: bool = False,
          warmup_reply_length: int = 8) -> dict[str, t.Any]:

@@ -160,8 +160,7 @@ def endpoint_of(module):
             endpoint = read_instance(params["config_dir"], params["instance"])
         except ValueError as error:
             module.fail_json(msg=str(error), ok=False, reasons=[str(error)])
-        return Endpoint(endpoint["url"], endpoint["api_key"], endpoint["served_names"], endpoint["container"],
-                        params["timeout"] or endpoint["health_timeout"])
+        return Endpoint.of_instance(endpoint, params["timeout"])
     missing = [name for name in ("url", "api_key", "served_model_names") if not params[name]]
     if missing:
         reason = f"give instance, or {', '.join(missing)}"

@@ -491,3 +491,29 @@ def test_the_maintenance_flag_is_raised_with_the_units_name_and_cleared(host):
     assert missing["failed"] and missing["msg"] == ("plan: maintenance_flag 'run/flag' must be an absolute path; step relaunch needs the flag's "
                                                     "path as the vllm role plans it (vllm_maintenance_flag)")
     assert not (host / "config" / "tiny.env").exists()
+
+
+def test_vllm_health_gates_a_deployed_instance_from_its_files_with_the_same_gate(host, vllm):
+    """The vllm_health module reads the files prepare wrote and runs the relaunch's gate: ready with its
+    warm-up reply, and on an exited container the engine log's error lines."""
+    plan, env_file = planned(host, port=vllm.server_port)
+    vllm.serves[KEY] = ["tiny"]
+    set_state(host, containers={plan["container"]: running(plan)},
+              logs={plan["container"]: (RECORDED / "docker-logs-bad-flag.stderr").read_text()})
+    run(host, plan, env_file)
+    module = MODULE.with_name("vllm_health.py")
+    env = {**os.environ, "PYTHONPATH": str(COLLECTIONS), "PATH": f"{host / 'bin'}{os.pathsep}{os.environ['PATH']}"}
+
+    def gate():
+        payload = {"ANSIBLE_MODULE_ARGS": {"instance": "tiny", "config_dir": str(host / "config"), "warmup": True, "interval": 0.2}}
+        done = subprocess.run([sys.executable, str(module)], input=json.dumps(payload), capture_output=True, text=True, env=env, check=False)
+        assert "Traceback" not in done.stdout + done.stderr and KEY not in done.stdout + done.stderr, done.stdout + done.stderr
+        return json.loads(done.stdout)
+
+    ready = gate()
+    assert ready["ok"] and ready["warmup_reply"] == "Hello, operator" and ready["served_model_names"] == ["tiny"]
+    set_state(host, containers={plan["container"]: exited_with_a_bad_flag()},
+              logs={plan["container"]: (RECORDED / "docker-logs-bad-flag.stderr").read_text()})
+    failed = gate()
+    assert failed["failed"] and failed["msg"] == "vLLM health gate failed: the container is exited (exit code 2)"
+    assert failed["log_errors"] == ["vllm: error: unrecognized arguments: --no-such-flag"]
