@@ -20,7 +20,7 @@ description:
     only part holding secrets; use it under no_log).
   - Every option is required and has no default of its own (the vllm role's defaults are the defaults); a missing or
     unknown option is an error naming it.
-  - The same file provides C(vllm_removals) (the instances no longer planned), C(vllm_model_folder),
+  - The same file provides C(vllm_removals) (the instances no longer planned), C(vllm_helper_files), C(vllm_model_folder),
     C(vllm_pull_reference), C(vllm_run_image), C(meminfo) and
     C(vllm_models_problems).
 author: sparkfleet.vllm contributors (@sparkfleet)
@@ -180,6 +180,10 @@ _value:
   type: dict
 """
 
+import pathlib
+
+from ansible.errors import AnsibleFilterError
+
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._memory import parse_meminfo
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_instance import deployed_instances, pull_reference, removal, run_image
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_models import model_folder, validate_models
@@ -188,6 +192,18 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_plan import 
 
 def vllm_plan(instances, defaults, **options):
     return build_plan(instances, defaults, **options)
+
+
+def vllm_helper_files(helpers, collection_root):
+    """The plan's helpers as host_files takes them: each source read from the collection on the controller."""
+    root = pathlib.Path(collection_root).resolve()
+    files = []
+    for helper in helpers:
+        source = (root / helper["source"]).resolve()
+        if root not in source.parents:
+            raise AnsibleFilterError(f"vllm_helper_files: {helper['source']!r} is not a file of the collection")
+        files.append({"path": helper["path"], "mode": helper["mode"], "content": source.read_text(encoding="utf-8")})
+    return files
 
 
 def vllm_removals(deployed_paths, plan, config_dir):
@@ -215,6 +231,7 @@ class FilterModule:
         return {
             "vllm_plan": vllm_plan,
             "vllm_removals": vllm_removals,
+            "vllm_helper_files": vllm_helper_files,
             "vllm_model_folder": model_folder,
             "vllm_pull_reference": pull_reference,
             "vllm_run_image": run_image,

@@ -1,13 +1,25 @@
 # Copyright: sparkfleet.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Writing files: one at a time, all or nothing (write_atomically), and report files only when their
-content changed (write_changed). Private to the collection."""
+"""Writing files: one at a time, all or nothing (write_atomically); report files only when their
+content changed (write_changed); bring files and folders to their planned content, mode and root
+ownership, with a diff and the same answer in check mode (sync_files, sync_folders). Private to
+the collection."""
 
 from __future__ import annotations
 
 import os
+import re
 import secrets
+import stat
 import typing as t
+
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._settings import path_problem
+
+MODE = re.compile(r"0?[0-7]{3}")
+
+
+class FileProblem(Exception):
+    """A file or folder that cannot be read or written, with the fix."""
 
 
 def write_atomically(path: str, text: str | bytes, mode: int) -> None:
@@ -60,3 +72,131 @@ def write_changed(dest: str, contents: t.Mapping[str, bytes], check_mode: bool) 
             os.makedirs(dest, exist_ok=True)
             write_atomically(path, content, 0o644)
     return changed, paths
+
+
+def read_file(path: str) -> tuple[bytes, int, tuple[int, int]] | None:
+    """(content, mode, (uid, gid)) of a file, None when there is none; the content byte for byte,
+    so a last good copy is kept and restored exactly."""
+    try:
+        with open(path, "rb") as handle:
+            status = os.fstat(handle.fileno())
+            return handle.read(), status.st_mode & 0o7777, (status.st_uid, status.st_gid)
+    except FileNotFoundError:
+        return None
+    except OSError as error:
+        raise FileProblem(f"{path}: cannot be read ({error.strerror}); run the task as root (become: true)") from error
+
+
+def root_owner() -> tuple[int, int] | None:
+    """Root's ids when the module runs as root, else None: a file is then left with its owner."""
+    return (0, 0) if os.geteuid() == 0 else None
+
+
+def sync_files(files: t.Sequence[t.Mapping[str, t.Any]], check_mode: bool) -> dict[str, list[t.Any]]:
+    """Write each file whose content differs, and set the mode and root ownership of each whose
+    content is right but whose metadata is not. Each file: ``label``, ``path``, ``mode`` (int),
+    ``content`` (bytes) and ``hidden`` (the text a diff shows instead of a secret's content, or
+    None). Returns the labels rewritten (``content``), those whose mode or owner were set
+    (``metadata``) and the diffs."""
+    found: dict[str, list[t.Any]] = {"content": [], "metadata": [], "diff": []}
+    owner = root_owner()
+    for file in files:
+        before = read_file(file["path"])
+        if before is None or before[0] != file["content"]:
+            found["content"].append(file["label"])
+            hidden = file.get("hidden")
+            found["diff"].append({"before_header": file["path"], "after_header": file["path"],
+                                  "before": "" if before is None else hidden or before[0].decode("utf-8", "replace"),
+                                  "after": hidden or file["content"].decode("utf-8", "replace")})
+            if not check_mode:
+                write_owned(file["path"], file["content"], file["mode"], owner)
+        elif before[1] != file["mode"] or (owner is not None and before[2] != owner):
+            found["metadata"].append(file["label"])
+            if not check_mode:
+                set_metadata(file["path"], file["mode"], owner)
+    return found
+
+
+def write_owned(path: str, content: bytes, mode: int, owner: tuple[int, int] | None) -> None:
+    try:
+        write_atomically(path, content, mode)
+        if owner is not None:
+            os.chown(path, *owner)
+    except FileNotFoundError as error:
+        raise FileProblem(f"{path}: its folder {os.path.dirname(path)} does not exist; the role creates it before "
+                          "writing the file (its planned folders)") from error
+    except OSError as error:
+        raise FileProblem(f"{path}: cannot be written ({error.strerror}); run the task as root (become: true)") from error
+
+
+def set_metadata(path: str, mode: int, owner: tuple[int, int] | None) -> None:
+    try:
+        os.chmod(path, mode)
+        if owner is not None:
+            os.chown(path, *owner)
+    except OSError as error:
+        raise FileProblem(f"{path}: its mode cannot be set ({error.strerror}); run the task as root (become: true)") from error
+
+
+def sync_folders(folders: t.Sequence[t.Mapping[str, t.Any]], check_mode: bool) -> dict[str, list[str]]:
+    """Create each folder (``path``, ``mode`` as int) that is missing, its missing parents 0755,
+    and set the mode and root ownership of each that differs. A folder that is a symlink to a
+    folder is followed, as the file module does. Returns the paths ``created`` and ``metadata``
+    (mode or owner set)."""
+    found: dict[str, list[str]] = {"created": [], "metadata": []}
+    owner = root_owner()
+    for folder in folders:
+        path, mode = folder["path"], folder["mode"]
+        try:
+            status = os.stat(path)
+        except FileNotFoundError:
+            found["created"].append(path)
+            if not check_mode:
+                create_folder(path, mode, owner)
+            continue
+        except OSError as error:
+            raise FileProblem(f"{path}: cannot be read ({error.strerror}); run the task as root (become: true)") from error
+        if not stat.S_ISDIR(status.st_mode):
+            raise FileProblem(f"{path}: exists and is not a folder; move it away, the role needs a folder there")
+        if status.st_mode & 0o7777 != mode or (owner is not None and (status.st_uid, status.st_gid) != owner):
+            found["metadata"].append(path)
+            if not check_mode:
+                set_metadata(path, mode, owner)
+    return found
+
+
+def create_folder(path: str, mode: int, owner: tuple[int, int] | None) -> None:
+    try:
+        os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+        os.mkdir(path, mode)
+    except FileExistsError as error:
+        raise FileProblem(f"{path}: exists and is not a folder; move it away, the role needs a folder there") from error
+    except OSError as error:
+        raise FileProblem(f"{path}: cannot be created ({error.strerror}); run the task as root (become: true)") from error
+    # mkdir applies the umask; the folder's mode is the planned one from here on.
+    set_metadata(path, mode, owner)
+
+
+def mode_problem(value: t.Any) -> str | None:
+    """What is wrong with a mode given as an octal string (None: nothing); no setuid, setgid or sticky bit."""
+    if not isinstance(value, str) or not MODE.fullmatch(value):
+        return "must be an octal string of three or four digits with no setuid, setgid or sticky bit, such as \"0644\""
+    return None
+
+
+def sync_listed(folders: t.Sequence[t.Mapping[str, t.Any]], files: t.Sequence[t.Mapping[str, t.Any]], check_mode: bool) -> dict[str, t.Any]:
+    """Folders then files as the host_files module takes them (path, mode as an octal string, a
+    file's content as text), every path and mode checked before anything changes."""
+    problems = [f"{option}[{index}].{key}: {entry.get(key)!r} {problem}"
+                for option, entries in (("folders", folders), ("files", files))
+                for index, entry in enumerate(entries)
+                for key, problem in (("path", path_problem(entry.get("path"))), ("mode", mode_problem(entry.get("mode"))))
+                if problem]
+    if problems:
+        raise FileProblem("; ".join(problems))
+    created = sync_folders([{"path": folder["path"], "mode": int(folder["mode"], 8)} for folder in folders], check_mode)
+    written = sync_files([{"label": file["path"], "path": file["path"], "mode": int(file["mode"], 8),
+                           "content": file["content"].encode("utf-8"), "hidden": None} for file in files], check_mode)
+    return {"changed": any((created["created"], created["metadata"], written["content"], written["metadata"])),
+            "folders_created": created["created"], "folders_fixed": created["metadata"],
+            "files_written": written["content"], "files_fixed": written["metadata"], "diff": written["diff"]}

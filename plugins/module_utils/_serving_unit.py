@@ -21,7 +21,7 @@ import json
 import os
 import typing as t
 
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._files import write_atomically
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._files import FileProblem, read_file, sync_files, write_atomically
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._memory import admission_problem, parse_meminfo
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._settings import path_problem
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_client import read_endpoint
@@ -42,8 +42,9 @@ DROP_CACHES = "/proc/sys/vm/drop_caches"
 Runner = t.Callable[[list[str]], tuple[int, str, str]]
 
 
-class UnitError(Exception):
-    """What stopped the unit's files or state from being read or written, with the fix."""
+class UnitError(FileProblem):
+    """What stopped the unit's state from being read or changed, with the fix; its files' problems
+    are FileProblem, the base class, so ``except FileProblem`` catches both."""
 
 
 def is_share(value: t.Any) -> bool:
@@ -77,65 +78,13 @@ def plan_text(plan: t.Mapping[str, t.Any]) -> str:
 def planned_files(plan: t.Mapping[str, t.Any], env_text: str) -> list[dict[str, t.Any]]:
     """Each file of the unit: kind, path, mode and content (bytes)."""
     contents = {"env": env_text, "plan": plan_text(plan), "unit": plan["unit_file"]}
-    return [{"kind": kind, "path": kept["path"], "mode": int(kept["mode"], 8), "content": contents[kind].encode("utf-8")}
+    return [unit_file(kind, kept["path"], kept["mode"], contents[kind].encode("utf-8"))
             for kind, kept in zip(FILE_KINDS, plan["kept_files"], strict=True)]
 
 
-def read_file(path: str) -> tuple[bytes, int, tuple[int, int]] | None:
-    """(content, mode, (uid, gid)) of a file, None when there is none; the content byte for byte,
-    so a last good copy is kept and restored exactly."""
-    try:
-        with open(path, "rb") as handle:
-            status = os.fstat(handle.fileno())
-            return handle.read(), status.st_mode & 0o7777, (status.st_uid, status.st_gid)
-    except FileNotFoundError:
-        return None
-    except OSError as error:
-        raise UnitError(f"{path}: cannot be read ({error.strerror}); run the task as root (become: true)") from error
-
-
-def sync_files(files: list[dict[str, t.Any]], check_mode: bool) -> dict[str, list[t.Any]]:
-    """Write each file whose content differs, and set the mode and root ownership of each whose
-    content is right but whose metadata is not. Returns the kinds rewritten (``content``), the
-    kinds whose mode or owner were set (``metadata``) and the diffs (the env file's hidden)."""
-    found: dict[str, list[t.Any]] = {"content": [], "metadata": [], "diff": []}
-    owner = (0, 0) if os.geteuid() == 0 else None
-    for file in files:
-        before = read_file(file["path"])
-        if before is None or before[0] != file["content"]:
-            found["content"].append(file["kind"])
-            secret = file["kind"] in SECRET_KINDS
-            found["diff"].append({"before_header": file["path"], "after_header": file["path"],
-                                  "before": "" if before is None else HIDDEN if secret else before[0].decode("utf-8", "replace"),
-                                  "after": HIDDEN if secret else file["content"].decode("utf-8", "replace")})
-            if not check_mode:
-                write(file, owner)
-        elif before[1] != file["mode"] or (owner is not None and before[2] != owner):
-            found["metadata"].append(file["kind"])
-            if not check_mode:
-                set_metadata(file, owner)
-    return found
-
-
-def write(file: t.Mapping[str, t.Any], owner: tuple[int, int] | None) -> None:
-    try:
-        write_atomically(file["path"], file["content"], file["mode"])
-        if owner is not None:
-            os.chown(file["path"], *owner)
-    except FileNotFoundError as error:
-        raise UnitError(f"{file['path']}: its folder {os.path.dirname(file['path'])} does not exist; the role creates it "
-                        "before this step (plan folders)") from error
-    except OSError as error:
-        raise UnitError(f"{file['path']}: cannot be written ({error.strerror}); run the task as root (become: true)") from error
-
-
-def set_metadata(file: t.Mapping[str, t.Any], owner: tuple[int, int] | None) -> None:
-    try:
-        os.chmod(file["path"], file["mode"])
-        if owner is not None:
-            os.chown(file["path"], *owner)
-    except OSError as error:
-        raise UnitError(f"{file['path']}: its mode cannot be set ({error.strerror}); run the task as root (become: true)") from error
+def unit_file(kind: str, path: str, mode: str, content: bytes) -> dict[str, t.Any]:
+    """One of the unit's files as sync_files takes it, its content hidden from diffs when it holds the key."""
+    return {"label": kind, "path": path, "mode": int(mode, 8), "content": content, "hidden": HIDDEN if kind in SECRET_KINDS else None}
 
 
 def unit_state(run: Runner, unit: str) -> dict[str, str]:
@@ -226,8 +175,7 @@ def restore(plan: t.Mapping[str, t.Any], check_mode: bool, run: Runner) -> dict[
     copies = [read_file(kept["last_good"]) for kept in plan["kept_files"]]
     if any(copy is None for copy in copies):
         return {"changed": False, "restored": False}
-    files = [{"kind": kind, "path": kept["path"], "mode": int(kept["mode"], 8), "content": copy[0]}
-             for kind, kept, copy in zip(FILE_KINDS, plan["kept_files"], copies, strict=True)]
+    files = [unit_file(kind, kept["path"], kept["mode"], copy[0]) for kind, kept, copy in zip(FILE_KINDS, plan["kept_files"], copies, strict=True)]
     synced = sync_files(files, check_mode)
     if not check_mode:
         checked(run, ["systemctl", "daemon-reload"])
@@ -241,7 +189,7 @@ def keep(plan: t.Mapping[str, t.Any], check_mode: bool) -> dict[str, t.Any]:
         current = read_file(kept["path"])
         if current is None:
             raise UnitError(f"{kept['path']}: missing, so it cannot be kept as the last good copy; re-run the play")
-        files.append({"kind": kind, "path": kept["last_good"], "mode": int(kept["mode"], 8), "content": current[0]})
+        files.append(unit_file(kind, kept["last_good"], kept["mode"], current[0]))
     synced = sync_files(files, check_mode)
     return {"changed": bool(synced["content"] or synced["metadata"]), "written": synced["content"]}
 
@@ -320,7 +268,7 @@ def launch(plan: t.Mapping[str, t.Any], memory_admission: bool, run: Runner) -> 
     try:
         stop(plan, False, run)
         start(plan, memory_admission, False, run)
-    except UnitError as error:
+    except FileProblem as error:
         return {"ok": False, "reason": str(error), "msg": str(error)}
     return gate_files(plan, run)
 
@@ -342,7 +290,7 @@ def roll_back(plan: t.Mapping[str, t.Any], memory_admission: bool, run: Runner) 
         if not restore(plan, False, run)["restored"]:
             stop(plan, False, run)
             return "There were no last good settings to roll back to; the instance is stopped."
-    except UnitError as error:
+    except FileProblem as error:
         return f"The rollback could not run ({error}); the instance is down."
     again = launch(restored_share(plan), memory_admission, run)
     if again["ok"]:
@@ -376,7 +324,7 @@ def flag_not_cleared(flag: str) -> str:
     the instance, so it is reported beside the relaunch's outcome, never instead of it."""
     try:
         clear_flag(flag, False)
-    except UnitError as error:
+    except FileProblem as error:
         return str(error)
     return ""
 

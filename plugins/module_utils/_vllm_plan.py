@@ -94,6 +94,13 @@ GUARD_BYPASS_FLAGS = {
 # The middleware (roles/vllm/files) that asks for the key on every route but the probes: vLLM's own
 # check leaves /invocations, /pooling, /score and more open. Mounted read-only beside the readiness wait.
 GUARD_FILE = "sparkfleet_vllm_guard.py"
+FABRIC_WAIT_FILE = "cluster_fabric_wait.py"
+# The files the units run and the containers mount, installed beside the readiness wait: each
+# helper's name there and its source in the collection. The readiness wait and the fabric wait
+# import the very module_utils files whose verdicts the gates use, so boot and deploy judge alike.
+HELPERS = (("vllm_readiness.py", "roles/vllm/files/vllm_readiness.py"), (GUARD_FILE, f"roles/vllm/files/{GUARD_FILE}"),
+           ("_vllm_health.py", "plugins/module_utils/_vllm_health.py"))
+CLUSTER_HELPERS = ((FABRIC_WAIT_FILE, f"roles/cluster/files/{FABRIC_WAIT_FILE}"), ("_fabric.py", "plugins/module_utils/_fabric.py"))
 GUARD_DIR = "/opt/sparkfleet"
 GUARD_ARGS = ("--middleware", "sparkfleet_vllm_guard.KeyOnEveryRoute", "--disable-fastapi-docs")
 SPECULATIVE_METHODS = ("mtp", "ngram", "draft_model", "eagle", "eagle3", "dflash")
@@ -729,7 +736,7 @@ def unit_file(plan: t.Mapping[str, t.Any], readiness: t.Sequence[str] | None, op
     what = f"cluster {plan['name']} rank {plan['cluster']['rank']}" if plan.get("cluster") else f"instance {plan['name']}"
     fabric = (options["cluster"] or {}).get("fabric")
     # Every start of a rank, at boot too, waits for the other nodes on the fast link at the cluster's MTU.
-    fabric_wait = ["/usr/bin/python3", str(pathlib.PurePosixPath(options["readiness_script"]).parent / "cluster_fabric_wait.py"),
+    fabric_wait = ["/usr/bin/python3", str(pathlib.PurePosixPath(options["readiness_script"]).parent / FABRIC_WAIT_FILE),
                    "--source", options["cluster"]["host"], "--interface", fabric["interface"],
                    "--mtu", str(fabric["mtu"]), *[f"--peer={p['name']}={p['address']}" for p in fabric["peers"]]] if fabric else None
     return "\n".join([
@@ -845,7 +852,8 @@ def pool_share(instances: t.Any, defaults: t.Any) -> float:
 def build_plan(instances: t.Any, defaults: t.Any, **given: t.Any) -> dict[str, t.Any]:
     """The plan of one host: ``instances`` (planned, in start order), ``absent`` (names to remove),
     ``errors`` (every problem; when there is any, nothing else is filled in), ``folders`` (the
-    configuration and data folders to create), ``env_files``
+    configuration and data folders to create, each with its mode), ``helpers`` (the files the units
+    run and mount: path, mode and source in the collection), ``env_files``
     (name -> env file text) and ``endpoints`` (what a gateway needs to route to each instance,
     its key included); those two are the only parts holding secrets."""
     missing, unknown = [name for name in PLAN_OPTIONS if name not in given], sorted(set(given) - set(PLAN_OPTIONS))
@@ -887,11 +895,14 @@ def build_plan(instances: t.Any, defaults: t.Any, **given: t.Any) -> dict[str, t
         return plan
     # The host's folders the instances need: the configuration (root only, it holds the keys) and
     # what the containers mount (the models, the caches, the readiness wait and the key middleware).
-    plan["folders"] = {
-        "config": [options["config_dir"], f"{options['config_dir']}/last-good"],
-        "data": [options["models_dir"], *[f"{options['cache_dir']}/{cache}" for cache, _target in CACHE_MOUNTS],
-                 str(pathlib.PurePosixPath(options["readiness_script"]).parent)],
-    }
+    helper_dir = pathlib.PurePosixPath(options["readiness_script"]).parent
+    plan["folders"] = [
+        *[{"path": path, "mode": "0700"} for path in (options["config_dir"], f"{options['config_dir']}/last-good")],
+        *[{"path": path, "mode": "0755"} for path in (options["models_dir"], *[f"{options['cache_dir']}/{cache}" for cache, _target in CACHE_MOUNTS],
+                                                      str(helper_dir))],
+    ]
+    plan["helpers"] = [{"path": str(helper_dir / name), "mode": "0644", "source": source}
+                       for name, source in HELPERS + (CLUSTER_HELPERS if options["cluster"] else ())]
     for instance in present:
         public, env_text = instance_plan(instance, [i["unit"] for i in plan["instances"]], options, memories.get(instance["_index"]))
         plan["instances"].append(public)

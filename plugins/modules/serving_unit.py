@@ -128,7 +128,8 @@ gate:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._serving_unit import STEPS, UnitError, step
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._files import FileProblem
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._serving_unit import STEPS, step
 
 
 def main():
@@ -157,7 +158,7 @@ def main():
     try:
         result = step(params["step"], params["plan"], module.check_mode, run, env_text=params["env_file"],
                       memory_admission=params["memory_admission"])
-    except UnitError as error:
+    except FileProblem as error:
         module.fail_json(msg=str(error))
     if result.pop("failed", False):
         module.fail_json(**result)

@@ -1,6 +1,7 @@
 """The plan of a host: one key table, every guard, the rendering the role and the modules read."""
 
 import json
+import pathlib
 import re
 import shlex
 
@@ -81,8 +82,15 @@ def test_the_plan_names_every_file_and_folder_the_run_writes_and_mounts():
     run = llm["docker_run"]
     assert run[run.index("--env-file") + 1] == llm["env_path"]
     mounted = [run[at + 1].split(":")[0] for at, argument in enumerate(run) if argument == "--volume"]
-    assert set(mounted) <= set(result["folders"]["data"]) | {"/usr/local/libexec/sparkfleet/sparkfleet_vllm_guard.py"}
-    assert result["folders"]["config"] == ["/etc/sparkfleet/vllm", "/etc/sparkfleet/vllm/last-good"]
+    folders = {folder["path"]: folder["mode"] for folder in result["folders"]}
+    helpers = {helper["path"]: helper["source"] for helper in result["helpers"]}
+    assert set(mounted) <= {path for path, mode in folders.items() if mode == "0755"} | set(helpers)
+    assert {path: mode for path, mode in folders.items() if mode == "0700"} == {"/etc/sparkfleet/vllm": "0700", "/etc/sparkfleet/vllm/last-good": "0700"}
+    unit = llm["unit_file"]
+    assert [path for path in helpers if path in unit] == ["/usr/local/libexec/sparkfleet/vllm_readiness.py",
+                                                          "/usr/local/libexec/sparkfleet/sparkfleet_vllm_guard.py"], "the unit runs and mounts the helpers installed"
+    root = pathlib.Path(__file__).resolve().parents[4]
+    assert all((root / source).is_file() for source in helpers.values()), "every helper's source is a file of the collection"
 
 
 def test_an_instance_no_longer_planned_is_removed_with_the_files_the_plan_gave_it():
@@ -112,15 +120,17 @@ def test_every_option_is_given_and_a_missing_or_unknown_one_is_named():
         build_plan([instance()], DEFAULTS, **plan_options(gmu_ceiling=0.9))
 
 
-def test_the_role_passes_every_option_and_the_readiness_wait_it_installs():
+def test_the_roles_pass_every_option_and_install_the_plans_folders_and_helpers():
     task = next(t for t in yaml.safe_load(PLAN_TASKS) if t["name"] == "Plan the vLLM instances of this host")
     call = task["ansible.builtin.set_fact"]["__vllm_plan"].split("sparkfleet.vllm.vllm_plan(", 1)[1]
     passed = re.findall(r"\b([a-z_]+)=(?!=)", call)
     assert sorted(passed) == sorted(PLAN_OPTIONS), "each option once, none the plan does not know"
-    install = next(t for t in yaml.safe_load((ROLE / "tasks" / "readiness.yml").read_text()) if "ansible.builtin.copy" in t)
-    readiness = plan_options()["readiness_script"]
-    assert "vllm_readiness.py" in install["loop"]
-    assert install["ansible.builtin.copy"]["dest"].replace("{{ item | basename }}", "vllm_readiness.py") == readiness
+    deploy = next(t for t in yaml.safe_load((ROLE / "tasks" / "main.yml").read_text()) if "block" in t)["block"]
+    cluster = yaml.safe_load((ROLE.parent / "cluster" / "tasks" / "deploy.yml").read_text())
+    for tasks, plan_fact in ((deploy, "__vllm_plan"), (cluster, "__cluster_plan")):
+        install = next(t["sparkfleet.vllm.host_files"] for t in tasks if "helpers" in str(t.get("sparkfleet.vllm.host_files")))
+        assert install == {"folders": f"{{{{ {plan_fact}.folders }}}}",
+                           "files": f"{{{{ {plan_fact}.helpers | sparkfleet.vllm.vllm_helper_files(role_path ~ '/../..') }}}}"}
 
 
 def test_the_key_never_reaches_the_public_plan():

@@ -258,7 +258,7 @@ def test_a_stopped_docker_and_a_missing_folder_are_named_with_the_fix_and_change
     (host / "config").rmdir()
     result = run(host, plan, env_file)
     assert result["failed"] and result["msg"] == (f"{host}/config/tiny.env: its folder {host}/config does not exist; the role creates it "
-                                                  "before this step (plan folders)")
+                                                  "before writing the file (its planned folders)")
 
 
 def test_a_relaunch_stops_removes_the_container_starts_and_keeps_the_settings_that_served(host):

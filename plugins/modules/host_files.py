@@ -1,0 +1,122 @@
+#!/usr/bin/python
+# Copyright: sparkfleet.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: host_files
+short_description: Bring a role's folders and files on a host to their content, mode and root ownership in one call
+version_added: 0.9.0
+description:
+  - Creates each folder of O(folders) that is missing (in order, missing parents 0755) and sets the mode and root
+    ownership of each that differs; then writes each file of O(files) whose content differs, atomically and with its
+    mode from the first byte, and sets the mode and ownership of each whose content is right.
+  - One call does what a loop of C(ansible.builtin.file) and C(ansible.builtin.copy) tasks does item by item, so a
+    re-apply with nothing to change costs one round trip per role instead of one or two per item.
+  - Every path must be absolute, must not step through C(.) or C(..), and holds only letters, digits and C(_.@+-);
+    a bad path or mode fails the task before anything is written.
+author: sparkfleet.vllm contributors (@sparkfleet)
+options:
+  folders:
+    description: The folders, created or fixed in this order.
+    type: list
+    elements: dict
+    default: []
+    suboptions:
+      path:
+        description: The folder's absolute path.
+        type: str
+        required: true
+      mode:
+        description: Its mode, as an octal string such as C("0755").
+        type: str
+        required: true
+  files:
+    description: The files, written after the folders; their folders must exist or be in O(folders).
+    type: list
+    elements: dict
+    default: []
+    suboptions:
+      path:
+        description: The file's absolute path.
+        type: str
+        required: true
+      mode:
+        description: Its mode, as an octal string such as C("0644").
+        type: str
+        required: true
+      content:
+        description: Its whole content (text, written as UTF-8).
+        type: str
+        required: true
+attributes:
+  check_mode:
+    support: full
+    description: Reports the folders it would create or fix and the files it would write or fix, and changes nothing.
+  diff_mode:
+    support: full
+    description: Shows each written file's content before and after.
+notes:
+  - Owner and group are set to root when the module runs as root; as another user they are left as they are.
+  - Not for secrets; their content would reach the diff.
+"""
+
+EXAMPLES = r"""
+- name: Install the readiness wait and its folders
+  sparkfleet.vllm.host_files:
+    folders:
+      - {path: /usr/local/libexec/sparkfleet, mode: "0755"}
+    files:
+      - path: /usr/local/libexec/sparkfleet/vllm_readiness.py
+        mode: "0644"
+        content: "{{ lookup('ansible.builtin.file', 'vllm_readiness.py', rstrip=false) }}"
+"""
+
+RETURN = r"""
+folders_created:
+  description: The folders created (or, in check mode, that would be).
+  returned: always
+  type: list
+  elements: str
+folders_fixed:
+  description: The folders whose mode or owner was (or would be) set.
+  returned: always
+  type: list
+  elements: str
+files_written:
+  description: The files whose content was (or would be) written.
+  returned: always
+  type: list
+  elements: str
+files_fixed:
+  description: The files whose content was right but whose mode or owner was (or would be) set.
+  returned: always
+  type: list
+  elements: str
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._files import FileProblem, sync_listed
+
+
+def main():
+    entry = dict(path=dict(type="str", required=True), mode=dict(type="str", required=True))
+    module = AnsibleModule(
+        argument_spec=dict(
+            folders=dict(type="list", elements="dict", default=[], options=entry),
+            files=dict(type="list", elements="dict", default=[], options=dict(entry, content=dict(type="str", required=True))),
+        ),
+        supports_check_mode=True,
+    )
+    try:
+        result = sync_listed(module.params["folders"], module.params["files"], module.check_mode)
+    except FileProblem as error:
+        module.fail_json(msg=str(error))
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()
