@@ -105,7 +105,8 @@ def test_the_worker_runs_headless_on_the_host_network_and_the_head_serves():
     assert shlex.split(wait[len("ExecStartPre="):]) == [
         "/usr/bin/python3", "/usr/local/libexec/sparkfleet/cluster_fabric_wait.py", "--source", "spark-2",
         "--interface", "enp1s0f0np0", "--mtu", "9000", "--peer=spark-1=192.168.100.11"]
-    assert "/usr/local/libexec/sparkfleet/cluster_fabric_wait.py" in [helper["path"] for helper in worker["helpers"]], "the node installs the wait its unit runs"
+    installed = [helper["path"] for helper in worker["helpers"]]
+    assert "/usr/local/libexec/sparkfleet/cluster_fabric_wait.py" in installed, "the node installs the wait its unit runs"
     assert w["cluster"] == {"rank": 1, "head": False, "nnodes": 2, "backend": "native", "master_addr": "192.168.100.11",
                             "master_port": 29501, "host_ip": "192.168.100.12"}
     env = worker["env_files"]["qwen"]

@@ -85,7 +85,7 @@ def test_the_plan_names_every_file_and_folder_the_run_writes_and_mounts():
     folders = {folder["path"]: folder["mode"] for folder in result["folders"]}
     helpers = {helper["path"]: helper["source"] for helper in result["helpers"]}
     assert set(mounted) <= {path for path, mode in folders.items() if mode == "0755"} | set(helpers)
-    assert {path: mode for path, mode in folders.items() if mode == "0700"} == {"/etc/sparkfleet/vllm": "0700", "/etc/sparkfleet/vllm/last-good": "0700"}
+    assert [path for path, mode in folders.items() if mode == "0700"] == ["/etc/sparkfleet/vllm", "/etc/sparkfleet/vllm/last-good"]
     unit = llm["unit_file"]
     assert [path for path in helpers if path in unit] == ["/usr/local/libexec/sparkfleet/vllm_readiness.py",
                                                           "/usr/local/libexec/sparkfleet/sparkfleet_vllm_guard.py"], "the unit runs and mounts the helpers installed"
