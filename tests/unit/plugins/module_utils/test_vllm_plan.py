@@ -87,8 +87,8 @@ def test_the_plan_names_every_file_and_folder_the_run_writes_and_mounts():
     assert set(mounted) <= {path for path, mode in folders.items() if mode == "0755"} | set(helpers)
     assert [path for path, mode in folders.items() if mode == "0700"] == ["/etc/sparkfleet/vllm", "/etc/sparkfleet/vllm/last-good"]
     unit = llm["unit_file"]
-    assert [path for path in helpers if path in unit] == ["/usr/local/libexec/sparkfleet/vllm_readiness.py",
-                                                          "/usr/local/libexec/sparkfleet/sparkfleet_vllm_guard.py"], "the unit runs and mounts the helpers installed"
+    used = ["/usr/local/libexec/sparkfleet/vllm_readiness.py", "/usr/local/libexec/sparkfleet/sparkfleet_vllm_guard.py"]
+    assert [path for path in helpers if path in unit] == used, "the unit runs and mounts the helpers installed"
     root = pathlib.Path(__file__).resolve().parents[4]
     assert all((root / source).is_file() for source in helpers.values()), "every helper's source is a file of the collection"
 
