@@ -35,7 +35,7 @@ FILE_KINDS = ("env", "plan", "unit")
 RELAUNCHING_KINDS = frozenset(("env", "unit"))
 SECRET_KINDS = frozenset(("env",))
 HIDDEN = "(the env file holds the API key; its content is not shown)\n"
-STEPS = ("prepare", "stop", "start", "restore", "keep", "remove", "relaunch", "raise_flag", "clear_flag")
+STEPS = ("prepare", "stop", "start", "restore", "keep", "last_good", "remove", "relaunch", "raise_flag", "clear_flag")
 MEMINFO = "/proc/meminfo"
 DROP_CACHES = "/proc/sys/vm/drop_caches"
 
@@ -180,6 +180,12 @@ def restore(plan: t.Mapping[str, t.Any], check_mode: bool, run: Runner) -> dict[
     if not check_mode:
         checked(run, ["systemctl", "daemon-reload"])
     return {"changed": bool(synced["content"] or synced["metadata"]), "restored": True, "written": synced["content"]}
+
+
+def last_good(plan: t.Mapping[str, t.Any]) -> dict[str, t.Any]:
+    """Whether the unit has a complete last good copy to restore (read only): a cluster rolls back
+    only when every rank has one."""
+    return {"changed": False, "complete": all(os.path.isfile(kept["last_good"]) for kept in plan["kept_files"])}
 
 
 def keep(plan: t.Mapping[str, t.Any], check_mode: bool) -> dict[str, t.Any]:
@@ -356,6 +362,8 @@ def step(name: str, plan: t.Any, check_mode: bool, run: Runner, env_text: str | 
         return restore(plan, check_mode, run)
     if name == "keep":
         return keep(plan, check_mode)
+    if name == "last_good":
+        return last_good(plan)
     if name == "relaunch":
         return relaunch(plan, memory_admission, flag, check_mode, run)
     if name == "raise_flag":

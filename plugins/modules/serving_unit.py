@@ -23,7 +23,8 @@ description:
   - C(start) drops the page cache when the plan says so (seed 002), refuses a start the memory available now cannot
     hold (O(memory_admission)), clears the unit's start limit and starts it without waiting for readiness.
   - C(restore) puts the last good copies of the files back (C(restored) is false, and nothing changes, when there is
-    no complete copy); C(keep) keeps the files as the last good ones.
+    no complete copy); C(keep) keeps the files as the last good ones; C(last_good) only reads whether a complete
+    copy is there (C(complete)).
   - C(relaunch) relaunches a single instance under the maintenance flag (the plan's C(maintenance_flag), holding the unit's name, cleared in every case)
     - C(stop), C(start), then the health gate of M(sparkfleet.vllm.vllm_health) with its warm-up request, reading
     the key, names and URL from the files on the host. When the gate fails, or a stop or start cannot run, the
@@ -47,7 +48,7 @@ options:
   step:
     description: The step to run.
     type: str
-    choices: [prepare, stop, start, restore, keep, remove, relaunch, raise_flag, clear_flag]
+    choices: [prepare, stop, start, restore, keep, last_good, remove, relaunch, raise_flag, clear_flag]
     default: prepare
   env_file:
     description:
@@ -111,6 +112,10 @@ unit_state:
 restored:
   description: Whether a complete last good copy was there to restore.
   returned: when O(step=restore)
+  type: bool
+complete:
+  description: Whether every file of the unit has its last good copy.
+  returned: when O(step=last_good)
   type: bool
 removed:
   description: The files a removal deleted (or would delete).

@@ -294,7 +294,9 @@ def test_a_rollback_restores_the_last_good_files_and_without_them_touches_nothin
     run(host, plan, env_file)
     nothing = run(host, plan, step="restore")
     assert not nothing["changed"] and not nothing["restored"], "no last good copy yet"
+    assert {key: value for key, value in run(host, plan, step="last_good").items() if key != "invocation"} == {"changed": False, "complete": False}
     run(host, plan, step="keep")
+    assert run(host, plan, step="last_good")["complete"] is True
     good = files(host)
     failing, failing_env = planned(host, max_num_seqs=8)
     run(host, failing, failing_env)
