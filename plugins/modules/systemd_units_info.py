@@ -27,6 +27,7 @@ attributes:
     description: Reads only; the same answer in check mode.
   diff_mode:
     support: none
+    description: Changes nothing, so there is nothing to show.
 notes:
   - Needs C(systemctl) on the host.
 """
