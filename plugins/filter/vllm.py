@@ -200,8 +200,8 @@ def vllm_helper_files(helpers, collection_root):
     files = []
     for helper in helpers:
         source = (root / helper["source"]).resolve()
-        if root not in source.parents:
-            raise AnsibleFilterError(f"vllm_helper_files: {helper['source']!r} is not a file of the collection")
+        if root not in source.parents or not source.is_file():
+            raise AnsibleFilterError(f"vllm_helper_files: {helper['source']!r} is not a file of the collection at {root}")
         files.append({"path": helper["path"], "mode": helper["mode"], "content": source.read_text(encoding="utf-8")})
     return files
 

@@ -139,7 +139,7 @@ def set_metadata(path: str, mode: int, owner: tuple[int, int] | None) -> None:
 
 
 def sync_folders(folders: t.Sequence[t.Mapping[str, t.Any]], check_mode: bool) -> dict[str, list[str]]:
-    """Create each folder (``path``, ``mode`` as int) that is missing, its missing parents 0755,
+    """Create each folder (``path``, ``mode`` as int) that is missing, each missing parent 0755,
     and set the mode and root ownership of each that differs. A folder that is a symlink to a
     folder is followed, as the file module does. Returns the paths ``created`` and ``metadata``
     (mode or owner set)."""
@@ -166,8 +166,16 @@ def sync_folders(folders: t.Sequence[t.Mapping[str, t.Any]], check_mode: bool) -
 
 
 def create_folder(path: str, mode: int, owner: tuple[int, int] | None) -> None:
+    missing = [path]
+    while not os.path.isdir(os.path.dirname(missing[-1])):
+        missing.append(os.path.dirname(missing[-1]))
+    for parent in reversed(missing[1:]):
+        make_folder(parent, 0o755, owner)
+    make_folder(path, mode, owner)
+
+
+def make_folder(path: str, mode: int, owner: tuple[int, int] | None) -> None:
     try:
-        os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
         os.mkdir(path, mode)
     except FileExistsError as error:
         raise FileProblem(f"{path}: exists and is not a folder; move it away, the role needs a folder there") from error
@@ -184,13 +192,20 @@ def mode_problem(value: t.Any) -> str | None:
     return None
 
 
+def listed_path_problem(value: t.Any) -> str | None:
+    problem = path_problem(value)
+    if problem is None and os.path.normpath(value) != value:
+        return "must be written as it is meant, with no doubled or trailing '/'"
+    return problem
+
+
 def sync_listed(folders: t.Sequence[t.Mapping[str, t.Any]], files: t.Sequence[t.Mapping[str, t.Any]], check_mode: bool) -> dict[str, t.Any]:
     """Folders then files as the host_files module takes them (path, mode as an octal string, a
     file's content as text), every path and mode checked before anything changes."""
     problems = [f"{option}[{index}].{key}: {entry.get(key)!r} {problem}"
                 for option, entries in (("folders", folders), ("files", files))
                 for index, entry in enumerate(entries)
-                for key, problem in (("path", path_problem(entry.get("path"))), ("mode", mode_problem(entry.get("mode"))))
+                for key, problem in (("path", listed_path_problem(entry.get("path"))), ("mode", mode_problem(entry.get("mode"))))
                 if problem]
     if problems:
         raise FileProblem("; ".join(problems))

@@ -20,6 +20,7 @@ import typing as t
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._model_catalog import Range, as_number
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._preflight import settings_problems as preflight_settings_problems
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._settings import dropin_problem, path_problem
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._sysctl import settings_problems as sysctl_problems
 
 GIB = 1024**3
 # The headless role's memory sysctls (seed 002 Phase 0) with the values that keep their purpose;
@@ -57,6 +58,9 @@ HOST_SETTINGS: dict[str, Range] = {
 # Where systemd reads docker.service's drop-ins (systemd.unit(5)).
 DOCKER_DROPIN_FOLDERS = ("/etc/systemd/system/docker.service.d", "/run/systemd/system/docker.service.d",
                          "/usr/local/lib/systemd/system/docker.service.d", "/usr/lib/systemd/system/docker.service.d")
+# Where systemd-sysctl reads the files the host-preparation roles own (sysctl.d(5)); /etc/sysctl.conf
+# is the operator's, and the roles rewrite their files whole.
+SYSCTL_FOLDERS = ("/etc/sysctl.d",)
 # A drop-in's own name inside a unit's drop-in folder: no '/' leaves the folder.
 DROPIN_NAME = re.compile(r"[A-Za-z0-9_@+-][A-Za-z0-9_.@+-]*\.conf")
 
@@ -76,6 +80,13 @@ def dropin_setting_problems(settings: t.Mapping[str, t.Any]) -> list[str]:
         dropin = dropin_problem("wait_online_docker_dropin_path", path, DOCKER_DROPIN_FOLDERS,
                                 "Docker would not wait for the network and LAN-bound instances would fail at boot")
         errors += [f"wait_online_docker_dropin_path: {path!r} {problem}"] if problem else [dropin] if dropin else []
+    for variable in ("headless_sysctl_file", "swap_sysctl_file"):
+        if variable in settings:
+            path = settings[variable]
+            problem = path_problem(path)
+            dropin = dropin_problem(variable, path, SYSCTL_FOLDERS, "the settings would not come back at boot; the role "
+                                    "rewrites the file whole, so give it a file of its own")
+            errors += [f"{variable}: {path!r} {problem}"] if problem else [dropin] if dropin else []
     return errors
 
 
@@ -121,6 +132,7 @@ def host_settings_problems(settings: t.Mapping[str, t.Any]) -> list[str]:
     if "headless_sysctl" in settings and not isinstance(sysctls, dict):
         errors.append(f"headless_sysctl: {sysctls!r} is not a mapping; give sysctl names and their values")
     elif isinstance(sysctls, dict):
+        errors += [f"headless_sysctl: {problem}" for problem in sysctl_problems(sysctls)]
         errors += [p for name, bound in MEMORY_SYSCTLS.items() if name in sysctls
                    for p in bound.problems(f"headless_sysctl['{name}']", sysctls[name])]
         background, ratio = (as_number(sysctls.get(name), whole=True) for name in ("vm.dirty_background_ratio", "vm.dirty_ratio"))

@@ -24,7 +24,7 @@ def settings_problems(settings: t.Mapping[str, t.Any]) -> list[str]:
     for key, value in settings.items():
         if not isinstance(key, str) or not KEY.fullmatch(key):
             problems.append(f"{key!r} is not a sysctl name (dotted words such as vm.min_free_kbytes)")
-        elif isinstance(value, bool) or not VALUE.fullmatch(str(value)):
+        elif value is None or isinstance(value, bool) or not VALUE.fullmatch(str(value)):
             problems.append(f"{key}: {value!r} is not a value a sysctl.d line carries unchanged (numbers or plain words)")
     return problems
 

@@ -35,8 +35,9 @@ def unit_name_problems(units: t.Sequence[t.Any]) -> list[str]:
             for index, unit in enumerate(units) if not isinstance(unit, str) or not UNIT_NAME.fullmatch(unit)]
 
 
-def show_states_argv(units: t.Sequence[str]) -> list[str]:
-    return ["systemctl", "show", *[f"--property={name}" for name in UNIT_PROPERTIES], "--", *units]
+def show_states_args(units: t.Sequence[str]) -> list[str]:
+    """systemctl's arguments that show the states of ``units``."""
+    return ["show", *[f"--property={name}" for name in UNIT_PROPERTIES], "--", *units]
 
 
 def parse_show_states(units: t.Sequence[str], out: str) -> dict[str, dict[str, str]]:

@@ -98,8 +98,9 @@ FABRIC_WAIT_FILE = "cluster_fabric_wait.py"
 # The files the units run and the containers mount, installed beside the readiness wait: each
 # helper's name there and its source in the collection. The readiness wait and the fabric wait
 # import the very module_utils files whose verdicts the gates use, so boot and deploy judge alike.
-HELPERS = (("vllm_readiness.py", "roles/vllm/files/vllm_readiness.py"), (GUARD_FILE, f"roles/vllm/files/{GUARD_FILE}"),
-           ("_vllm_health.py", "plugins/module_utils/_vllm_health.py"))
+# The readiness wait itself is installed at the plan's readiness_script.
+READINESS_SOURCE = "roles/vllm/files/vllm_readiness.py"
+HELPERS = ((GUARD_FILE, f"roles/vllm/files/{GUARD_FILE}"), ("_vllm_health.py", "plugins/module_utils/_vllm_health.py"))
 CLUSTER_HELPERS = ((FABRIC_WAIT_FILE, f"roles/cluster/files/{FABRIC_WAIT_FILE}"), ("_fabric.py", "plugins/module_utils/_fabric.py"))
 GUARD_DIR = "/opt/sparkfleet"
 GUARD_ARGS = ("--middleware", "sparkfleet_vllm_guard.KeyOnEveryRoute", "--disable-fastapi-docs")
@@ -901,8 +902,9 @@ def build_plan(instances: t.Any, defaults: t.Any, **given: t.Any) -> dict[str, t
         *[{"path": path, "mode": "0755"} for path in (options["models_dir"], *[f"{options['cache_dir']}/{cache}" for cache, _target in CACHE_MOUNTS],
                                                       str(helper_dir))],
     ]
-    plan["helpers"] = [{"path": str(helper_dir / name), "mode": "0644", "source": source}
-                       for name, source in HELPERS + (CLUSTER_HELPERS if options["cluster"] else ())]
+    plan["helpers"] = [{"path": options["readiness_script"], "mode": "0644", "source": READINESS_SOURCE},
+                       *[{"path": str(helper_dir / name), "mode": "0644", "source": source}
+                         for name, source in HELPERS + (CLUSTER_HELPERS if options["cluster"] else ())]]
     for instance in present:
         public, env_text = instance_plan(instance, [i["unit"] for i in plan["instances"]], options, memories.get(instance["_index"]))
         plan["instances"].append(public)

@@ -10,13 +10,14 @@ module: host_files
 short_description: Bring a role's folders and files on a host to their content, mode and root ownership in one call
 version_added: 0.9.0
 description:
-  - Creates each folder of O(folders) that is missing (in order, missing parents 0755) and sets the mode and root
-    ownership of each that differs; then writes each file of O(files) whose content differs, atomically and with its
-    mode from the first byte, and sets the mode and ownership of each whose content is right.
+  - Creates each folder of O(folders) that is missing (in order, each missing parent 0755 and owned by root) and sets
+    the mode and root ownership of each that differs (a folder that is a symlink to a folder is followed); then writes
+    each file of O(files) whose content differs, atomically and with its mode from the first byte, and sets the mode
+    and ownership of each whose content is right.
   - One call does what a loop of C(ansible.builtin.file) and C(ansible.builtin.copy) tasks does item by item, so a
     re-apply with nothing to change costs one round trip per role instead of one or two per item.
-  - Every path must be absolute, must not step through C(.) or C(..), and holds only letters, digits and C(_.@+-);
-    a bad path or mode fails the task before anything is written.
+  - Every path must be absolute and written as it is meant (no C(.) or C(..), no doubled or trailing C(/)), and holds
+    only letters, digits and C(_.@+-); a bad path or mode fails the task before anything is written.
 author: sparkfleet.vllm contributors (@sparkfleet)
 options:
   folders:
@@ -30,8 +31,8 @@ options:
         type: str
         required: true
       mode:
-        description: Its mode, as an octal string such as C("0755").
-        type: str
+        description: Its mode, as a quoted octal string such as C("0755"); an unquoted number is refused.
+        type: raw
         required: true
   files:
     description: The files, written after the folders; their folders must exist or be in O(folders).
@@ -44,8 +45,8 @@ options:
         type: str
         required: true
       mode:
-        description: Its mode, as an octal string such as C("0644").
-        type: str
+        description: Its mode, as a quoted octal string such as C("0644"); an unquoted number is refused.
+        type: raw
         required: true
       content:
         description: Its whole content (text, written as UTF-8).
@@ -103,7 +104,8 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._files import File
 
 
 def main():
-    entry = dict(path=dict(type="str", required=True), mode=dict(type="str", required=True))
+    # raw: an unquoted YAML mode such as 0644 arrives as the number 420 and is refused, never applied as 0420.
+    entry = dict(path=dict(type="str", required=True), mode=dict(type="raw", required=True))
     module = AnsibleModule(
         argument_spec=dict(
             folders=dict(type="list", elements="dict", default=[], options=entry),

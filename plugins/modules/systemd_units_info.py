@@ -49,7 +49,7 @@ units:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._systemd import parse_show_states, show_states_argv, unit_name_problems
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._systemd import parse_show_states, show_states_args, unit_name_problems
 
 
 def main():
@@ -63,8 +63,7 @@ def main():
     systemctl = module.get_bin_path("systemctl")
     if systemctl is None:
         module.fail_json(msg="systemctl is not installed on the host (not on its PATH); these units need systemd")
-    argv = show_states_argv(units)
-    rc, out, err = module.run_command([systemctl, *argv[1:]])
+    rc, out, err = module.run_command([systemctl, *show_states_args(units)])
     if rc != 0:
         module.fail_json(msg=f"systemctl show exited {rc}: {err.strip() or out.strip()}; is systemd running on the host?")
     try:

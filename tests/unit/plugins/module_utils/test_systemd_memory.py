@@ -102,6 +102,15 @@ def test_the_roles_defaults_are_in_range():
                  "'/docker.service.d/x.conf' is too close to /", id="docker-dropin-at-the-root"),
     pytest.param({"preflight_device_nodes": ["nvidia*"]}, "preflight_device_nodes: ['nvidia*'] must list the GPU's device nodes",
                  id="device-nodes-relative"),
+    # The roles rewrite their sysctl files whole: /etc/sysctl.conf would lose the operator's own lines.
+    pytest.param({"headless_sysctl_file": "/etc/sysctl.conf"}, "headless_sysctl_file: /etc/sysctl.conf is not a file its reader reads: "
+                 "drop-ins end in .conf in /etc/sysctl.d", id="sysctl-file-the-operators-own"),
+    pytest.param({"swap_sysctl_file": "/etc/sysctl.d/../sysctl.conf"}, "swap_sysctl_file: '/etc/sysctl.d/../sysctl.conf' must not step through",
+                 id="sysctl-file-stepping-out"),
+    pytest.param({"headless_sysctl": {"kernel.core_pattern": "|/tmp/x %p"}}, "headless_sysctl: kernel.core_pattern: '|/tmp/x %p' is not a value",
+                 id="sysctl-value-a-file-line-would-not-carry"),
+    pytest.param({"headless_sysctl": {"kernel.numa_balancing": None}}, "headless_sysctl: kernel.numa_balancing: None is not a value",
+                 id="sysctl-value-empty"),
 ])
 def test_host_settings_that_switch_a_protection_off_are_refused(settings, expected):
     problems = host_settings_problems(settings)

@@ -7,9 +7,10 @@ import shlex
 
 import pytest
 import yaml
+from ansible.errors import AnsibleFilterError
 from plan_options import PLAN_TASKS, ROLE, ROLE_DEFAULTS, plan_options
 
-from ansible_collections.sparkfleet.vllm.plugins.filter.vllm import vllm_removals
+from ansible_collections.sparkfleet.vllm.plugins.filter.vllm import vllm_helper_files, vllm_removals
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_instance import (
     parse_image_reference,
     pull_reference,
@@ -91,6 +92,17 @@ def test_the_plan_names_every_file_and_folder_the_run_writes_and_mounts():
     assert [path for path in helpers if path in unit] == used, "the unit runs and mounts the helpers installed"
     root = pathlib.Path(__file__).resolve().parents[4]
     assert all((root / source).is_file() for source in helpers.values()), "every helper's source is a file of the collection"
+
+
+def test_the_helpers_content_is_read_from_the_collection_and_nothing_outside_it():
+    root = pathlib.Path(__file__).resolve().parents[4]
+    helpers = plan(instance())["helpers"]
+    files = vllm_helper_files(helpers, str(root))
+    assert [file["path"] for file in files] == [helper["path"] for helper in helpers]
+    assert files[0]["content"] == (root / "roles" / "vllm" / "files" / "vllm_readiness.py").read_text()
+    for source in ("../../etc/passwd", "roles/vllm/files/missing.py"):
+        with pytest.raises(AnsibleFilterError, match="is not a file of the collection"):
+            vllm_helper_files([{"path": "/usr/local/libexec/sparkfleet/x.py", "mode": "0644", "source": source}], str(root))
 
 
 def test_an_instance_no_longer_planned_is_removed_with_the_files_the_plan_gave_it():

@@ -71,6 +71,8 @@ def test_check_mode_on_a_fresh_host_reports_files_in_folders_it_would_create(tmp
     ({"path": "/{}/x y", "mode": "0644"}, ["files[2].path:", "letters, digits and _.@+-"]),
     ({"path": "/{}/x", "mode": "4755"}, ["files[2].mode: '4755' must be an octal string", "no setuid"]),
     ({"path": "/{}/x", "mode": "644 "}, ["files[2].mode: '644 '"]),
+    ({"path": "/{}/x", "mode": 420}, ["files[2].mode: 420 must be an octal string"]),
+    ({"path": "/{}/x/", "mode": "0644"}, ["files[2].path:", "no doubled or trailing '/'"]),
 ])
 def test_a_bad_path_or_mode_fails_before_anything_is_written(tmp_path, entry, fragments):
     args = wanted(tmp_path)
@@ -82,3 +84,13 @@ def test_a_bad_path_or_mode_fails_before_anything_is_written(tmp_path, entry, fr
 def test_a_file_where_a_folder_belongs_is_named(tmp_path):
     (tmp_path / "libexec").write_text("not a folder")
     refused("host_files", wanted(tmp_path), f"{tmp_path / 'libexec'}: exists and is not a folder")
+
+
+def test_missing_parents_are_created_0755_whatever_the_umask(tmp_path):
+    previous = os.umask(0o077)
+    try:
+        result = run("host_files", {"folders": [{"path": str(tmp_path / "a" / "b" / "c"), "mode": "0700"}]})
+    finally:
+        os.umask(previous)
+    assert result["folders_created"] == [str(tmp_path / "a" / "b" / "c")]
+    assert (mode(tmp_path / "a"), mode(tmp_path / "a" / "b"), mode(tmp_path / "a" / "b" / "c")) == (0o755, 0o755, 0o700)
