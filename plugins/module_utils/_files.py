@@ -110,11 +110,16 @@ def sync_files(files: t.Sequence[t.Mapping[str, t.Any]], check_mode: bool) -> di
                                   "after": hidden or file["content"].decode("utf-8", "replace")})
             if not check_mode:
                 write_owned(file["path"], file["content"], file["mode"], owner)
-        elif before[1] != file["mode"] or (owner is not None and before[2] != owner):
+        elif metadata_differs(before[1], before[2], file["mode"], owner):
             found["metadata"].append(file["label"])
             if not check_mode:
                 set_metadata(file["path"], file["mode"], owner)
     return found
+
+
+def metadata_differs(mode_now: int, ids_now: tuple[int, int], mode: int, owner: tuple[int, int] | None) -> bool:
+    """Whether a file's or folder's mode, or its owner when the module sets owners, is not the planned one."""
+    return mode_now != mode or (owner is not None and ids_now != owner)
 
 
 def write_owned(path: str, content: bytes, mode: int, owner: tuple[int, int] | None) -> None:
@@ -158,7 +163,7 @@ def sync_folders(folders: t.Sequence[t.Mapping[str, t.Any]], check_mode: bool) -
             raise FileProblem(f"{path}: cannot be read ({error.strerror}); run the task as root (become: true)") from error
         if not stat.S_ISDIR(status.st_mode):
             raise FileProblem(f"{path}: exists and is not a folder; move it away, the role needs a folder there")
-        if status.st_mode & 0o7777 != mode or (owner is not None and (status.st_uid, status.st_gid) != owner):
+        if metadata_differs(status.st_mode & 0o7777, (status.st_uid, status.st_gid), mode, owner):
             found["metadata"].append(path)
             if not check_mode:
                 set_metadata(path, mode, owner)

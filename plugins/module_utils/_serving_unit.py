@@ -24,6 +24,7 @@ import typing as t
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._files import FileProblem, read_file, sync_files, write_atomically
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._memory import admission_problem, parse_meminfo
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._settings import path_problem
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._systemd import parse_show_states
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_client import read_endpoint
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_gate import Endpoint, gate
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_instance import PLAN_SCHEMA_VERSION
@@ -92,8 +93,11 @@ def unit_state(run: Runner, unit: str) -> dict[str, str]:
     rc, out, err = run(["systemctl", "show", "--property=LoadState", "--property=ActiveState", unit])
     if rc != 0:
         raise UnitError(f"systemctl show {unit} exited {rc}: {err.strip() or out.strip()}; is systemd running on the host?")
-    values = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
-    return {"LoadState": values.get("LoadState", ""), "ActiveState": values.get("ActiveState", "")}
+    try:
+        states = parse_show_states([unit], out)[unit]
+    except ValueError as error:
+        raise UnitError(f"{error}; is systemd running on the host?") from error
+    return {"LoadState": states["LoadState"], "ActiveState": states["ActiveState"]}
 
 
 def container_state(run: Runner, container: str) -> dict[str, t.Any] | None:

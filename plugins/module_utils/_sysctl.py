@@ -34,8 +34,12 @@ def file_text(settings: t.Mapping[str, t.Any]) -> str:
                     *[f"{key}={value}\n" for key, value in settings.items()]])
 
 
+def proc_path(key: str, proc_sys: str) -> str:
+    return os.path.join(proc_sys, *key.split("."))
+
+
 def running_value(key: str, proc_sys: str) -> str:
-    path = os.path.join(proc_sys, *key.split("."))
+    path = proc_path(key, proc_sys)
     try:
         with open(path, encoding="ascii") as handle:
             return " ".join(handle.read().split())
@@ -46,7 +50,7 @@ def running_value(key: str, proc_sys: str) -> str:
 
 
 def set_running(key: str, value: str, proc_sys: str) -> None:
-    path = os.path.join(proc_sys, *key.split("."))
+    path = proc_path(key, proc_sys)
     try:
         with open(path, "w", encoding="ascii") as handle:
             handle.write(value)
@@ -59,9 +63,8 @@ def sync_sysctls(path: str, settings: t.Mapping[str, t.Any], apply: bool, check_
                  proc_sys: str = PROC_SYS) -> dict[str, t.Any]:
     """Bring the file, and with ``apply`` the running kernel, to ``settings``; every name and value
     is checked, and every running value read, before anything is written."""
-    problems = settings_problems(settings)
-    if path_problem(path):
-        problems.insert(0, f"path: {path!r} {path_problem(path)}")
+    problem = path_problem(path)
+    problems = [f"path: {path!r} {problem}"] * bool(problem) + settings_problems(settings)
     if problems:
         raise FileProblem("; ".join(problems))
     wanted = {key: " ".join(str(value).split()) for key, value in settings.items()}

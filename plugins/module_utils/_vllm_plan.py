@@ -211,6 +211,11 @@ OWNED_SHORT_FLAGS = {"-q": "--quantization", "-sc": "--speculative-config", "-tp
                      "-ep": "--enable-expert-parallel", **{short: flag for flag, short in PARALLEL_FLAGS.items() if short}}
 
 
+def helper_folder(options: t.Mapping[str, t.Any]) -> pathlib.PurePosixPath:
+    """Where the helpers are installed: beside the readiness wait."""
+    return pathlib.PurePosixPath(options["readiness_script"]).parent
+
+
 def closest(name: str, known: t.Iterable[str]) -> str:
     match = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
     return f"; did you mean {match[0]}?" if match else ""
@@ -672,7 +677,7 @@ def instance_plan(instance: t.Mapping[str, t.Any], start_after: list[str], optio
     # Seed 002's launch: NCCL registers its buffers with the RDMA devices, which needs unlimited locked memory.
     run += ["--device", "/dev/infiniband", "--ulimit", "memlock=-1"] if cluster and cluster["rdma"] else []
     run += ["--volume", f"{options['models_dir']}:/models:ro"]
-    run += ["--volume", f"{pathlib.PurePosixPath(options['readiness_script']).parent / GUARD_FILE}:{GUARD_DIR}/{GUARD_FILE}:ro"]
+    run += ["--volume", f"{helper_folder(options) / GUARD_FILE}:{GUARD_DIR}/{GUARD_FILE}:ro"]
     run += [argument for cache, target in CACHE_MOUNTS for argument in ("--volume", f"{options['cache_dir']}/{cache}:{target}")]
     run += ["--gpus", "all"] if options["gpus"] else []
     args = serve_args(instance, cluster)
@@ -737,7 +742,7 @@ def unit_file(plan: t.Mapping[str, t.Any], readiness: t.Sequence[str] | None, op
     what = f"cluster {plan['name']} rank {plan['cluster']['rank']}" if plan.get("cluster") else f"instance {plan['name']}"
     fabric = (options["cluster"] or {}).get("fabric")
     # Every start of a rank, at boot too, waits for the other nodes on the fast link at the cluster's MTU.
-    fabric_wait = ["/usr/bin/python3", str(pathlib.PurePosixPath(options["readiness_script"]).parent / FABRIC_WAIT_FILE),
+    fabric_wait = ["/usr/bin/python3", str(helper_folder(options) / FABRIC_WAIT_FILE),
                    "--source", options["cluster"]["host"], "--interface", fabric["interface"],
                    "--mtu", str(fabric["mtu"]), *[f"--peer={p['name']}={p['address']}" for p in fabric["peers"]]] if fabric else None
     return "\n".join([
@@ -896,14 +901,13 @@ def build_plan(instances: t.Any, defaults: t.Any, **given: t.Any) -> dict[str, t
         return plan
     # The host's folders the instances need: the configuration (root only, it holds the keys) and
     # what the containers mount (the models, the caches, the readiness wait and the key middleware).
-    helper_dir = pathlib.PurePosixPath(options["readiness_script"]).parent
     plan["folders"] = [
         *[{"path": path, "mode": "0700"} for path in (options["config_dir"], f"{options['config_dir']}/last-good")],
         *[{"path": path, "mode": "0755"} for path in (options["models_dir"], *[f"{options['cache_dir']}/{cache}" for cache, _target in CACHE_MOUNTS],
-                                                      str(helper_dir))],
+                                                      str(helper_folder(options)))],
     ]
     plan["helpers"] = [{"path": options["readiness_script"], "mode": "0644", "source": READINESS_SOURCE},
-                       *[{"path": str(helper_dir / name), "mode": "0644", "source": source}
+                       *[{"path": str(helper_folder(options) / name), "mode": "0644", "source": source}
                          for name, source in HELPERS + (CLUSTER_HELPERS if options["cluster"] else ())]]
     for instance in present:
         public, env_text = instance_plan(instance, [i["unit"] for i in plan["instances"]], options, memories.get(instance["_index"]))
