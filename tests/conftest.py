@@ -1,4 +1,6 @@
-"""Test layers: unit, static and lab, run in that order; the lab layer is skipped once an earlier one failed.
+"""Test layers: unit, static and lab, run in that order; the lab layer is skipped once the unit layer
+failed. The lab's lanes start with the static layer (tests/integration/conftest.py), so a static
+failure no longer saves their time and the lab layer still reports.
 
 Select one layer with a marker, for example `scripts/test -m unit` or `scripts/test -m "not lab"`.
 """
@@ -26,10 +28,10 @@ def pytest_collection_modifyitems(items):
 
 
 def pytest_runtest_makereport(item, call):
-    if call.excinfo is not None and not call.excinfo.errisinstance(pytest.skip.Exception) and layer_of(item) != "lab":
+    if call.excinfo is not None and not call.excinfo.errisinstance(pytest.skip.Exception) and layer_of(item) == "unit":
         item.session.config.stash[FAILED_EARLY] = True
 
 
 def pytest_runtest_setup(item):
     if layer_of(item) == "lab" and item.session.config.stash.get(FAILED_EARLY, False):
-        pytest.skip("an earlier layer (unit or static) failed: the lab layer does not run")
+        pytest.skip("the unit layer failed: the lab layer does not run")
