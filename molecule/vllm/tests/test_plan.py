@@ -92,14 +92,13 @@ def test_an_interrupted_run_and_a_container_replaced_by_hand_are_relaunched_behi
     assert "first would be relaunched" not in check.stdout
     assert running_hash(serve, "second") == old, "check mode changed nothing"
 
-    # Then the operator stops the unit and runs the image by hand with other settings and no labels.
+    # Then the operator stops the unit and runs the image by hand under the instance's name, holding its
+    # port, with no labels. The drift is read from the unit and the container's labels, not from what the
+    # container runs, so it idles instead of starting a second vLLM beside the lane's others.
     image = plan["run_image"]
     serve.check_output("systemctl stop sparkfleet-vllm-second.service")
     serve.check_output("docker rm --force vllm-second")
-    serve.check_output(
-        f"docker run -d --name vllm-second -p 127.0.0.1:8002:8000 -e VLLM_API_KEY={KEY} -v /srv/models:/models:ro {image} "
-        "/models/tiny-llama-variant --served-model-name by-hand --dtype float32 --enforce-eager --num-gpu-blocks-override 16"
-    )
+    serve.check_output(f"docker run -d --name vllm-second -p 127.0.0.1:8002:8000 --entrypoint sleep {image} infinity")
     check = site("--check", "--tags", "vllm", "-e", instances_json())
     assert "second would be relaunched" in check.stdout and "its unit is inactive" in check.stdout
 
