@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._fleet import ROLE_DEFAULT_FOLDERS, fleet_problems
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._fleet import ROLE_DEFAULT_FOLDERS, fleet_problems, tag_in_run
 
 # The variables the fleet check reads of each host: inventory settings and the plans the same play published.
 READ = ("ansible_host", "ansible_port", "sparkfleet_reserved_ports", "vllm_endpoints", "cluster_name", "cluster_nodes", "cluster_instance",
@@ -21,4 +21,4 @@ def fleet_problems_filter(hosts, hostvars, inventory=None):
 
 class FilterModule:
     def filters(self):
-        return {"fleet_problems": fleet_problems_filter}
+        return {"fleet_problems": fleet_problems_filter, "tag_in_run": tag_in_run}

@@ -148,3 +148,11 @@ def fleet_problems(variables: t.Mapping[str, t.Mapping[str, t.Any]],
         claims, claim_errors = host_claims(host, values)
         errors += claim_errors + port_problems(host, claims) + folder_problems(host, values)
     return errors + same_box_problems(everyone) + fleet_cluster_problems(everyone) + models_source_problems(everyone)
+
+
+def tag_in_run(tag: str, run_tags: t.Iterable[str], skip_tags: t.Iterable[str]) -> bool:
+    """Whether a run given these --tags and --skip-tags runs the tasks tagged with this one tag alone
+    (a role's tag in site.yml), as Ansible judges a task's tags. The fleet check reads the host only for
+    the roles the run applies, and the plan counts on a role applied earlier in the same run."""
+    tags = {"all", "tagged", tag}
+    return bool(tags.intersection(run_tags)) and not tags.intersection(skip_tags)

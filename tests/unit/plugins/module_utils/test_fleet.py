@@ -1,11 +1,13 @@
 """The fleet check's cross-role and cross-host refusals, and the fleets it accepts."""
 
 import pathlib
+import types
 
 import pytest
 import yaml
+from ansible.playbook.taggable import Taggable
 
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._fleet import ROLE_DEFAULT_FOLDERS, ROLE_DEFAULT_PORTS, fleet_problems
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._fleet import ROLE_DEFAULT_FOLDERS, ROLE_DEFAULT_PORTS, fleet_problems, tag_in_run
 
 ROLES = pathlib.Path(__file__).resolve().parents[4] / "roles"
 
@@ -146,3 +148,15 @@ def test_two_roles_sharing_a_configuration_folder_are_refused(changes, pair):
 def test_folders_of_roles_a_host_does_not_run_are_not_compared():
     fleet = {"spark-1": {"vllm_config_dir": "/etc/sparkfleet/x", "cluster_config_dir": "/etc/sparkfleet/x", "gateway_config_dir": "/etc/sparkfleet/x"}}
     assert fleet_problems(fleet) == []
+
+
+def ansible_runs(tag, run_tags, skip_tags):
+    """Ansible's own judgement of a task carrying this one tag (its Taggable.evaluate_tags)."""
+    task = types.SimpleNamespace(tags=[tag], untagged=Taggable.untagged, _loader=None, _get_all_taggable_objects=lambda: [])
+    return Taggable.evaluate_tags(task, run_tags, skip_tags, {})
+
+
+@pytest.mark.parametrize("skip_tags", [[], ["swap"], ["vllm"], ["tagged"], ["all"], ["swap", "vllm"]])
+@pytest.mark.parametrize("run_tags", [["all"], ["swap"], ["vllm"], ["tagged"], ["vllm", "swap"], ["untagged"]])
+def test_a_role_is_in_the_run_exactly_when_ansible_would_run_its_tasks(run_tags, skip_tags):
+    assert tag_in_run("swap", run_tags, skip_tags) == ansible_runs("swap", run_tags, skip_tags)
