@@ -4,8 +4,6 @@
 
 from __future__ import annotations
 
-import base64
-
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._cluster import agreement_problems, cluster_nodes, fleet_cluster_problems, stale_ranks
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._fabric import nccl_buffer_problem, nccl_max_bytes
 
@@ -45,10 +43,9 @@ def cluster_fleet_problems(hosts, hostvars, cluster=None):
     return fleet_cluster_problems(declarations, cluster or None)
 
 
-def cluster_stale_ranks(slurped, keep, config_dir):
-    """slurp's results of the host's rank plan files -> the ranks to remove and the files refused."""
-    deployed = {result["item"]: base64.b64decode(result["content"]).decode("utf-8", "replace") for result in slurped or [] if "content" in result}
-    return stale_ranks(deployed, keep or "", config_dir)
+def cluster_stale_ranks(deployed, keep, config_dir):
+    """The host's rank plan files (path -> text, as folder_files_info reads them) -> the ranks to remove and the files refused."""
+    return stale_ranks({path: text for path, text in (deployed or {}).items() if text is not None}, keep or "", config_dir)
 
 
 class FilterModule:

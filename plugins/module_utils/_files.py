@@ -2,11 +2,12 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Writing files: one at a time, all or nothing (write_atomically); report files only when their
 content changed (write_changed); bring files and folders to their planned content, mode and root
-ownership, with a diff and the same answer in check mode (sync_files, sync_folders). Private to
-the collection."""
+ownership, with a diff and the same answer in check mode (sync_files, sync_folders); read what a
+role deployed in a few folders at once (read_folders). Private to the collection."""
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import re
 import secrets
@@ -16,6 +17,8 @@ import typing as t
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._settings import path_problem
 
 MODE = re.compile(r"0?[0-7]{3}")
+# The most read_folders reads of one file: the plan files it reads are a few KiB.
+READ_LIMIT = 1 << 20
 
 
 class FileProblem(Exception):
@@ -220,3 +223,57 @@ def sync_listed(folders: t.Sequence[t.Mapping[str, t.Any]], files: t.Sequence[t.
     return {"changed": any((created["created"], created["metadata"], written["content"], written["metadata"])),
             "folders_created": created["created"], "folders_fixed": created["metadata"],
             "files_written": written["content"], "files_fixed": written["metadata"], "diff": written["diff"]}
+
+
+def pattern_problem(value: t.Any) -> str | None:
+    if not isinstance(value, str) or not value or "/" in value:
+        return "must be a file name pattern (such as \"*.json\"), with no '/'"
+    return None
+
+
+def read_folders(folders: t.Sequence[t.Mapping[str, t.Any]]) -> dict[str, t.Any]:
+    """The regular files (not links) of each folder whose names match one of its patterns, as the
+    folder_files_info module takes them: ``{"files": {path: text, or None unless the folder's read
+    is set}, "missing": [folders that do not exist]}``. Every path and pattern checked first."""
+    problems = [f"folders[{index}].path: {folder.get('path')!r} {problem}"
+                for index, folder in enumerate(folders) if (problem := listed_path_problem(folder.get("path")))]
+    problems += [f"folders[{index}].patterns: {pattern!r} {problem}"
+                 for index, folder in enumerate(folders) for pattern in folder.get("patterns") or []
+                 if (problem := pattern_problem(pattern))]
+    problems += [f"folders[{index}].patterns: must list at least one file name pattern (such as \"*.json\")"
+                 for index, folder in enumerate(folders) if not folder.get("patterns")]
+    if problems:
+        raise FileProblem("; ".join(problems))
+    files: dict[str, str | None] = {}
+    missing = []
+    for folder in folders:
+        try:
+            names = sorted(os.listdir(folder["path"]))
+        except FileNotFoundError:
+            missing.append(folder["path"])
+            continue
+        except OSError as error:
+            raise FileProblem(f"{folder['path']}: cannot be listed ({error.strerror}); it must be a folder root can read") from error
+        for name in names:
+            path = f"{folder['path']}/{name}"
+            if any(fnmatch.fnmatchcase(name, pattern) for pattern in folder["patterns"]) and is_regular_file(path):
+                files[path] = read_text(path) if folder.get("read") else None
+    return {"files": files, "missing": missing}
+
+
+def is_regular_file(path: str) -> bool:
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except FileNotFoundError:
+        return False
+
+
+def read_text(path: str) -> str:
+    try:
+        with open(path, "rb") as handle:
+            content = handle.read(READ_LIMIT + 1)
+    except OSError as error:
+        raise FileProblem(f"{path}: cannot be read ({error.strerror})") from error
+    if len(content) > READ_LIMIT:
+        raise FileProblem(f"{path}: larger than {READ_LIMIT} bytes, which no file of the collection is; move it out of the folder")
+    return content.decode("utf-8", "replace")
