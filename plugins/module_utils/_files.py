@@ -17,6 +17,8 @@ import typing as t
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._settings import path_problem
 
 MODE = re.compile(r"0?[0-7]{3}")
+# What a diff shows in place of a secret file's content.
+SECRET_NOT_SHOWN = "(a secret: its content is not shown)\n"
 # The most read_folders reads of one file: the plan files it reads are a few KiB.
 READ_LIMIT = 1 << 20
 
@@ -107,10 +109,7 @@ def sync_files(files: t.Sequence[t.Mapping[str, t.Any]], check_mode: bool) -> di
         before = read_file(file["path"])
         if before is None or before[0] != file["content"]:
             found["content"].append(file["label"])
-            hidden = file.get("hidden")
-            found["diff"].append({"before_header": file["path"], "after_header": file["path"],
-                                  "before": "" if before is None else hidden or before[0].decode("utf-8", "replace"),
-                                  "after": hidden or file["content"].decode("utf-8", "replace")})
+            found["diff"].append(file_diff(file, before))
             if not check_mode:
                 write_owned(file["path"], file["content"], file["mode"], owner)
         elif metadata_differs(before[1], before[2], file["mode"], owner):
@@ -118,6 +117,17 @@ def sync_files(files: t.Sequence[t.Mapping[str, t.Any]], check_mode: bool) -> di
             if not check_mode:
                 set_metadata(file["path"], file["mode"], owner)
     return found
+
+
+def file_diff(file: t.Mapping[str, t.Any], before: tuple[bytes, int, tuple[int, int]] | None) -> dict[str, str]:
+    """The diff of a file rewritten; a secret's (its ``hidden`` text) says only that it was rewritten,
+    so the diff is not empty and shows no content."""
+    hidden = file.get("hidden")
+    if hidden:
+        old, new = "" if before is None else f"{hidden.rstrip()} (before)\n", f"{hidden.rstrip()} (after)\n"
+    else:
+        old, new = "" if before is None else before[0].decode("utf-8", "replace"), file["content"].decode("utf-8", "replace")
+    return {"before_header": file["path"], "after_header": file["path"], "before": old, "after": new}
 
 
 def metadata_differs(mode_now: int, ids_now: tuple[int, int], mode: int, owner: tuple[int, int] | None) -> bool:
@@ -207,19 +217,31 @@ def listed_path_problem(value: t.Any) -> str | None:
     return problem
 
 
-def sync_listed(folders: t.Sequence[t.Mapping[str, t.Any]], files: t.Sequence[t.Mapping[str, t.Any]], check_mode: bool) -> dict[str, t.Any]:
+def secret_mode_problem(value: t.Any) -> str | None:
+    """What is wrong with a secret file's mode (None: nothing): mode_problem's, or any access for group or others."""
+    problem = mode_problem(value)
+    if problem is None and int(value, 8) & 0o077:
+        return "gives group or others access to a secret; use \"0600\""
+    return problem
+
+
+def sync_listed(folders: t.Sequence[t.Mapping[str, t.Any]], files: t.Sequence[t.Mapping[str, t.Any]], check_mode: bool,
+                secret_files: t.Sequence[t.Mapping[str, t.Any]] = ()) -> dict[str, t.Any]:
     """Folders then files as the host_files module takes them (path, mode as an octal string, a
-    file's content as text), every path and mode checked before anything changes."""
+    file's content as text), every path and mode checked before anything changes. A secret file's
+    content never reaches the diff, and its mode gives group and others nothing."""
     problems = [f"{option}[{index}].{key}: {entry.get(key)!r} {problem}"
-                for option, entries in (("folders", folders), ("files", files))
+                for option, entries, mode_check in (("folders", folders, mode_problem), ("files", files, mode_problem),
+                                                    ("secret_files", secret_files, secret_mode_problem))
                 for index, entry in enumerate(entries)
-                for key, problem in (("path", listed_path_problem(entry.get("path"))), ("mode", mode_problem(entry.get("mode"))))
+                for key, problem in (("path", listed_path_problem(entry.get("path"))), ("mode", mode_check(entry.get("mode"))))
                 if problem]
     if problems:
         raise FileProblem("; ".join(problems))
     created = sync_folders([{"path": folder["path"], "mode": int(folder["mode"], 8)} for folder in folders], check_mode)
     written = sync_files([{"label": file["path"], "path": file["path"], "mode": int(file["mode"], 8),
-                           "content": file["content"].encode("utf-8"), "hidden": None} for file in files], check_mode)
+                           "content": file["content"].encode("utf-8"), "hidden": hidden}
+                          for entries, hidden in ((files, None), (secret_files, SECRET_NOT_SHOWN)) for file in entries], check_mode)
     return {"changed": any((created["created"], created["metadata"], written["content"], written["metadata"])),
             "folders_created": created["created"], "folders_fixed": created["metadata"],
             "files_written": written["content"], "files_fixed": written["metadata"], "diff": written["diff"]}

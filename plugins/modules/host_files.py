@@ -52,6 +52,26 @@ options:
         description: Its whole content (text, written as UTF-8).
         type: str
         required: true
+  secret_files:
+    description:
+      - Files holding secrets (keys), written like O(files) after them: their content is never shown (not in a diff, not
+        in the output), and their mode must give group and others nothing (such as C("0600")).
+    type: list
+    elements: dict
+    default: []
+    suboptions:
+      path:
+        description: The file's absolute path.
+        type: str
+        required: true
+      mode:
+        description: Its mode, as a quoted octal string such as C("0600"), with no access for group or others.
+        type: raw
+        required: true
+      content:
+        description: Its whole content (text, written as UTF-8).
+        type: str
+        required: true
 attributes:
   check_mode:
     support: full
@@ -61,7 +81,7 @@ attributes:
     description: Shows each written file's content before and after.
 notes:
   - Owner and group are set to root when the module runs as root; as another user they are left as they are.
-  - Not for secrets; their content would reach the diff.
+  - Secrets go in O(secret_files); the content of O(files) reaches the diff.
 """
 
 EXAMPLES = r"""
@@ -110,11 +130,13 @@ def main():
         argument_spec=dict(
             folders=dict(type="list", elements="dict", default=[], options=entry),
             files=dict(type="list", elements="dict", default=[], options=dict(entry, content=dict(type="str", required=True))),
+            secret_files=dict(type="list", elements="dict", default=[],
+                              options=dict(entry, content=dict(type="str", required=True, no_log=True))),
         ),
         supports_check_mode=True,
     )
     try:
-        result = sync_listed(module.params["folders"], module.params["files"], module.check_mode)
+        result = sync_listed(module.params["folders"], module.params["files"], module.check_mode, module.params["secret_files"])
     except FileProblem as error:
         module.fail_json(msg=str(error))
     module.exit_json(**result)

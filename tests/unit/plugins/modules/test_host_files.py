@@ -2,6 +2,7 @@
 their modes, a second call changes nothing, drifted modes and content are fixed, check mode reports the
 same and touches nothing, and a bad path or mode fails before anything is written."""
 
+import json
 import os
 import stat
 
@@ -94,3 +95,26 @@ def test_missing_parents_are_created_0755_whatever_the_umask(tmp_path):
         os.umask(previous)
     assert result["folders_created"] == [str(tmp_path / "a" / "b" / "c")]
     assert (mode(tmp_path / "a"), mode(tmp_path / "a" / "b"), mode(tmp_path / "a" / "b" / "c")) == (0o755, 0o755, 0o700)
+
+
+def test_a_secret_file_is_written_closed_and_never_shown(tmp_path):
+    secret = "sk-" + "k" * 40
+    path = tmp_path / "gateway" / "gateway.env"
+    args = {"folders": [{"path": str(tmp_path / "gateway"), "mode": "0700"}],
+            "secret_files": [{"path": str(path), "mode": "0600", "content": f"LITELLM_MASTER_KEY={secret}\n"}]}
+    first = run("host_files", {**args, "_ansible_diff": True})
+    assert first["files_written"] == [str(path)] and mode(path) == 0o600 and path.read_text() == f"LITELLM_MASTER_KEY={secret}\n"
+    assert first["diff"][0] == {"before_header": str(path), "after_header": str(path), "before": "",
+                                "after": "(a secret: its content is not shown) (after)\n"}
+    path.write_text("LITELLM_MASTER_KEY=old\n")
+    again = run("host_files", {**args, "_ansible_diff": True, "_ansible_check_mode": True})
+    assert again["files_written"] == [str(path)] and path.read_text() == "LITELLM_MASTER_KEY=old\n"
+    assert again["diff"][0]["before"] == "(a secret: its content is not shown) (before)\n"
+    assert secret not in json.dumps(first) + json.dumps(again) and "old" not in json.dumps(again["diff"])
+
+
+def test_a_secret_file_open_to_others_is_refused_before_anything_is_written(tmp_path):
+    args = {"files": [{"path": str(tmp_path / "unit.service"), "mode": "0644", "content": "[Unit]\n"}],
+            "secret_files": [{"path": str(tmp_path / "gateway.env"), "mode": "0640", "content": "KEY=x\n"}]}
+    refused("host_files", args, "secret_files[0].mode: '0640' gives group or others access to a secret; use \"0600\"")
+    assert list(tmp_path.iterdir()) == []
