@@ -54,7 +54,7 @@ options:
         required: true
   secret_files:
     description:
-      - Files holding secrets (keys), written like O(files) after them: their content is never shown (not in a diff, not
+      - Files holding secrets (keys), written like O(files) after them; their content is never shown (not in a diff, not
         in the output), and their mode must give group and others nothing (such as C("0600")).
     type: list
     elements: dict
@@ -130,7 +130,8 @@ def main():
         argument_spec=dict(
             folders=dict(type="list", elements="dict", default=[], options=entry),
             files=dict(type="list", elements="dict", default=[], options=dict(entry, content=dict(type="str", required=True))),
-            secret_files=dict(type="list", elements="dict", default=[],
+            # The list names paths and modes; only each file's content is the secret.
+            secret_files=dict(type="list", elements="dict", default=[], no_log=False,
                               options=dict(entry, content=dict(type="str", required=True, no_log=True))),
         ),
         supports_check_mode=True,
