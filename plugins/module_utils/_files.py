@@ -256,9 +256,10 @@ def pattern_problem(value: t.Any) -> str | None:
 def read_folders(folders: t.Sequence[t.Mapping[str, t.Any]]) -> dict[str, t.Any]:
     """The regular files (not links) of each folder whose names match one of its patterns, as the
     folder_files_info module takes them: ``{"files": {path: text, or None unless the folder's read
-    is set}, "missing": [folders that do not exist]}``. Every path and pattern checked first."""
+    is set}, "missing": [folders that do not exist]}``, each path joined to its folder as given (as
+    ansible.builtin.find does). Every path and pattern checked first."""
     problems = [f"folders[{index}].path: {folder.get('path')!r} {problem}"
-                for index, folder in enumerate(folders) if (problem := listed_path_problem(folder.get("path")))]
+                for index, folder in enumerate(folders) if (problem := path_problem(folder.get("path")))]
     problems += [f"folders[{index}].patterns: {pattern!r} {problem}"
                  for index, folder in enumerate(folders) for pattern in folder.get("patterns") or []
                  if (problem := pattern_problem(pattern))]
@@ -277,7 +278,7 @@ def read_folders(folders: t.Sequence[t.Mapping[str, t.Any]]) -> dict[str, t.Any]
         except OSError as error:
             raise FileProblem(f"{folder['path']}: cannot be listed ({error.strerror}); it must be a folder root can read") from error
         for name in names:
-            path = f"{folder['path']}/{name}"
+            path = os.path.join(folder["path"], name)
             if any(fnmatch.fnmatchcase(name, pattern) for pattern in folder["patterns"]) and is_regular_file(path):
                 files[path] = read_text(path) if folder.get("read") else None
     return {"files": files, "missing": missing}

@@ -23,7 +23,7 @@ options:
     required: true
     suboptions:
       path:
-        description: The folder, an absolute path written as it is meant (no C(.), C(..), doubled or trailing C(/)).
+        description: The folder, an absolute path (no C(.) or C(..)); each file's path is joined to it as given.
         type: str
         required: true
       patterns:

@@ -78,7 +78,7 @@ attributes:
     description: Reports the folders it would create or fix and the files it would write or fix, and changes nothing.
   diff_mode:
     support: full
-    description: Shows each written file's content before and after.
+    description: Shows each written file's content before and after; for a secret file, a line saying it was rewritten.
 notes:
   - Owner and group are set to root when the module runs as root; as another user they are left as they are.
   - Secrets go in O(secret_files); the content of O(files) reaches the diff.

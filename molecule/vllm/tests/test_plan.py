@@ -100,7 +100,9 @@ def test_an_interrupted_run_and_a_container_replaced_by_hand_are_relaunched_behi
     serve.check_output("docker rm --force vllm-second")
     serve.check_output(f"docker run -d --name vllm-second -p 127.0.0.1:8002:8000 --entrypoint sleep {image} infinity")
     check = site("--check", "--tags", "vllm", "-e", instances_json())
+    assert check.returncode == 0, check.stdout[-3000:]
     assert "second would be relaunched" in check.stdout and "its unit is inactive" in check.stdout
+    assert "its container runs config none" in check.stdout, "the container run by hand carries no config label"
 
     started = time.monotonic()
     rerun = site("--tags", "vllm", "-e", instances_json())

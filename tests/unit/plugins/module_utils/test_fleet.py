@@ -160,3 +160,27 @@ def ansible_runs(tag, run_tags, skip_tags):
 @pytest.mark.parametrize("run_tags", [["all"], ["swap"], ["vllm"], ["tagged"], ["vllm", "swap"], ["untagged"]])
 def test_a_role_is_in_the_run_exactly_when_ansible_would_run_its_tasks(run_tags, skip_tags):
     assert tag_in_run("swap", run_tags, skip_tags) == ansible_runs("swap", run_tags, skip_tags)
+
+
+SITE_TAGS = ["driver_guard", "headless", "swap", "earlyoom", "wait_online", "exporter_dropins", "vllm", "cluster", "gateway", "always"]
+
+
+@pytest.mark.parametrize(("run_tags", "skip_tags", "checked"), [
+    (["vllm"], [], False),
+    (["vllm", "cluster"], [], False),
+    (["swap"], [], True),
+    (["fleet"], [], True),
+    (["fleet"], ["swap"], False),
+    (["all"], ["vllm"], True),
+])
+def test_the_fleet_check_skips_a_role_only_when_the_run_surely_leaves_it_out(run_tags, skip_tags, checked):
+    """A tag site.yml does not give (a play importing it under its own tag) may carry every role."""
+    assert tag_in_run("swap", run_tags, skip_tags, SITE_TAGS) is checked
+
+
+def test_the_fleet_check_knows_every_tag_site_yml_gives():
+    site = yaml.safe_load((ROLES.parent / "playbooks" / "site.yml").read_text())
+    given = {tag for play in site for entry in [play, *play.get("roles", []), *play.get("tasks", [])] for tag in entry.get("tags", [])}
+    fleet_check = yaml.safe_load((ROLES.parent / "playbooks" / "tasks" / "fleet_check.yml").read_text())
+    known = next(task["vars"]["__sparkfleet_site_tags"] for task in fleet_check if "vars" in task and "__sparkfleet_site_tags" in task["vars"])
+    assert given == set(known) == set(SITE_TAGS)

@@ -37,7 +37,6 @@ def test_matching_files_are_listed_and_read_only_where_asked(deployed, tmp_path)
 
 @pytest.mark.parametrize(("folder", "fragment"), [
     ({"path": "etc/sparkfleet", "patterns": ["*.json"]}, "folders[0].path: 'etc/sparkfleet' must be an absolute path"),
-    ({"path": "/etc/sparkfleet/", "patterns": ["*.json"]}, "no doubled or trailing '/'"),
     ({"path": "/etc/sparkfleet/../shadow", "patterns": ["*"]}, "must not step through"),
     ({"path": "/etc/sparkfleet", "patterns": ["../*.json"]}, "folders[0].patterns: '../*.json' must be a file name pattern"),
     ({"path": "/etc/sparkfleet", "patterns": []}, "folders[0].patterns: must list at least one file name pattern"),
@@ -59,3 +58,9 @@ def test_a_file_where_the_folder_belongs_is_named(deployed):
     units, _plans = deployed
     refused("folder_files_info", {"folders": [{"path": f"{units}/ssh.service", "patterns": ["*"]}]},
             f"{units}/ssh.service: cannot be listed (Not a directory)")
+
+
+def test_a_folder_given_with_a_trailing_slash_is_listed_as_find_lists_it(deployed):
+    _units, plans = deployed
+    listed = run("folder_files_info", {"folders": [{"path": f"{plans}/", "patterns": ["*.json"]}]})
+    assert listed["files"] == {f"{plans}/tiny.json": None} and listed["missing"] == []
