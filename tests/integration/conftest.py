@@ -1,6 +1,6 @@
 """The molecule lanes start with the first test of this folder, so the static layer (ordered before
 the lab layer by tests/conftest.py) runs while the lanes do; the scenarios' times in the suite's
-own output: when each lane finished each scenario, and the verifier's per-test times."""
+own output: when each lane finished each scenario, its steps' times, and the verifier's per-test times."""
 
 import pytest
 from molecule_lanes import start_lanes
@@ -23,7 +23,8 @@ def molecule_lanes(request):
 
 
 def pytest_terminal_summary(terminalreporter, config):
-    for scenario, (seconds, ended, durations) in config.stash.get(MOLECULE_TIMES, {}).items():
+    for scenario, (seconds, ended, steps, durations) in config.stash.get(MOLECULE_TIMES, {}).items():
         terminalreporter.write_sep("-", f"molecule {scenario}: {seconds:.0f} s, ended {ended / 60:.1f} min after the lanes started")
+        terminalreporter.write_line("steps: " + ", ".join(f"{step} {step_seconds:.0f} s" for step, step_seconds in steps.items()))
         for line in durations or ["(the log holds no per-test times)"]:
             terminalreporter.write_line(line)

@@ -2,8 +2,10 @@
 the other, each in its own session, logged, and stopped by its recorded process group."""
 
 import os
+import re
 import signal
 import subprocess
+import threading
 import time
 
 from tool_runner import LOG_DIR, ROOT
@@ -13,6 +15,44 @@ from tool_runner import LOG_DIR, ROOT
 # names and log.
 LANES = [["vllm"], ["default", "models"], ["sweep"], ["cluster"]]
 SCENARIOS = [scenario for lane in LANES for scenario in lane]
+# Molecule announces each step of a scenario ("vllm > converge: Executing") and its end.
+STEP_LINE = re.compile(r"\b(?P<scenario>[\w-]+) > (?P<step>\w+): (?P<event>Executing|Executed)")
+
+
+class Scenario:
+    """One `molecule test` in the background: its log, and when each of its steps began and ended."""
+
+    def __init__(self, name):
+        self.name = name
+        self.started = time.monotonic()
+        self.step_times = {}
+        LOG_DIR.mkdir(parents=True, exist_ok=True)
+        self.process = subprocess.Popen(
+            ["molecule", "test", "--scenario-name", name], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            env={**os.environ, "NO_COLOR": "1", "PY_COLORS": "0"}, start_new_session=True,
+        )
+        self.copier = threading.Thread(target=self.copy_output, args=(LOG_DIR / f"molecule-{name}.log",), daemon=True)
+        self.copier.start()
+
+    def copy_output(self, log_path):
+        """Copies the output into the log unchanged, noting the time of each step's start and end."""
+        with log_path.open("wb") as log:
+            for line in self.process.stdout:
+                log.write(line)
+                log.flush()
+                found = STEP_LINE.search(line.decode(errors="replace"))
+                if found and found["scenario"] == self.name:
+                    self.step_times.setdefault(found["step"], {})[found["event"]] = time.monotonic()
+
+    def step_seconds(self):
+        """Each finished step's wall time, in the order the steps ran."""
+        return {step: times["Executed"] - times["Executing"] for step, times in self.step_times.items() if len(times) == 2}
+
+    def finish(self):
+        # The log is complete once molecule's output has been read to its end (bounded: a process
+        # the scenario left behind could hold the pipe open).
+        self.copier.join(timeout=30)
+        return self.process.returncode, time.monotonic() - self.started, self.step_seconds()
 
 
 class Lane:
@@ -22,30 +62,21 @@ class Lane:
         self.origin = origin
         self.pending = list(scenarios)
         self.results = {}
-        self.process = None
         self.current = None
-        self.started = None
         self.advance()
 
     def advance(self):
-        if self.process is not None and self.process.poll() is not None:
-            finished = time.monotonic()
-            self.results[self.current] = (self.process.returncode, finished - self.started, finished - self.origin)
-            self.process = None
-        if self.process is None and self.pending:
-            self.current = self.pending.pop(0)
-            LOG_DIR.mkdir(parents=True, exist_ok=True)
-            log = (LOG_DIR / f"molecule-{self.current}.log").open("w")
-            self.started = time.monotonic()
-            self.process = subprocess.Popen(
-                ["molecule", "test", "--scenario-name", self.current], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                env={**os.environ, "NO_COLOR": "1", "PY_COLORS": "0"}, start_new_session=True,
-            )
+        if self.current is not None and self.current.process.poll() is not None:
+            returncode, seconds, steps = self.current.finish()
+            self.results[self.current.name] = (returncode, seconds, time.monotonic() - self.origin, steps)
+            self.current = None
+        if self.current is None and self.pending:
+            self.current = Scenario(self.pending.pop(0))
 
     def stop(self):
-        if self.process is not None and self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            self.process.wait(timeout=60)
+        if self.current is not None and self.current.process.poll() is None:
+            os.killpg(self.current.process.pid, signal.SIGTERM)
+            self.current.process.wait(timeout=60)
 
 
 def start_lanes():
@@ -54,7 +85,8 @@ def start_lanes():
 
 
 def wait_for(lanes, scenario):
-    """The scenario's return code, wall time, and when its lane finished it (seconds after the lanes started)."""
+    """The scenario's return code, wall time, when its lane finished it (seconds after the lanes
+    started) and its steps' wall times."""
     while True:
         for lane in lanes:
             lane.advance()

@@ -29,10 +29,10 @@ def checked_steps(scenario):
 def test_molecule_scenario(molecule_lanes, scenario, request):
     if not molecule_lanes:
         pytest.fail("the molecule lanes did not start: a unit test failed before the static layer began", pytrace=False)
-    returncode, seconds, ended = wait_for(molecule_lanes, scenario)
+    returncode, seconds, ended, steps = wait_for(molecule_lanes, scenario)
     log = LOG_DIR / f"molecule-{scenario}.log"
     text = log.read_text()
-    request.config.stash.setdefault(MOLECULE_TIMES, {})[scenario] = (seconds, ended, verifier_durations(text))
+    request.config.stash.setdefault(MOLECULE_TIMES, {})[scenario] = (seconds, ended, steps, verifier_durations(text))
     if returncode != 0:
         pytest.fail(f"molecule test -s {scenario} exited {returncode}; last lines of {log}:\n{tail(log)}", pytrace=False)
     for step in checked_steps(scenario):

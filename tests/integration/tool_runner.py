@@ -8,7 +8,7 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 LOG_DIR = ROOT / ".cache" / "logs"
-# Each molecule scenario's wall time, when its lane finished it, and its verifier's per-test times,
+# Each molecule scenario's wall time, when its lane finished it, its steps' and its verifier's per-test times,
 # printed in the suite's summary (conftest.py).
 MOLECULE_TIMES = pytest.StashKey[dict]()
 
