@@ -184,9 +184,17 @@ def power_state(gpus: t.Sequence[t.Mapping[str, t.Any]]) -> dict[str, t.Any]:
     return {"loaded": True, "wedge_suspected": wedged, "reason": reason}
 
 
+def package_lists(file_mtimes: t.Mapping[str, float], now: float) -> dict[str, t.Any]:
+    """The package indexes apt holds (files of its lists folder named ..._Packages, compressed or not) and
+    the newest one's age. None means apt knows no package yet, whatever its cache_valid_time makes of the
+    folder's own time (a freshly built image empties the folder, which then looks just refreshed)."""
+    indexes = [mtime for name, mtime in file_mtimes.items() if "_Packages" in name]
+    return {"indexes": len(indexes), "age_seconds": max(0, round(now - max(indexes))) if indexes else None}
+
+
 def summarise(dmi: t.Mapping[str, str | None], os_release: str, architecture: str, gpu_text: str | None, gpu_error: str | None,
               meminfo_text: str, swaps_text: str, fstab_text: str, holders: list[dict[str, t.Any]], docker_text: str | None,
-              disk: t.Mapping[str, t.Any], units_text: str) -> dict[str, t.Any]:
+              disk: t.Mapping[str, t.Any], units_text: str, lists: t.Mapping[str, t.Any]) -> dict[str, t.Any]:
     """The host's facts from what spark_facts gathered."""
     gpus = parse_gpu_query(gpu_text) if gpu_text else []
     first = gpus[0] if gpus else {}
@@ -208,4 +216,5 @@ def summarise(dmi: t.Mapping[str, str | None], os_release: str, architecture: st
         "disk": dict(disk),
         "sleep_targets": parse_unit_states(units_text),
         "power": power_state(gpus),
+        "package_lists": dict(lists),
     }

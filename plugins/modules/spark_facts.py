@@ -19,7 +19,8 @@ description:
   - Swap that is active (C(/proc/swaps)) or comes back at boot (C(/etc/fstab)); the processes other than
     nvidia-persistenced that hold the GPU's device nodes, each marked with the collection's container it runs in,
     if any; Docker's version and whether the NVIDIA runtime is configured; the running instance containers; the
-    free disk at the models directory; the state of the sleep and suspend targets.
+    free disk at the models directory; the state of the sleep and suspend targets; how many package indexes apt
+    holds and how old they are (none on a host that never fetched its lists).
   - A host without a GPU (the CPU lab) is reported as such, with the nvidia-smi error, rather than failing.
   - All parsing is in the collection's private module_utils C(_host_facts), tested on recorded real outputs.
 author: sparkfleet.vllm contributors (@sparkfleet)
@@ -73,7 +74,8 @@ facts:
     - C(memory) (source, unified, pool_bytes, available_bytes, system_total_bytes, system_available_bytes).
     - C(swap) (active, fstab), C(device_holders) (pid, command, paths, container), C(docker) (present, version,
       runtimes, default_runtime, architecture, nvidia_runtime, instance_containers), C(disk) (path, free_bytes,
-      total_bytes), C(sleep_targets) (unit -> state), C(power) (loaded, wedge_suspected, reason).
+      total_bytes), C(sleep_targets) (unit -> state), C(power) (loaded, wedge_suspected, reason),
+      C(package_lists) (indexes, the number of package indexes apt holds; age_seconds, the newest one's age, or None).
   returned: always
   type: dict
 """
@@ -81,6 +83,7 @@ facts:
 import glob
 import os
 import platform
+import time
 
 from ansible.module_utils.basic import AnsibleModule
 
@@ -88,11 +91,13 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_facts import
     NVIDIA_SMI_ARGS,
     SLEEP_TARGETS,
     device_holders,
+    package_lists,
     summarise,
 )
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_plan import INSTANCE_LABEL
 
 DMI_FIELDS = ("sys_vendor", "product_name", "board_vendor", "board_name", "bios_version")
+APT_LISTS = "/var/lib/apt/lists"
 
 
 def read(path):
@@ -117,6 +122,22 @@ def open_files():
         except OSError:
             continue
         yield pid, read(f"/proc/{pid}/comm").strip(), paths
+
+
+def file_mtimes(folder):
+    """Each file's modification time in a folder; empty when the folder cannot be read."""
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return {}
+    mtimes = {}
+    for entry in entries:
+        try:
+            if entry.is_file(follow_symlinks=False):
+                mtimes[entry.name] = entry.stat(follow_symlinks=False).st_mtime
+        except OSError:
+            continue
+    return mtimes
 
 
 def disk(models_dir):
@@ -169,6 +190,7 @@ def main():
         docker_text=docker_text,
         disk=disk(module.params["models_dir"]),
         units_text=units_text,
+        lists=package_lists(file_mtimes(APT_LISTS), time.time()),
     )
     facts["docker"]["instance_containers"] = sorted(containers.values())
     module.exit_json(changed=False, ok=True, reasons=[], facts=facts)

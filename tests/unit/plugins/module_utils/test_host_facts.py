@@ -7,6 +7,7 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_facts import
     board,
     device_holders,
     fstab_swaps,
+    package_lists,
     parse_docker_info,
     parse_gpu_query,
     parse_os_release,
@@ -28,7 +29,7 @@ def facts(gpu_text=None, gpu_error="is not installed", **overrides):
                  architecture="aarch64", gpu_text=gpu_text, gpu_error=gpu_error, meminfo_text=fixture("gb10-meminfo.txt"),
                  swaps_text="Filename\tType\tSize\tUsed\tPriority\n", fstab_text="", holders=[], docker_text=None,
                  disk={"path": "/srv/models", "free_bytes": 500 * 2**30, "total_bytes": 900 * 2**30},
-                 units_text=fixture("lab-host-unit-states.txt"))
+                 units_text=fixture("lab-host-unit-states.txt"), lists={"indexes": 1, "age_seconds": 60})
     given.update(overrides)
     return summarise(**given)
 
@@ -106,3 +107,16 @@ def test_garbled_swaps_and_docker_info_of_another_shape_read_as_nothing():
     for text in ("[1]", '{"ServerVersion": "27.0", "Runtimes": ["runc"]}'):
         info = parse_docker_info(text)
         assert info["present"] is False and info["error"] == "docker info did not answer with its JSON object"
+
+
+def test_package_lists_count_only_package_indexes_and_age_from_the_newest():
+    lists = {"deb.debian.org_debian_dists_bookworm_main_binary-arm64_Packages.lz4": 1000.0,
+             "ports.ubuntu.com_dists_noble-updates_main_binary-arm64_Packages": 4000.0,
+             "deb.debian.org_debian_dists_bookworm_InRelease": 5000.0, "lock": 5000.0}
+    assert package_lists(lists, now=4600.4) == {"indexes": 2, "age_seconds": 600}
+
+
+def test_a_host_that_never_fetched_its_lists_has_no_index():
+    # A freshly built image empties the lists folder: only apt's lock and partial folder's files are left.
+    assert package_lists({"lock": 5000.0}, now=5001.0) == {"indexes": 0, "age_seconds": None}
+    assert facts(lists=package_lists({}, now=1.0))["package_lists"] == {"indexes": 0, "age_seconds": None}
