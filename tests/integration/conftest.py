@@ -25,6 +25,6 @@ def molecule_lanes(request):
 def pytest_terminal_summary(terminalreporter, config):
     for scenario, (seconds, ended, steps, durations) in config.stash.get(MOLECULE_TIMES, {}).items():
         terminalreporter.write_sep("-", f"molecule {scenario}: {seconds:.0f} s, ended {ended / 60:.1f} min after the lanes started")
-        terminalreporter.write_line("steps: " + ", ".join(f"{step} {step_seconds:.0f} s" for step, step_seconds in steps.items()))
+        terminalreporter.write_line("steps: " + (", ".join(f"{step} {seconds:.0f} s" for step, seconds in steps) or "(no step lines found in the log)"))
         for line in durations or ["(the log holds no per-test times)"]:
             terminalreporter.write_line(line)

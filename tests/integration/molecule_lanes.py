@@ -15,8 +15,9 @@ from tool_runner import LOG_DIR, ROOT
 # names and log.
 LANES = [["vllm"], ["default", "models"], ["sweep"], ["cluster"]]
 SCENARIOS = [scenario for lane in LANES for scenario in lane]
-# Molecule announces each step of a scenario ("vllm > converge: Executing") and its end.
-STEP_LINE = re.compile(r"\b(?P<scenario>[\w-]+) > (?P<step>\w+): (?P<event>Executing|Executed)")
+# Molecule announces each step of a scenario as it starts and ends ("[vllm > converge] Executing",
+# "[vllm > converge] Executed: Successful"); its closing report has no brackets.
+STEP_LINE = re.compile(r"\[(?P<scenario>[\w-]+) > (?P<step>\w+)\] (?P<event>Executing|Executed)")
 
 
 class Scenario:
@@ -25,7 +26,8 @@ class Scenario:
     def __init__(self, name):
         self.name = name
         self.started = time.monotonic()
-        self.step_times = {}
+        # [step, started, ended or None], in the order they ran (destroy runs first and last).
+        self.steps = []
         LOG_DIR.mkdir(parents=True, exist_ok=True)
         self.process = subprocess.Popen(
             ["molecule", "test", "--scenario-name", name], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -35,18 +37,30 @@ class Scenario:
         self.copier.start()
 
     def copy_output(self, log_path):
-        """Copies the output into the log unchanged, noting the time of each step's start and end."""
-        with log_path.open("wb") as log:
-            for line in self.process.stdout:
-                log.write(line)
-                log.flush()
-                found = STEP_LINE.search(line.decode(errors="replace"))
-                if found and found["scenario"] == self.name:
-                    self.step_times.setdefault(found["step"], {})[found["event"]] = time.monotonic()
+        """Copies the output into the log unchanged, noting the time of each step's start and end. The
+        output is read to its end whatever happens to the log, so molecule never blocks on a full pipe."""
+        try:
+            with log_path.open("wb") as log:
+                for line in self.process.stdout:
+                    log.write(line)
+                    log.flush()
+                    self.note_step(line.decode(errors="replace"))
+        finally:
+            for _line in self.process.stdout:
+                pass
+
+    def note_step(self, line):
+        found = STEP_LINE.search(line)
+        if not found or found["scenario"] != self.name:
+            return
+        if found["event"] == "Executing":
+            self.steps.append([found["step"], time.monotonic(), None])
+        elif self.steps and self.steps[-1][0] == found["step"]:
+            self.steps[-1][2] = time.monotonic()
 
     def step_seconds(self):
-        """Each finished step's wall time, in the order the steps ran."""
-        return {step: times["Executed"] - times["Executing"] for step, times in self.step_times.items() if len(times) == 2}
+        """Each finished step and its wall time, in the order the steps ran."""
+        return [(step, ended - started) for step, started, ended in self.steps if ended is not None]
 
     def finish(self):
         # The log is complete once molecule's output has been read to its end (bounded: a process

@@ -136,7 +136,8 @@ def test_an_instance_dropped_from_the_inventory_is_removed(serve):
     before = serving_state(serve)
     check = site("--check", "--diff", "--tags", "vllm", "-e", only_first)
     assert check.returncode == 0, check.stdout[-3000:]
-    assert "Remove the unit, container and files of second" in check.stdout and "/etc/sparkfleet/vllm/second.env" in check.stdout
+    removal = check.stdout.split("Remove each instance no longer planned", 1)[-1]
+    assert "(item=second)" in removal and "/etc/sparkfleet/vllm/second.env" in removal, check.stdout[-3000:]
     assert serving_state(serve) == before, "check mode removed nothing"
 
     result = site("--tags", "vllm", "-e", only_first)
