@@ -2,7 +2,7 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """One planned serving unit on its host (a vLLM instance or a cluster's rank), step by step:
 its files written from the plan, each atomically with its mode, and why the running unit differs
-from its plan (prepare); the unit stopped and its container removed (stop); the page cache
+from its plan, the unit enabled for boot (prepare); the unit stopped and its container removed (stop); the page cache
 dropped, the memory admitted, the start limit cleared and the unit started (start); its last good
 files restored (restore) or its files kept as the last good ones (keep); a unit no longer planned
 removed with its files (remove). A single instance's whole relaunch is one step (relaunch: under
@@ -24,7 +24,7 @@ import typing as t
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._files import FileProblem, read_file, sync_files, write_atomically
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._memory import admission_problem, parse_meminfo
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._settings import path_problem
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._systemd import parse_show_states
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._systemd import parse_show_states, show_states_args
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_client import read_endpoint
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_gate import Endpoint, gate
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_instance import PLAN_SCHEMA_VERSION
@@ -89,15 +89,16 @@ def unit_file(kind: str, path: str, mode: str, content: bytes) -> dict[str, t.An
 
 
 def unit_state(run: Runner, unit: str) -> dict[str, str]:
-    """The unit's LoadState and ActiveState as systemd reports them (not-found and inactive for a unit it does not know)."""
-    rc, out, err = run(["systemctl", "show", "--property=LoadState", "--property=ActiveState", unit])
+    """The unit's LoadState, ActiveState and UnitFileState as systemd reports them (not-found, inactive
+    and empty for a unit it does not know)."""
+    rc, out, err = run(["systemctl", *show_states_args([unit])])
     if rc != 0:
         raise UnitError(f"systemctl show {unit} exited {rc}: {err.strip() or out.strip()}; is systemd running on the host?")
     try:
         states = parse_show_states([unit], out)[unit]
     except ValueError as error:
         raise UnitError(f"{error}; is systemd running on the host?") from error
-    return {"LoadState": states["LoadState"], "ActiveState": states["ActiveState"]}
+    return dict(states)
 
 
 def container_state(run: Runner, container: str) -> dict[str, t.Any] | None:
@@ -115,16 +116,20 @@ def container_state(run: Runner, container: str) -> dict[str, t.Any] | None:
 
 
 def prepare(plan: t.Mapping[str, t.Any], env_text: str, check_mode: bool, run: Runner) -> dict[str, t.Any]:
-    """Bring the unit's files to its plan and say why the running unit is not the plan (drift).
-    In check mode nothing is written and the answer is the same."""
+    """Bring the unit's files to its plan, enable the unit so it starts at boot (its order among the
+    host's units is in the unit files), and say why the running unit is not the plan (drift). In
+    check mode nothing is written and the answer is the same."""
     # Read before anything is written, so a host whose systemd or Docker cannot answer is left as it was.
     state = unit_state(run, plan["unit"])
     container = container_state(run, plan["container"])
     synced = sync_files(planned_files(plan, env_text), check_mode)
+    enabling = state["UnitFileState"] != "enabled"
+    if enabling and not check_mode:
+        checked(run, ["systemctl", "enable", plan["unit"]])
     relaunching = bool(RELAUNCHING_KINDS.intersection(synced["content"]))
     drift = drift_reasons(plan, relaunching, state["ActiveState"], container)
-    return {"changed": bool(synced["content"] or synced["metadata"]), "written": synced["content"], "fixed": synced["metadata"],
-            "drift": drift, "unit_state": state, "diff": synced["diff"]}
+    return {"changed": bool(synced["content"] or synced["metadata"]) or enabling, "written": synced["content"],
+            "fixed": synced["metadata"], "enabled": enabling, "drift": drift, "unit_state": state, "diff": synced["diff"]}
 
 
 def stop(plan: t.Mapping[str, t.Any], check_mode: bool, run: Runner) -> dict[str, t.Any]:

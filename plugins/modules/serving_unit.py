@@ -18,7 +18,8 @@ description:
     (0644) - after reading the unit's state (C(systemctl show)) and the container's (C(docker container inspect)),
     and returns why the running unit differs from its plan (C(drift)) - a rewritten env file or unit, a unit that
     is not active, no container, or a container whose config hash label, image or state is not the plan's. A
-    rewritten plan file alone is no drift; it only describes the unit.
+    rewritten plan file alone is no drift; it only describes the unit. It also enables the unit, so it starts at
+    boot (the order among the host's units is in their unit files); a unit already enabled is left alone.
   - C(stop) stops the unit (systemd reads its unit file again first) and removes its container.
   - C(start) drops the page cache when the plan says so (seed 002), refuses a start the memory available now cannot
     hold (O(memory_admission)), clears the unit's start limit and starts it without waiting for readiness.
@@ -105,8 +106,12 @@ drift:
   returned: when O(step=prepare)
   type: list
   elements: str
+enabled:
+  description: Whether the unit was not enabled, and was (or would be) enabled so it starts at boot.
+  returned: when O(step=prepare)
+  type: bool
 unit_state:
-  description: The unit's C(LoadState) and C(ActiveState) before the step.
+  description: The unit's C(LoadState), C(ActiveState) and C(UnitFileState) before the step.
   returned: when O(step) is C(prepare), C(stop) or C(remove)
   type: dict
 restored:

@@ -35,14 +35,17 @@ with open(here / "calls.log", "a") as log:
     log.write(" ".join([tool, *args]) + "\\n")
 def save():
     (here / "state.json").write_text(json.dumps(state))
-def unit_text(active):
-    return state["active"].replace("activating", active)
+def unit_text(unit):
+    enabled = "enabled" if unit in state["enabled"] else "disabled"
+    return state["active"].replace("ActiveState=active", "ActiveState=" + state["units"][unit]).replace("UnitFileState=enabled", "UnitFileState=" + enabled)
 if tool == "docker" and state.get("docker_down"):
     sys.stderr.write("Cannot connect to the Docker daemon at unix:///var/run/docker.sock. Is the docker daemon running?\\n")
     sys.exit(1)
-if tool == "systemctl" and args[:3] == ["show", "--property=LoadState", "--property=ActiveState"]:
-    known = state["units"].get(args[3])
-    sys.stdout.write(unit_text(known) if known else state["not_found"])
+if tool == "systemctl" and args[:5] == ["show", "--property=LoadState", "--property=ActiveState", "--property=UnitFileState", "--"]:
+    sys.stdout.write(unit_text(args[5]) if args[5] in state["units"] else state["not_found"])
+elif tool == "systemctl" and args[0] == "enable":
+    state["enabled"].append(args[1])
+    save()
 elif tool == "systemctl" and args == ["daemon-reload"]:
     pass
 elif tool == "systemctl" and args[0] == "stop":
@@ -60,6 +63,7 @@ elif tool == "systemctl" and args[:2] == ["start", "--no-block"]:
     save()
 elif tool == "systemctl" and args[:2] == ["disable", "--now"]:
     state["units"].pop(args[2], None)
+    state["enabled"] = [unit for unit in state["enabled"] if unit != args[2]]
     save()
 elif tool == "systemctl" and args[0] == "reset-failed":
     if args[1] not in state["units"]:
@@ -101,9 +105,12 @@ def host(tmp_path):
     return tmp_path
 
 
-def set_state(host, units=None, containers=None, docker_down=False, **more):
-    state = {"units": units or {}, "containers": containers or {}, "docker_down": docker_down, **more,
-             "active": (RECORDED / "systemctl-show-activating.txt").read_text(),
+def set_state(host, units=None, containers=None, docker_down=False, enabled=None, **more):
+    """The host's units (name: ActiveState; enabled unless ``enabled`` lists others) and containers."""
+    units = units or {}
+    state = {"units": units, "containers": containers or {}, "docker_down": docker_down, **more,
+             "enabled": list(units) if enabled is None else enabled,
+             "active": (RECORDED / "systemctl-show-active-enabled.txt").read_text(),
              "not_found": (RECORDED / "systemctl-show-not-found.txt").read_text(),
              "missing": (RECORDED / "docker-container-inspect-missing.stderr").read_text()}
     (host / "bin" / "state.json").write_text(json.dumps(state))
@@ -140,6 +147,10 @@ def calls(host):
             if " show " not in f" {line} " and " inspect " not in f" {line} "] if log.exists() else []
 
 
+def forget_calls(host):
+    (host / "bin" / "calls.log").unlink(missing_ok=True)
+
+
 def host_state(host):
     return json.loads((host / "bin" / "state.json").read_text())
 
@@ -164,7 +175,8 @@ def test_a_fresh_host_gets_every_file_with_its_mode_and_the_instance_is_launched
     result = run(host, plan, env_file)
     assert result["changed"] and result["written"] == ["env", "plan", "unit"] and result["fixed"] == []
     assert result["drift"] == ["its settings files changed", "its unit is inactive", "no container runs"]
-    assert result["unit_state"] == {"LoadState": "not-found", "ActiveState": "inactive"}
+    assert result["unit_state"] == {"LoadState": "not-found", "ActiveState": "inactive", "UnitFileState": ""}
+    assert result["enabled"] and calls(host) == [f"systemctl enable {plan['unit']}"], "enabled so it starts at boot"
     written = files(host)
     assert written["config/tiny.env"] == (env_file, 0o600)
     assert json.loads(written["config/tiny.json"][0]) == plan and written["config/tiny.json"][1] == 0o644
@@ -182,6 +194,21 @@ def test_a_host_running_its_plan_changes_nothing(host):
     again = run(host, plan, env_file)
     assert not again["changed"] and again["written"] == [] and again["drift"] == [] and again["diff"] == []
     assert files(host) == before
+
+
+def test_a_unit_not_enabled_is_enabled_for_boot_and_check_mode_only_says_so(host):
+    plan, env_file = planned(host)
+    set_state(host)
+    run(host, plan, env_file)
+    set_state(host, units=active(plan["unit"]), containers={plan["container"]: running(plan)}, enabled=[])
+    forget_calls(host)
+    checked = run(host, plan, env_file, check_mode=True)
+    assert checked["changed"] and checked["enabled"] and checked["drift"] == [] and calls(host) == []
+    assert checked["unit_state"]["UnitFileState"] == "disabled"
+    applied = run(host, plan, env_file)
+    assert applied["changed"] and applied["enabled"] and applied["written"] == [] and applied["drift"] == []
+    assert calls(host) == [f"systemctl enable {plan['unit']}"]
+    assert not run(host, plan, env_file)["changed"], "an enabled unit is left alone"
 
 
 def test_check_mode_answers_the_same_and_writes_nothing(host):
@@ -388,6 +415,7 @@ def test_a_relaunch_is_gated_under_the_maintenance_flag_which_it_clears(host, vl
     vllm.serves[KEY] = ["tiny"]
     set_state(host, flag=str(host / "run" / "vllm-maintenance"), starts=[(plan["container"], running(plan))])
     run(host, plan, env_file)
+    forget_calls(host)
     checked = relaunch(host, plan, check_mode=True)
     assert checked["changed"] and calls(host) == [] and not (host / "run").exists()
     done = relaunch(host, plan)
