@@ -117,8 +117,9 @@ def container_state(run: Runner, container: str) -> dict[str, t.Any] | None:
 
 def prepare(plan: t.Mapping[str, t.Any], env_text: str, check_mode: bool, run: Runner) -> dict[str, t.Any]:
     """Bring the unit's files to its plan, enable the unit so it starts at boot (its order among the
-    host's units is in the unit files), and say why the running unit is not the plan (drift). In
-    check mode nothing is written and the answer is the same."""
+    host's units is in the unit files), and say why the running unit is not the plan (drift). A unit
+    that runs its plan keeps its files as the last good settings (a relaunch keeps them once gated).
+    In check mode nothing is written and the answer is the same."""
     # Read before anything is written, so a host whose systemd or Docker cannot answer is left as it was.
     state = unit_state(run, plan["unit"])
     container = container_state(run, plan["container"])
@@ -128,8 +129,10 @@ def prepare(plan: t.Mapping[str, t.Any], env_text: str, check_mode: bool, run: R
         checked(run, ["systemctl", "enable", plan["unit"]])
     relaunching = bool(RELAUNCHING_KINDS.intersection(synced["content"]))
     drift = drift_reasons(plan, relaunching, state["ActiveState"], container)
-    return {"changed": bool(synced["content"] or synced["metadata"]) or enabling, "written": synced["content"],
-            "fixed": synced["metadata"], "enabled": enabling, "drift": drift, "unit_state": state, "diff": synced["diff"]}
+    # A check run wrote none of the files it reported, so it has nothing new to keep.
+    kept = keep(plan, False)["written"] if not drift and not check_mode else []
+    return {"changed": bool(synced["content"] or synced["metadata"] or kept) or enabling, "written": synced["content"],
+            "fixed": synced["metadata"], "enabled": enabling, "kept": kept, "drift": drift, "unit_state": state, "diff": synced["diff"]}
 
 
 def stop(plan: t.Mapping[str, t.Any], check_mode: bool, run: Runner) -> dict[str, t.Any]:
@@ -315,7 +318,8 @@ def roll_back(plan: t.Mapping[str, t.Any], memory_admission: bool, run: Runner) 
 
 def relaunch(plan: t.Mapping[str, t.Any], memory_admission: bool, flag: str, check_mode: bool, run: Runner) -> dict[str, t.Any]:
     """Relaunch a single instance behind its health gate, under the maintenance flag (cleared in
-    every case). A failed gate restores the last good files and relaunches and gates them; the
+    every case), and keep its files as the last good settings once gated. A failed gate restores
+    the last good files and relaunches and gates them; the
     result then has ``failed`` and a ``msg`` saying what went wrong, after how long, what the
     rollback achieved and the engine log's error lines."""
     if check_mode:
@@ -327,7 +331,9 @@ def relaunch(plan: t.Mapping[str, t.Any], memory_admission: bool, flag: str, che
     finally:
         flag_left = flag_not_cleared(flag)
     if rollback is None:
-        return {"changed": True, "gate": verdict, **({"failed": True, "msg": f"{plan['name']} passed its gate, but {flag_left}"} if flag_left else {})}
+        kept = keep(plan, False)["written"]
+        return {"changed": True, "gate": verdict, "kept": kept,
+                **({"failed": True, "msg": f"{plan['name']} passed its gate, but {flag_left}"} if flag_left else {})}
     errors = " / ".join(verdict.get("log_errors", [])) or "none found"
     return {"changed": True, "failed": True, "gate": verdict,
             "msg": (f"vLLM instance {plan['name']} failed its relaunch: {verdict['msg']} (detected after {verdict.get('elapsed', '?')} s). "

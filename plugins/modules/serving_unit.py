@@ -19,7 +19,8 @@ description:
     and returns why the running unit differs from its plan (C(drift)) - a rewritten env file or unit, a unit that
     is not active, no container, or a container whose config hash label, image or state is not the plan's. A
     rewritten plan file alone is no drift; it only describes the unit. It also enables the unit, so it starts at
-    boot (the order among the host's units is in their unit files); a unit already enabled is left alone.
+    boot (the order among the host's units is in their unit files); a unit already enabled is left alone. A unit
+    that runs its plan (no drift) keeps its files as the last good settings, outside check mode.
   - C(stop) stops the unit (systemd reads its unit file again first) and removes its container.
   - C(start) drops the page cache when the plan says so (seed 002), refuses a start the memory available now cannot
     hold (O(memory_admission)), clears the unit's start limit and starts it without waiting for readiness.
@@ -28,7 +29,8 @@ description:
     copy is there (C(complete)).
   - C(relaunch) relaunches a single instance under the maintenance flag (the plan's C(maintenance_flag), holding the unit's name, cleared in every case)
     - C(stop), C(start), then the health gate of M(sparkfleet.vllm.vllm_health) with its warm-up request, reading
-    the key, names and URL from the files on the host. When the gate fails, or a stop or start cannot run, the
+    the key, names and URL from the files on the host; once gated, the files are kept as the last good settings.
+    When the gate fails, or a stop or start cannot run, the
     last good files are restored, started (admitted on their own memory share) and gated in turn, and the task
     fails saying what went wrong, after how long, whether the last good settings serve again, and the engine
     log's error lines.
@@ -94,6 +96,11 @@ RETURN = r"""
 written:
   description: The kinds of file whose content was (or in check mode would be) written, among C(env), C(plan) and C(unit).
   returned: when O(step) is C(prepare), C(restore) or C(keep)
+  type: list
+  elements: str
+kept:
+  description: The kinds of file copied as the last good settings (a unit that runs its plan, or a relaunch that passed its gate).
+  returned: when O(step) is C(prepare) or C(relaunch)
   type: list
   elements: str
 fixed:

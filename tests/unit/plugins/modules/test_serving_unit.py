@@ -185,15 +185,20 @@ def test_a_fresh_host_gets_every_file_with_its_mode_and_the_instance_is_launched
     assert "API key" in result["diff"][0]["after"], "the env file's content never reaches a diff"
 
 
-def test_a_host_running_its_plan_changes_nothing(host):
+def test_a_host_running_its_plan_keeps_it_as_the_last_good_settings_and_then_changes_nothing(host):
     plan, env_file = planned(host)
     set_state(host)
-    run(host, plan, env_file)
+    assert run(host, plan, env_file)["kept"] == [], "a unit that does not run its plan keeps nothing"
     set_state(host, units=active(plan["unit"]), containers={plan["container"]: running(plan)})
-    before = files(host)
+    assert run(host, plan, env_file, check_mode=True)["kept"] == [], "a check run keeps nothing"
+    first = run(host, plan, env_file)
+    assert first["changed"] and first["written"] == [] and first["drift"] == [] and first["kept"] == ["env", "plan", "unit"]
+    written = files(host)
+    assert written["config/last-good/tiny.env"] == written["config/tiny.env"]
+    assert written[f"config/last-good/{plan['unit']}"] == written[f"units/{plan['unit']}"]
     again = run(host, plan, env_file)
-    assert not again["changed"] and again["written"] == [] and again["drift"] == [] and again["diff"] == []
-    assert files(host) == before
+    assert not again["changed"] and again["written"] == again["kept"] == [] and again["drift"] == [] and again["diff"] == []
+    assert files(host) == written
 
 
 def test_a_unit_not_enabled_is_enabled_for_boot_and_check_mode_only_says_so(host):
@@ -418,9 +423,12 @@ def test_a_relaunch_is_gated_under_the_maintenance_flag_which_it_clears(host, vl
     forget_calls(host)
     checked = relaunch(host, plan, check_mode=True)
     assert checked["changed"] and calls(host) == [] and not (host / "run").exists()
+    assert not (host / "config" / "last-good" / "tiny.env").exists()
     done = relaunch(host, plan)
     assert done["changed"] and done["gate"]["ok"] and done["gate"]["served_model_names"] == ["tiny"]
     assert done["gate"]["warmup_reply"] == "Hello, operator"
+    assert done["kept"] == ["env", "plan", "unit"], "the settings that passed the gate are kept as the last good ones"
+    assert (host / "config" / "last-good" / "tiny.env").read_text() == env_file
     assert calls(host) == ["systemctl daemon-reload", f"systemctl reset-failed {plan['unit']}", f"systemctl start --no-block {plan['unit']}",
                            "maintenance flag at start: tiny"]
     assert not (host / "run" / "vllm-maintenance").exists()
