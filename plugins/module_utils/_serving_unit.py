@@ -2,9 +2,9 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """One planned serving unit on its host (a vLLM instance or a cluster's rank), step by step:
 its files written from the plan, each atomically with its mode, and why the running unit differs
-from its plan, the unit enabled for boot (prepare); the unit stopped and its container removed (stop); the page cache
+from its plan, a unit that runs it enabled for boot (prepare); the unit stopped and its container removed (stop); the page cache
 dropped, the memory admitted, the start limit cleared and the unit started (start); its last good
-files restored (restore) or its files kept as the last good ones (keep); a unit no longer planned
+files restored (restore) or its files kept as the last good ones and the unit enabled (keep); a unit no longer planned
 removed with its files (remove). A single instance's whole relaunch is one step (relaunch: under
 the maintenance flag, stop, start and gate, and on a failed gate restore, start and gate the last
 good files); a cluster's role orders stop and start across its nodes, gates its head and raises
@@ -116,23 +116,38 @@ def container_state(run: Runner, container: str) -> dict[str, t.Any] | None:
 
 
 def prepare(plan: t.Mapping[str, t.Any], env_text: str, check_mode: bool, run: Runner) -> dict[str, t.Any]:
-    """Bring the unit's files to its plan, enable the unit so it starts at boot (its order among the
-    host's units is in the unit files), and say why the running unit is not the plan (drift). A unit
-    that runs its plan keeps its files as the last good settings (a relaunch keeps them once gated).
-    In check mode nothing is written and the answer is the same."""
+    """Bring the unit's files to its plan and say why the running unit is not the plan (drift). A
+    unit that runs its plan is enabled so it starts at boot (its order among the host's units is in
+    the unit files); a single instance's also keeps its files as the last good settings. A unit that
+    drifts is enabled and kept only once its relaunch passed the gate (a cluster's ranks once the
+    head passed it: step keep), so a first launch that fails never starts at boot. In check mode
+    nothing is written and the answer is the same (``enabled``: the unit is not enabled yet)."""
     # Read before anything is written, so a host whose systemd or Docker cannot answer is left as it was.
     state = unit_state(run, plan["unit"])
     container = container_state(run, plan["container"])
     synced = sync_files(planned_files(plan, env_text), check_mode)
-    enabling = state["UnitFileState"] != "enabled"
-    if enabling and not check_mode:
-        checked(run, ["systemctl", "enable", plan["unit"]])
     relaunching = bool(RELAUNCHING_KINDS.intersection(synced["content"]))
     drift = drift_reasons(plan, relaunching, state["ActiveState"], container)
-    # A check run wrote none of the files it reported, so it has nothing new to keep.
-    kept = keep(plan, False)["written"] if not drift and not check_mode else []
-    return {"changed": bool(synced["content"] or synced["metadata"] or kept) or enabling, "written": synced["content"],
-            "fixed": synced["metadata"], "enabled": enabling, "kept": kept, "drift": drift, "unit_state": state, "diff": synced["diff"]}
+    enabling = state["UnitFileState"] != "enabled"
+    kept: dict[str, t.Any] = {"changed": False, "written": []}
+    if not drift and not check_mode:
+        if enabling:
+            enable(plan["unit"], run)
+        # A check run wrote none of the files it reported, so it has nothing new to keep; a rank's
+        # files are kept only once its cluster's head passed the gate.
+        if not plan.get("cluster"):
+            kept = keep(plan, False)
+    return {"changed": bool(synced["content"] or synced["metadata"]) or kept["changed"] or (enabling and not drift),
+            "written": synced["content"], "fixed": synced["metadata"], "enabled": enabling, "kept": kept["written"],
+            "drift": drift, "unit_state": state, "diff": synced["diff"]}
+
+
+def enable(unit: str, run: Runner) -> None:
+    """Enable the unit so it starts at boot (a no-op for one already enabled)."""
+    rc, out, err = run(["systemctl", "enable", "--", unit])
+    if rc != 0:
+        raise UnitError(f"systemctl enable {unit} exited {rc}: {err.strip() or out.strip()}; a unit of that name masked, "
+                        "transient or generated outside the collection blocks it (systemctl unmask, or remove the other unit)")
 
 
 def stop(plan: t.Mapping[str, t.Any], check_mode: bool, run: Runner) -> dict[str, t.Any]:
@@ -201,7 +216,8 @@ def last_good(plan: t.Mapping[str, t.Any]) -> dict[str, t.Any]:
 
 
 def keep(plan: t.Mapping[str, t.Any], check_mode: bool) -> dict[str, t.Any]:
-    """Keep the unit's files, which just passed the gate, as its last good settings."""
+    """Keep the unit's files, which just passed the gate, as its last good settings (step keep and a
+    passed relaunch also enable the unit)."""
     files = []
     for kind, kept in zip(FILE_KINDS, plan["kept_files"], strict=True):
         current = read_file(kept["path"])
@@ -332,6 +348,7 @@ def relaunch(plan: t.Mapping[str, t.Any], memory_admission: bool, flag: str, che
         flag_left = flag_not_cleared(flag)
     if rollback is None:
         kept = keep(plan, False)["written"]
+        enable(plan["unit"], run)
         return {"changed": True, "gate": verdict, "kept": kept,
                 **({"failed": True, "msg": f"{plan['name']} passed its gate, but {flag_left}"} if flag_left else {})}
     errors = " / ".join(verdict.get("log_errors", [])) or "none found"
@@ -376,6 +393,8 @@ def step(name: str, plan: t.Any, check_mode: bool, run: Runner, env_text: str | 
     if name == "restore":
         return restore(plan, check_mode, run)
     if name == "keep":
+        if not check_mode:
+            enable(plan["unit"], run)
         return keep(plan, check_mode)
     if name == "last_good":
         return last_good(plan)

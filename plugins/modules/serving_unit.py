@@ -18,14 +18,16 @@ description:
     (0644) - after reading the unit's state (C(systemctl show)) and the container's (C(docker container inspect)),
     and returns why the running unit differs from its plan (C(drift)) - a rewritten env file or unit, a unit that
     is not active, no container, or a container whose config hash label, image or state is not the plan's. A
-    rewritten plan file alone is no drift; it only describes the unit. It also enables the unit, so it starts at
-    boot (the order among the host's units is in their unit files); a unit already enabled is left alone. A unit
-    that runs its plan (no drift) keeps its files as the last good settings, outside check mode.
+    rewritten plan file alone is no drift; it only describes the unit. A unit that runs its plan (no drift) is
+    enabled so it starts at boot (the order among the host's units is in their unit files), and a single
+    instance's keeps its files as the last good settings; a unit that drifts is enabled and kept only once its
+    relaunch passed the gate (C(relaunch); a cluster's ranks by C(keep)), so a first launch that fails never starts at
+    boot.
   - C(stop) stops the unit (systemd reads its unit file again first) and removes its container.
   - C(start) drops the page cache when the plan says so (seed 002), refuses a start the memory available now cannot
     hold (O(memory_admission)), clears the unit's start limit and starts it without waiting for readiness.
   - C(restore) puts the last good copies of the files back (C(restored) is false, and nothing changes, when there is
-    no complete copy); C(keep) keeps the files as the last good ones; C(last_good) only reads whether a complete
+    no complete copy); C(keep) keeps the files as the last good ones and enables the unit; C(last_good) only reads whether a complete
     copy is there (C(complete)).
   - C(relaunch) relaunches a single instance under the maintenance flag (the plan's C(maintenance_flag), holding the unit's name, cleared in every case)
     - C(stop), C(start), then the health gate of M(sparkfleet.vllm.vllm_health) with its warm-up request, reading
@@ -99,8 +101,8 @@ written:
   type: list
   elements: str
 kept:
-  description: The kinds of file copied as the last good settings (a unit that runs its plan, or a relaunch that passed its gate).
-  returned: when O(step) is C(prepare) or C(relaunch)
+  description: The kinds of file copied as the last good settings (a single instance that runs its plan, or a relaunch that passed its gate).
+  returned: when O(step=prepare), or O(step=relaunch) outside check mode once the gate passed
   type: list
   elements: str
 fixed:
@@ -114,7 +116,7 @@ drift:
   type: list
   elements: str
 enabled:
-  description: Whether the unit was not enabled, and was (or would be) enabled so it starts at boot.
+  description: Whether the unit was not enabled; a unit that runs its plan was then enabled, one that drifts is enabled by its relaunch once gated.
   returned: when O(step=prepare)
   type: bool
 unit_state:

@@ -43,8 +43,11 @@ if tool == "docker" and state.get("docker_down"):
     sys.exit(1)
 if tool == "systemctl" and args[:5] == ["show", "--property=LoadState", "--property=ActiveState", "--property=UnitFileState", "--"]:
     sys.stdout.write(unit_text(args[5]) if args[5] in state["units"] else state["not_found"])
-elif tool == "systemctl" and args[0] == "enable":
-    state["enabled"].append(args[1])
+elif tool == "systemctl" and args[:2] == ["enable", "--"] and args[2] in state.get("masked", []):
+    sys.stderr.write(state["enable_masked"])
+    sys.exit(1)
+elif tool == "systemctl" and args[:2] == ["enable", "--"]:
+    state["enabled"] = sorted(set(state["enabled"]) | {args[2]})
     save()
 elif tool == "systemctl" and args == ["daemon-reload"]:
     pass
@@ -112,6 +115,7 @@ def set_state(host, units=None, containers=None, docker_down=False, enabled=None
              "enabled": list(units) if enabled is None else enabled,
              "active": (RECORDED / "systemctl-show-active-enabled.txt").read_text(),
              "not_found": (RECORDED / "systemctl-show-not-found.txt").read_text(),
+             "enable_masked": (RECORDED / "systemctl-enable-masked.stderr").read_text(),
              "missing": (RECORDED / "docker-container-inspect-missing.stderr").read_text()}
     (host / "bin" / "state.json").write_text(json.dumps(state))
 
@@ -176,7 +180,7 @@ def test_a_fresh_host_gets_every_file_with_its_mode_and_the_instance_is_launched
     assert result["changed"] and result["written"] == ["env", "plan", "unit"] and result["fixed"] == []
     assert result["drift"] == ["its settings files changed", "its unit is inactive", "no container runs"]
     assert result["unit_state"] == {"LoadState": "not-found", "ActiveState": "inactive", "UnitFileState": ""}
-    assert result["enabled"] and calls(host) == [f"systemctl enable {plan['unit']}"], "enabled so it starts at boot"
+    assert result["enabled"] and calls(host) == [], "a unit that drifts is enabled only once its relaunch passed the gate"
     written = files(host)
     assert written["config/tiny.env"] == (env_file, 0o600)
     assert json.loads(written["config/tiny.json"][0]) == plan and written["config/tiny.json"][1] == 0o644
@@ -212,8 +216,12 @@ def test_a_unit_not_enabled_is_enabled_for_boot_and_check_mode_only_says_so(host
     assert checked["unit_state"]["UnitFileState"] == "disabled"
     applied = run(host, plan, env_file)
     assert applied["changed"] and applied["enabled"] and applied["written"] == [] and applied["drift"] == []
-    assert calls(host) == [f"systemctl enable {plan['unit']}"]
+    assert calls(host) == [f"systemctl enable -- {plan['unit']}"]
     assert not run(host, plan, env_file)["changed"], "an enabled unit is left alone"
+    set_state(host, units=active(plan["unit"]), containers={plan["container"]: running(plan)}, enabled=[], masked=[plan["unit"]])
+    blocked = run(host, plan, env_file)
+    assert blocked["failed"] and blocked["msg"].startswith(f"systemctl enable {plan['unit']} exited 1: Failed to enable unit, unit ")
+    assert "systemctl unmask, or remove the other unit" in blocked["msg"]
 
 
 def test_check_mode_answers_the_same_and_writes_nothing(host):
@@ -303,7 +311,8 @@ def test_a_relaunch_stops_removes_the_container_starts_and_keeps_the_settings_th
     kept = run(host, plan, step="keep")
     assert started["changed"] and kept["changed"] and kept["written"] == ["env", "plan", "unit"]
     assert calls(host) == ["systemctl daemon-reload", f"systemctl stop {plan['unit']}", f"docker rm --force {plan['container']}",
-                           f"systemctl reset-failed {plan['unit']}", f"systemctl start --no-block {plan['unit']}"]
+                           f"systemctl reset-failed {plan['unit']}", f"systemctl start --no-block {plan['unit']}",
+                           f"systemctl enable -- {plan['unit']}"]
     written = files(host)
     assert written["config/last-good/tiny.env"] == written["config/tiny.env"] and written["config/last-good/tiny.env"][1] == 0o600
     assert written[f"config/last-good/{plan['unit']}"] == written[f"units/{plan['unit']}"]
@@ -345,6 +354,7 @@ def test_a_unit_no_longer_planned_is_removed_with_its_files_and_check_mode_only_
     set_state(host, units=active(plan["unit"]), containers={plan["container"]: running(plan)})
     run(host, plan, env_file)
     run(host, plan, step="keep")
+    forget_calls(host)
     removal = {"name": "tiny", "unit": plan["unit"], "container": plan["container"],
                "files": [entry["path"] for entry in plan["kept_files"]] + [entry["last_good"] for entry in plan["kept_files"]]}
     before = files(host)
@@ -430,7 +440,8 @@ def test_a_relaunch_is_gated_under_the_maintenance_flag_which_it_clears(host, vl
     assert done["kept"] == ["env", "plan", "unit"], "the settings that passed the gate are kept as the last good ones"
     assert (host / "config" / "last-good" / "tiny.env").read_text() == env_file
     assert calls(host) == ["systemctl daemon-reload", f"systemctl reset-failed {plan['unit']}", f"systemctl start --no-block {plan['unit']}",
-                           "maintenance flag at start: tiny"]
+                           "maintenance flag at start: tiny", f"systemctl enable -- {plan['unit']}"]
+    assert host_state(host)["enabled"] == [plan["unit"]], "enabled for boot once it passed the gate"
     assert not (host / "run" / "vllm-maintenance").exists()
 
 
@@ -489,6 +500,7 @@ def test_a_failed_relaunch_without_last_good_settings_stops_the_unit(host, vllm)
     assert result["failed"] and "There were no last good settings to roll back to; the instance is stopped." in result["msg"]
     assert result["msg"].endswith("Errors in the engine log: none found")
     assert host_state(host)["units"][plan["unit"]] == "inactive" and plan["container"] not in host_state(host)["containers"]
+    assert host_state(host)["enabled"] == [], "a first launch that failed never starts at boot"
     assert not (host / "run" / "vllm-maintenance").exists()
 
 
