@@ -216,8 +216,7 @@ def last_good(plan: t.Mapping[str, t.Any]) -> dict[str, t.Any]:
 
 
 def keep(plan: t.Mapping[str, t.Any], check_mode: bool) -> dict[str, t.Any]:
-    """Keep the unit's files, which just passed the gate, as its last good settings (step keep and a
-    passed relaunch also enable the unit)."""
+    """Keep the unit's files, which just passed the gate, as its last good settings."""
     files = []
     for kind, kept in zip(FILE_KINDS, plan["kept_files"], strict=True):
         current = read_file(kept["path"])
@@ -226,6 +225,15 @@ def keep(plan: t.Mapping[str, t.Any], check_mode: bool) -> dict[str, t.Any]:
         files.append(unit_file(kind, kept["last_good"], kept["mode"], current[0]))
     synced = sync_files(files, check_mode)
     return {"changed": bool(synced["content"] or synced["metadata"]), "written": synced["content"]}
+
+
+def keep_gated(plan: t.Mapping[str, t.Any], check_mode: bool, run: Runner) -> dict[str, t.Any]:
+    """A unit that passed its gate: its files kept as the last good settings, then the unit enabled
+    so it starts at boot (step keep, and a relaunch once gated)."""
+    kept = keep(plan, check_mode)
+    if not check_mode:
+        enable(plan["unit"], run)
+    return kept
 
 
 def removal_problem(removal: t.Any) -> str | None:
@@ -347,8 +355,7 @@ def relaunch(plan: t.Mapping[str, t.Any], memory_admission: bool, flag: str, che
     finally:
         flag_left = flag_not_cleared(flag)
     if rollback is None:
-        kept = keep(plan, False)["written"]
-        enable(plan["unit"], run)
+        kept = keep_gated(plan, False, run)["written"]
         return {"changed": True, "gate": verdict, "kept": kept,
                 **({"failed": True, "msg": f"{plan['name']} passed its gate, but {flag_left}"} if flag_left else {})}
     errors = " / ".join(verdict.get("log_errors", [])) or "none found"
@@ -393,9 +400,7 @@ def step(name: str, plan: t.Any, check_mode: bool, run: Runner, env_text: str | 
     if name == "restore":
         return restore(plan, check_mode, run)
     if name == "keep":
-        if not check_mode:
-            enable(plan["unit"], run)
-        return keep(plan, check_mode)
+        return keep_gated(plan, check_mode, run)
     if name == "last_good":
         return last_good(plan)
     if name == "relaunch":
