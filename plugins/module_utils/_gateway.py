@@ -22,7 +22,7 @@ import typing as t
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._settings import Setting, setting_problems
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._systemd import exec_line
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_instance import UNIT_FOLDER, parse_image_reference
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_instance import DOCKER_CLIENT, UNIT_FOLDER, parse_image_reference
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_plan import API_KEY, canonical_address, endpoint_url
 
 ROUTING_STRATEGIES = ("simple-shuffle", "least-busy", "latency-based-routing")
@@ -285,7 +285,7 @@ def gateway_plan(settings: t.Mapping[str, t.Any], backends: t.Sequence[t.Mapping
     files = gateway_files(settings["config_dir"])
     switches = {**({} if settings["admin_ui"] else ADMIN_UI_OFF_ENV), **({} if settings["api_docs"] else API_DOCS_OFF_ENV)}
     plan["docker_run"] = [
-        "/usr/bin/docker", "run", "--name", CONTAINER, "--network", "host", "--env-file", files["env"],
+        DOCKER_CLIENT, "run", "--name", CONTAINER, "--network", "host", "--env-file", files["env"],
         *[argument for name, value in switches.items() for argument in ("--env", f"{name}={value}")],
         "--volume", f"{files['litellm_dir']}:{CONTAINER_CONFIG_DIR}:ro", "--label", "sparkfleet.gateway=1",
         settings["image"], "--config", f"{CONTAINER_CONFIG_DIR}/config.yaml",
@@ -307,9 +307,9 @@ def unit_file(run: t.Sequence[str]) -> str:
         "",
         "[Service]",
         "Type=simple",
-        "ExecStartPre=-" + exec_line(["/usr/bin/docker", "rm", "--force", CONTAINER]),
+        "ExecStartPre=-" + exec_line([DOCKER_CLIENT, "rm", "--force", CONTAINER]),
         "ExecStart=" + exec_line(run),
-        "ExecStop=" + exec_line(["/usr/bin/docker", "stop", "--time", "30", CONTAINER]),
+        "ExecStop=" + exec_line([DOCKER_CLIENT, "stop", "--time", "30", CONTAINER]),
         "Restart=on-failure",
         "RestartSec=5",
         "",

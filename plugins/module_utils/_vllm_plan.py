@@ -40,6 +40,7 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_guards impor
 )
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_instance import (
     CONTAINER_PORT,
+    DOCKER_CLIENT,
     PLAN_SCHEMA_VERSION,
     instance_files,
     parse_image_reference,
@@ -669,7 +670,7 @@ def instance_plan(instance: t.Mapping[str, t.Any], start_after: list[str], optio
         environment.update({**cluster.get("node_env", {}), **cluster["network_env"]})
     env_text = env_file(instance["api_key"], environment)
     timeout = instance.get("health_timeout") or options["health_timeout"]
-    run = ["/usr/bin/docker", "run", "--name", container, "--ipc=host", "--env-file", files["env_path"]]
+    run = [DOCKER_CLIENT, "run", "--name", container, "--ipc=host", "--env-file", files["env_path"]]
     publications = [] if cluster else published_ports(instance)
     for publication in publications:
         run += ["--publish", publication]
@@ -758,11 +759,11 @@ def unit_file(plan: t.Mapping[str, t.Any], readiness: t.Sequence[str] | None, op
         "",
         "[Service]",
         "Type=simple",
-        "ExecStartPre=-" + exec_line(["/usr/bin/docker", "rm", "--force", container]),
+        "ExecStartPre=-" + exec_line([DOCKER_CLIENT, "rm", "--force", container]),
         *([f"ExecStartPre={exec_line(fabric_wait)}"] if fabric_wait else []),
         "ExecStart=" + exec_line(plan["docker_run"]),
         *(["ExecStartPost=" + exec_line(readiness)] if readiness else []),
-        "ExecStop=" + exec_line(["/usr/bin/docker", "stop", "--time", "30", container]),
+        "ExecStop=" + exec_line([DOCKER_CLIENT, "stop", "--time", "30", container]),
         # A rank restarted alone never rejoins its group (vLLM 32136): the cluster role restarts all ranks together.
         "Restart=no" if plan.get("cluster") else "Restart=on-failure",
         f"RestartSec={options['restart_delay']}",

@@ -21,6 +21,8 @@ description:
     if any; Docker's version and whether the NVIDIA runtime is configured; the running instance containers; the
     free disk at the models directory; the state of the sleep and suspend targets; how many package indexes apt
     holds and how old they are (none on a host that never fetched its lists).
+  - With O(network), the host's network facts as C(setup) gathers them (C(gather_subset=network)), so the plan's
+    bind addresses and a cluster's fast link are read in this same call.
   - A host without a GPU (the CPU lab) is reported as such, with the nvidia-smi error, rather than failing.
   - All parsing is in the collection's private module_utils C(_host_facts), tested on recorded real outputs.
 author: sparkfleet.vllm contributors (@sparkfleet)
@@ -34,6 +36,17 @@ options:
     type: list
     elements: str
     default: ['/dev/nvidia*']
+  network:
+    description:
+      - Also return the network facts (addresses, interfaces, default routes) as host facts, the ones
+        C(ansible.builtin.setup) returns with C(gather_subset=network), without the minimal set it adds.
+    type: bool
+    default: false
+  docker_network_dropin:
+    description:
+      - The drop-in that orders C(docker.service) after the network (the wait_online role's); C(facts.docker.waits_for_network)
+        says whether it exists. Omitted, that fact is false.
+    type: path
 attributes:
   check_mode:
     support: full
@@ -76,7 +89,13 @@ facts:
       runtimes, default_runtime, architecture, nvidia_runtime, instance_containers), C(disk) (path, free_bytes,
       total_bytes), C(sleep_targets) (unit -> state), C(power) (loaded, wedge_suspected, reason),
       C(package_lists) (indexes, the number of package indexes apt holds; age_seconds, the newest one's age, or None).
+    - C(docker) also holds C(client), whether the Docker client the units run (C(/usr/bin/docker)) exists, and
+      C(waits_for_network), whether O(docker_network_dropin) exists.
   returned: always
+  type: dict
+ansible_facts:
+  description: The network facts, with O(network) only (their names as C(setup) gives them, C(ansible_default_ipv4) and so on).
+  returned: when O(network) is true
   type: dict
 """
 
@@ -86,6 +105,8 @@ import platform
 import time
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.facts.namespace import PrefixFactNamespace
+from ansible.module_utils.facts.network.linux import LinuxNetworkCollector
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_facts import (
     NVIDIA_SMI_ARGS,
@@ -94,6 +115,7 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_facts import
     package_lists,
     summarise,
 )
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_instance import DOCKER_CLIENT
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_plan import INSTANCE_LABEL
 
 DMI_FIELDS = ("sys_vendor", "product_name", "board_vendor", "board_name", "bios_version")
@@ -148,11 +170,19 @@ def disk(models_dir):
     return {"path": path, "free_bytes": stats.f_bavail * stats.f_frsize, "total_bytes": stats.f_blocks * stats.f_frsize}
 
 
+def network_facts(module):
+    """The facts setup's network subset gathers, named as setup names them."""
+    collector = LinuxNetworkCollector(namespace=PrefixFactNamespace(namespace_name="ansible", prefix="ansible_"))
+    return collector.collect_with_namespace(module=module)
+
+
 def main():
     module = AnsibleModule(
         argument_spec=dict(
             models_dir=dict(type="path", default="/srv/models"),
             device_nodes=dict(type="list", elements="str", default=["/dev/nvidia*"]),
+            network=dict(type="bool", default=False),
+            docker_network_dropin=dict(type="path"),
         ),
         supports_check_mode=True,
     )
@@ -193,7 +223,11 @@ def main():
         lists=package_lists(file_mtimes(APT_LISTS), time.time()),
     )
     facts["docker"]["instance_containers"] = sorted(containers.values())
-    module.exit_json(changed=False, ok=True, reasons=[], facts=facts)
+    facts["docker"]["client"] = os.path.exists(DOCKER_CLIENT)
+    dropin = module.params["docker_network_dropin"]
+    facts["docker"]["waits_for_network"] = bool(dropin) and os.path.exists(dropin)
+    extra = {"ansible_facts": network_facts(module)} if module.params["network"] else {}
+    module.exit_json(changed=False, ok=True, reasons=[], facts=facts, **extra)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ closed port, a port that answers something other than HTTP, damaged files, fake 
 PATH printing garbled output, and prometheus_client made unimportable. Every failure must be a
 fail_json naming the cause, never a traceback."""
 
+import hashlib
 import http.server
 import json
 import os
@@ -253,6 +254,19 @@ def test_model_check_names_a_config_that_is_not_an_object(tmp_path):
             f"vllm_instances (chat).model: {tmp_path}/config.json is not a JSON object; the staged copy is damaged")
 
 
+def test_model_check_gives_the_manifest_checksum_the_cluster_nodes_compare(tmp_path):
+    """The cluster refuses ranks that would load different checkpoints by this checksum: it must be
+    the manifest's bytes' SHA-256 (as stat gave it before), and None for a checkpoint without one."""
+    (tmp_path / "config.json").write_text('{"architectures": ["Qwen3ForCausalLM"], "max_position_embeddings": 4096}')
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    found = run("vllm_model_check", {"path": str(tmp_path), "instance": "chat"})
+    assert found["ok"] is True and found["manifest_sha256"] is None, found
+    manifest = b'{"repo": "a/b", "files": {}}'
+    (tmp_path / ".sparkfleet-manifest.json").write_bytes(manifest)
+    found = run("vllm_model_check", {"path": str(tmp_path), "instance": "chat"})
+    assert found["manifest_sha256"] == hashlib.sha256(manifest).hexdigest()
+
+
 @pytest.mark.parametrize(
     ("args", "fragment"),
     [({"bench": {"runs": [{"concurrency": "four", "output_throughput": "fast"}]}}, "bench.runs[0].concurrency: 'four' is not a stream count"),
@@ -276,3 +290,20 @@ def test_host_fact_modules_read_garbled_tools_without_a_traceback(tmp_path):
     driver = run("nvidia_driver_info", {"simulate_upgrade": True}, path=tools)
     assert driver.get("failed") is not True, driver.get("msg")
     assert driver["packages"] == [] and driver["nvidia_smi_versions"] == [] and driver["upgrade_changes"] == []
+
+
+def test_host_facts_carry_the_network_facts_and_the_boot_order_in_the_same_read(tmp_path):
+    """The plan's bind addresses and a cluster's fast link come from this read (no setup call): the
+    names are setup's, read from this machine's real interfaces."""
+    dropin = tmp_path / "10-wait-online.conf"
+    dropin.write_text("[Unit]\n")
+    found = run("spark_facts", {"models_dir": str(tmp_path), "network": True, "docker_network_dropin": str(dropin)})
+    network = found["ansible_facts"]
+    assert "127.0.0.1" == network["ansible_lo"]["ipv4"]["address"]
+    assert "lo" in network["ansible_interfaces"] and isinstance(network["ansible_all_ipv4_addresses"], list)
+    assert "ansible_module_setup" not in network and "ansible_distribution" not in network
+    assert found["facts"]["docker"]["waits_for_network"] is True
+    assert found["facts"]["docker"]["client"] is os.path.exists("/usr/bin/docker")
+    dropin.unlink()
+    without = run("spark_facts", {"models_dir": str(tmp_path), "docker_network_dropin": str(dropin)})
+    assert "ansible_facts" not in without and without["facts"]["docker"]["waits_for_network"] is False
