@@ -77,8 +77,15 @@ reasons:
   returned: always
   type: list
   elements: str
+manifest_sha256:
+  description:
+    - The SHA-256 of the staging manifest (C(.sparkfleet-manifest.json)) in O(path), None when there is none; a cluster's
+      nodes compare it to refuse ranks that would load different checkpoints.
+  returned: always
+  type: str
 """
 
+import hashlib
 import json
 import os
 
@@ -91,6 +98,18 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_models impor
     read_json,
     read_text,
 )
+
+
+def file_sha256(path):
+    """The file's SHA-256 (as ansible.builtin.stat's checksum gives it), None when it cannot be read."""
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+    except OSError:
+        return None
+    return digest.hexdigest()
 
 
 def main():
@@ -139,7 +158,7 @@ def main():
     reasons = launch_problems(where, files, facts, instance, declared)
     if not files:
         reasons.insert(0, f"{where}.model: {params['path']} does not exist or is empty on this host")
-    result = dict(changed=False, ok=not reasons, facts=facts, reasons=reasons)
+    result = dict(changed=False, ok=not reasons, facts=facts, reasons=reasons, manifest_sha256=file_sha256(os.path.join(params["path"], MANIFEST)))
     if reasons:
         module.fail_json(msg="; ".join(reasons), **result)
     module.exit_json(**result)
