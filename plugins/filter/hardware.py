@@ -1,13 +1,14 @@
 # Copyright: sparkfleet.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Hardware classes, the preflight verdict and the host-preparation settings for playbooks; the logic
-is in module_utils."""
+"""Hardware classes, the preflight verdict, the host-preparation settings and the packages still to
+install for playbooks; the logic is in module_utils."""
 
 from __future__ import annotations
 
 import json
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._hardware_classes import resolve_class
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_facts import packages_to_install
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._memory import host_settings_problems
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._preflight import image_checks, preflight
 
@@ -43,4 +44,4 @@ def vllm_image_problems(inspect, ref, facts=None):
 class FilterModule:
     def filters(self):
         return {"hardware_class": hardware_class, "spark_preflight": spark_preflight, "vllm_image_problems": vllm_image_problems,
-                "host_settings_problems": host_settings_problems}
+                "host_settings_problems": host_settings_problems, "packages_to_install": packages_to_install}

@@ -18,12 +18,15 @@ import re
 import typing as t
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._memory import parse_meminfo
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._nvidia_driver import DPKG_QUERY_FORMAT
 
 # What nvidia-smi is asked, in this order; its CSV header names the columns with units.
 GPU_QUERY = ("index", "name", "driver_version", "compute_cap", "memory.total", "memory.free", "clocks.sm", "power.draw",
              "utilization.gpu")
 NVIDIA_SMI_ARGS = ["--query-gpu=" + ",".join(GPU_QUERY), "--format=csv"]
 HEADER_ALIASES = {"clocks.current.sm": "clocks.sm"}
+# A Debian package name (policy 5.6.1), the only thing of a package that reaches dpkg-query's command line.
+PACKAGE_NAME = re.compile(r"[a-z0-9][a-z0-9+.-]+")
 SLEEP_TARGETS = ("sleep.target", "suspend.target", "hibernate.target", "hybrid-sleep.target")
 # Processes expected to hold the GPU's device nodes (seed 002: nvidia-persistenced is).
 EXPECTED_HOLDERS = frozenset({"nvidia-persistenced"})
@@ -192,9 +195,39 @@ def package_lists(file_mtimes: t.Mapping[str, float], now: float) -> dict[str, t
     return {"indexes": len(indexes), "age_seconds": max(0, round(now - max(indexes))) if indexes else None}
 
 
+def package_name_problems(names: t.Sequence[t.Any]) -> list[str]:
+    return [f"packages[{index}]: {name!r} is not a Debian package name (lower-case letters, digits and +.-)"
+            for index, name in enumerate(names) if not isinstance(name, str) or not PACKAGE_NAME.fullmatch(name)]
+
+
+def dpkg_query_args(names: t.Sequence[str]) -> list[str]:
+    """dpkg-query's arguments that list ``names`` with their versions and states (DPKG_QUERY_FORMAT)."""
+    return ["-W", "-f", DPKG_QUERY_FORMAT, "--", *names]
+
+
+def installed_packages(output: str, names: t.Sequence[str]) -> dict[str, str | None]:
+    """Each package of ``names`` with the version dpkg holds installed, None when it holds none (not
+    known, removed, or half-installed). dpkg-query exits 1 when one is unknown and lists the others."""
+    installed = {}
+    for line in output.splitlines():
+        fields = line.split("\t")
+        if len(fields) == 3 and fields[2] == "installed":
+            installed[fields[0]] = fields[1]
+    return {name: installed.get(name) for name in names}
+
+
+def packages_to_install(pins: t.Mapping[str, str | None], facts: t.Mapping[str, t.Any] | None) -> list[str]:
+    """The packages of ``pins`` (name -> the pinned version, empty for any) an apt install would still
+    change, as far as the host's facts tell: every one whose installed version they do not give."""
+    known = (facts or {}).get("packages") or {}
+    return sorted(name for name, version in pins.items()
+                  if known.get(name) is None or (version and known[name] != version))
+
+
 def summarise(dmi: t.Mapping[str, str | None], os_release: str, architecture: str, gpu_text: str | None, gpu_error: str | None,
               meminfo_text: str, swaps_text: str, fstab_text: str, holders: list[dict[str, t.Any]], docker_text: str | None,
-              disk: t.Mapping[str, t.Any], units_text: str, lists: t.Mapping[str, t.Any]) -> dict[str, t.Any]:
+              disk: t.Mapping[str, t.Any], units_text: str, lists: t.Mapping[str, t.Any],
+              packages: t.Mapping[str, str | None]) -> dict[str, t.Any]:
     """The host's facts from what spark_facts gathered."""
     gpus = parse_gpu_query(gpu_text) if gpu_text else []
     first = gpus[0] if gpus else {}
@@ -217,4 +250,5 @@ def summarise(dmi: t.Mapping[str, str | None], os_release: str, architecture: st
         "sleep_targets": parse_unit_states(units_text),
         "power": power_state(gpus),
         "package_lists": dict(lists),
+        "packages": dict(packages),
     }

@@ -42,6 +42,13 @@ options:
         C(ansible.builtin.setup) returns with C(gather_subset=network), without the minimal set it adds.
     type: bool
     default: false
+  packages:
+    description:
+      - Debian packages whose installed version C(facts.packages) gives (None for one not installed), read with one
+        C(dpkg-query); the roles skip an install the host already has at its pin.
+    type: list
+    elements: str
+    default: []
   docker_network_dropin:
     description:
       - The drop-in that orders C(docker.service) after the network (the wait_online role's); C(facts.docker.waits_for_network)
@@ -88,7 +95,8 @@ facts:
     - C(swap) (active, fstab), C(device_holders) (pid, command, paths, container), C(docker) (present, version,
       runtimes, default_runtime, architecture, nvidia_runtime, instance_containers), C(disk) (path, free_bytes,
       total_bytes), C(sleep_targets) (unit -> state), C(power) (loaded, wedge_suspected, reason),
-      C(package_lists) (indexes, the number of package indexes apt holds; age_seconds, the newest one's age, or None).
+      C(package_lists) (indexes, the number of package indexes apt holds; age_seconds, the newest one's age, or None),
+      C(packages) (each package of O(packages) with its installed version, or None).
     - C(docker) also holds C(client), whether the Docker client the units run (C(/usr/bin/docker)) exists, and
       C(waits_for_network), whether O(docker_network_dropin) exists.
   returned: always
@@ -112,7 +120,10 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_facts import
     NVIDIA_SMI_ARGS,
     SLEEP_TARGETS,
     device_holders,
+    dpkg_query_args,
+    installed_packages,
     package_lists,
+    package_name_problems,
     summarise,
 )
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_instance import DOCKER_CLIENT
@@ -182,10 +193,18 @@ def main():
             models_dir=dict(type="path", default="/srv/models"),
             device_nodes=dict(type="list", elements="str", default=["/dev/nvidia*"]),
             network=dict(type="bool", default=False),
+            packages=dict(type="list", elements="str", default=[]),
             docker_network_dropin=dict(type="path"),
         ),
         supports_check_mode=True,
     )
+    packages = module.params["packages"]
+    problems = package_name_problems(packages)
+    if problems:
+        module.fail_json(msg="; ".join(problems))
+    dpkg_query = module.get_bin_path("dpkg-query") if packages else None
+    # dpkg-query exits 1 when a package is unknown and still lists the others.
+    packages_text = module.run_command([dpkg_query, *dpkg_query_args(packages)])[1] if dpkg_query else ""
     nvidia_smi = module.get_bin_path("nvidia-smi")
     gpu_text, gpu_error = None, "is not installed"
     if nvidia_smi:
@@ -221,6 +240,7 @@ def main():
         disk=disk(module.params["models_dir"]),
         units_text=units_text,
         lists=package_lists(file_mtimes(APT_LISTS), time.time()),
+        packages=installed_packages(packages_text, packages),
     )
     facts["docker"]["instance_containers"] = sorted(containers.values())
     facts["docker"]["client"] = os.path.exists(DOCKER_CLIENT)

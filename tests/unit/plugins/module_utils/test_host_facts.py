@@ -3,11 +3,16 @@ and where from: no GB10, GPU or NVIDIA driver exists on the machines this suite 
 
 import pathlib
 
+import pytest
+
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_facts import (
     board,
     device_holders,
     fstab_swaps,
+    installed_packages,
     package_lists,
+    package_name_problems,
+    packages_to_install,
     parse_docker_info,
     parse_gpu_query,
     parse_os_release,
@@ -29,7 +34,7 @@ def facts(gpu_text=None, gpu_error="is not installed", **overrides):
                  architecture="aarch64", gpu_text=gpu_text, gpu_error=gpu_error, meminfo_text=fixture("gb10-meminfo.txt"),
                  swaps_text="Filename\tType\tSize\tUsed\tPriority\n", fstab_text="", holders=[], docker_text=None,
                  disk={"path": "/srv/models", "free_bytes": 500 * 2**30, "total_bytes": 900 * 2**30},
-                 units_text=fixture("lab-host-unit-states.txt"), lists={"indexes": 1, "age_seconds": 60})
+                 units_text=fixture("lab-host-unit-states.txt"), lists={"indexes": 1, "age_seconds": 60}, packages={})
     given.update(overrides)
     return summarise(**given)
 
@@ -114,6 +119,40 @@ def test_package_lists_count_only_package_indexes_and_age_from_the_newest():
              "ports.ubuntu.com_dists_noble-updates_main_binary-arm64_Packages": 4000.0,
              "deb.debian.org_debian_dists_bookworm_InRelease": 5000.0, "lock": 5000.0}
     assert package_lists(lists, now=4600.4) == {"indexes": 2, "age_seconds": 600}
+
+
+# dpkg-query -W -f DPKG_QUERY_FORMAT as a lab host answers it (a removed package keeps its config files).
+DPKG_QUERY = "earlyoom\t1.7-1+b1\tinstalled\niputils-ping\t3:20221126-1\tconfig-files\npython3-requests\t2.28.1+dfsg-1\thalf-configured\n"
+
+
+def test_installed_packages_are_only_the_ones_dpkg_holds_installed():
+    names = ["earlyoom", "iputils-ping", "python3-requests", "python3-prometheus-client"]
+    assert installed_packages(DPKG_QUERY, names) == {"earlyoom": "1.7-1+b1", "iputils-ping": None, "python3-requests": None,
+                                                     "python3-prometheus-client": None}
+
+
+@pytest.mark.parametrize(("pins", "expected"), [
+    ({"earlyoom": "1.7-1+b1"}, []),
+    ({"earlyoom": ""}, []),
+    ({"earlyoom": "1.8-1"}, ["earlyoom"]),
+    ({"iputils-ping": ""}, ["iputils-ping"]),
+    ({"python3-prometheus-client": "0.16.0-0.1"}, ["python3-prometheus-client"]),
+    ({"curl": ""}, ["curl"]),
+], ids=["at-its-pin", "any-version", "another-version", "config-files-only", "not-installed", "not-read"])
+def test_an_install_is_skipped_only_when_the_facts_show_the_pinned_version(pins, expected):
+    host = facts(packages=installed_packages(DPKG_QUERY, ["earlyoom", "iputils-ping", "python3-prometheus-client"]))
+    assert packages_to_install(pins, host) == expected
+
+
+def test_without_the_hosts_facts_every_install_runs():
+    assert packages_to_install({"earlyoom": "", "iputils-ping": "3:20221126-1"}, None) == ["earlyoom", "iputils-ping"]
+
+
+def test_package_names_that_could_be_read_as_options_are_refused():
+    assert package_name_problems(["earlyoom", "--admindir=/tmp", "Curl", 3]) == [
+        "packages[1]: '--admindir=/tmp' is not a Debian package name (lower-case letters, digits and +.-)",
+        "packages[2]: 'Curl' is not a Debian package name (lower-case letters, digits and +.-)",
+        "packages[3]: 3 is not a Debian package name (lower-case letters, digits and +.-)"]
 
 
 def test_a_host_that_never_fetched_its_lists_has_no_index():

@@ -23,7 +23,7 @@ def gb10(**overrides):
                  meminfo_text=(FIXTURES / "gb10-meminfo.txt").read_text(), swaps_text="Filename\tType\tSize\tUsed\tPriority\n",
                  fstab_text="", holders=[], docker_text=NVIDIA_DOCKER,
                  disk={"path": "/srv/models", "free_bytes": 800 * GIB, "total_bytes": 3600 * GIB}, units_text=ALL_MASKED,
-                 lists={"indexes": 4, "age_seconds": 600})
+                 lists={"indexes": 4, "age_seconds": 600}, packages={})
     given.update(overrides)
     facts = summarise(**given)
     facts["docker"]["instance_containers"] = []

@@ -292,12 +292,15 @@ def test_host_fact_modules_read_garbled_tools_without_a_traceback(tmp_path):
     assert driver["packages"] == [] and driver["nvidia_smi_versions"] == [] and driver["upgrade_changes"] == []
 
 
-def test_host_facts_carry_the_network_facts_and_the_boot_order_in_the_same_read(tmp_path):
+def test_host_facts_carry_the_network_facts_the_boot_order_and_the_packages_in_the_same_read(tmp_path):
     """The plan's bind addresses and a cluster's fast link come from this read (no setup call): the
-    names are setup's, read from this machine's real interfaces."""
+    names are setup's, read from this machine's real interfaces; the packages from its real dpkg."""
     dropin = tmp_path / "10-wait-online.conf"
     dropin.write_text("[Unit]\n")
-    found = run("spark_facts", {"models_dir": str(tmp_path), "network": True, "docker_network_dropin": str(dropin)})
+    found = run("spark_facts", {"models_dir": str(tmp_path), "network": True, "docker_network_dropin": str(dropin),
+                                "packages": ["bash", "sparkfleet-no-such-package"]})
+    bash = subprocess.run(["dpkg-query", "-W", "-f", "${Version}", "bash"], capture_output=True, text=True, check=True).stdout
+    assert found["facts"]["packages"] == {"bash": bash, "sparkfleet-no-such-package": None}
     network = found["ansible_facts"]
     assert "127.0.0.1" == network["ansible_lo"]["ipv4"]["address"]
     assert "lo" in network["ansible_interfaces"] and isinstance(network["ansible_all_ipv4_addresses"], list)
