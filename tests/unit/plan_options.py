@@ -6,7 +6,6 @@ what it changes."""
 import copy
 import hashlib
 import pathlib
-import re
 
 import yaml
 
@@ -15,6 +14,9 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_plan import 
 ROLE = pathlib.Path(__file__).resolve().parents[2] / "roles" / "vllm"
 ROLE_DEFAULTS = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
 PLAN_TASKS = (ROLE / "tasks" / "plan.yml").read_text()
+PLAN_TASK = next(task for task in yaml.safe_load(PLAN_TASKS) if task["name"] == "Plan the vLLM instances of this host")
+# The settings a host's plans share (its instances' and a cluster node's), as the task builds them.
+NODE_SETTINGS = PLAN_TASK["vars"]["__vllm_node_settings"]
 # The role variable of each option that is not named vllm_<option>.
 ROLE_VARIABLES = {"vllm_version": "vllm_version", "overrides": "vllm_instance_overrides"}
 TEST_HOST = {
@@ -30,7 +32,7 @@ TEST_HOST = {
     "host_addresses": ["127.0.0.1", "::1"],
     "wait_online_enabled": False,
     "memory_total_bytes": None,
-    "readiness_script": re.search(r"readiness_script='([^']+)'", PLAN_TASKS).group(1),
+    "readiness_script": NODE_SETTINGS["options"]["readiness_script"],
 }
 
 

@@ -8,7 +8,7 @@ import shlex
 import pytest
 import yaml
 from ansible.errors import AnsibleFilterError
-from plan_options import PLAN_TASKS, ROLE, ROLE_DEFAULTS, plan_options
+from plan_options import NODE_SETTINGS, PLAN_TASK, ROLE, ROLE_DEFAULTS, plan_options
 
 from ansible_collections.sparkfleet.vllm.plugins.filter.vllm import vllm_helper_files, vllm_removals
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_instance import (
@@ -133,10 +133,14 @@ def test_every_option_is_given_and_a_missing_or_unknown_one_is_named():
 
 
 def test_the_roles_pass_every_option_and_install_the_plans_folders_and_helpers():
-    task = next(t for t in yaml.safe_load(PLAN_TASKS) if t["name"] == "Plan the vLLM instances of this host")
-    call = task["ansible.builtin.set_fact"]["__vllm_plan"].split("sparkfleet.vllm.vllm_plan(", 1)[1]
-    passed = re.findall(r"\b([a-z_]+)=(?!=)", call)
-    assert sorted(passed) == sorted(PLAN_OPTIONS), "each option once, none the plan does not know"
+    node_plan = yaml.safe_load((ROLE.parent / "cluster" / "tasks" / "node_plan.yml").read_text())
+    calls = {"instances": PLAN_TASK["ansible.builtin.set_fact"]["__vllm_plan"],
+             "cluster node": next(t for t in node_plan if t["name"] == "Plan this node with the host's vLLM settings")
+             ["ansible.builtin.set_fact"]["__cluster_plan"]}
+    for plan_of, call in calls.items():
+        assert any(f"**{spread}" in call for spread in ("__vllm_node_settings.options", "(vllm_node_settings.options")), plan_of
+        passed = re.findall(r"\b([a-z_]+)=(?!=)", call.split("sparkfleet.vllm.vllm_plan(", 1)[1])
+        assert sorted([*NODE_SETTINGS["options"], *passed]) == sorted(PLAN_OPTIONS), f"{plan_of}: each option once, none the plan does not know"
     models = yaml.safe_load((ROLE / "tasks" / "models.yml").read_text())
     cluster = yaml.safe_load((ROLE.parent / "cluster" / "tasks" / "deploy.yml").read_text())
     for tasks, plan_fact in ((models, "__vllm_plan"), (cluster, "__cluster_plan")):
