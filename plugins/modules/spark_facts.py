@@ -246,7 +246,14 @@ def main():
     facts["docker"]["client"] = os.path.exists(DOCKER_CLIENT)
     dropin = module.params["docker_network_dropin"]
     facts["docker"]["waits_for_network"] = bool(dropin) and os.path.exists(dropin)
-    extra = {"ansible_facts": network_facts(module)} if module.params["network"] else {}
+    extra = {}
+    if module.params["network"]:
+        # As setup does with a collector that fails: the other facts are still worth the read.
+        try:
+            extra["ansible_facts"] = network_facts(module)
+        except Exception as error:  # pylint: disable=broad-exception-caught
+            module.warn(f"the network facts could not be read ({error}); the plan cannot check the instances' bind addresses")
+            extra["ansible_facts"] = {}
     module.exit_json(changed=False, ok=True, reasons=[], facts=facts, **extra)
 
 

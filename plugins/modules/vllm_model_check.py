@@ -81,7 +81,7 @@ manifest_sha256:
   description:
     - The SHA-256 of the staging manifest (C(.sparkfleet-manifest.json)) in O(path), None when there is none; a cluster's
       nodes compare it to refuse ranks that would load different checkpoints.
-  returned: always
+  returned: always, None when there is no manifest
   type: str
 """
 
