@@ -141,9 +141,9 @@ def test_the_roles_pass_every_option_and_install_the_plans_folders_and_helpers()
         assert any(f"**{spread}" in call for spread in ("__vllm_node_settings.options", "(vllm_node_settings.options")), plan_of
         passed = re.findall(r"\b([a-z_]+)=(?!=)", call.split("sparkfleet.vllm.vllm_plan(", 1)[1])
         assert sorted([*NODE_SETTINGS["options"], *passed]) == sorted(PLAN_OPTIONS), f"{plan_of}: each option once, none the plan does not know"
-    models = yaml.safe_load((ROLE / "tasks" / "models.yml").read_text())
+    main = yaml.safe_load((ROLE / "tasks" / "main.yml").read_text())
     cluster = yaml.safe_load((ROLE.parent / "cluster" / "tasks" / "deploy.yml").read_text())
-    for tasks, plan_fact in ((models, "__vllm_plan"), (cluster, "__cluster_plan")):
+    for tasks, plan_fact in ((main, "__vllm_plan"), (cluster, "__cluster_plan")):
         install = next(t["sparkfleet.vllm.host_files"] for t in tasks if "helpers" in str(t.get("sparkfleet.vllm.host_files")))
         assert install["folders"].startswith(f"{{{{ {plan_fact}.folders ")
         assert install["files"].startswith(f"{{{{ {plan_fact}.helpers | sparkfleet.vllm.vllm_helper_files(role_path ~ '/../..') ")
