@@ -180,6 +180,11 @@ def test_a_node_copies_the_source_nodes_checkpoints_over_rsync(host, peer_withou
             assert peer.file(f"/srv/models/{name}/{relative}").sha256sum == entry["sha256"]
     assert not peer.file("/srv/models/.partial-tiny-chat-it").exists
     assert host.service("sparkfleet-models-rsyncd.service").is_running
+    # The daemon admits the nodes that copy from it, and no other host of the play (the source itself included).
+    allowed = next(line for line in host.file("/etc/sparkfleet/models-rsyncd.conf").content_string.splitlines()
+                   if line.startswith("hosts allow = ")).split(" = ", 1)[1].split()
+    ipv4 = [address for address in peer.run("hostname -I").stdout.split() if "." in address]
+    assert sorted(allowed) == sorted({*ipv4, "127.0.0.1"}), allowed
     again = site("--tags", "vllm", "-e", json.dumps(distributed))
     assert again.returncode == 0 and again.stdout.split("PLAY RECAP")[1].count("changed=0") == 2, again.stdout[-3000:]
 
