@@ -19,8 +19,7 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._files import File
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._memory import host_settings_problems
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._sysctl import PROC_SYS, sync_sysctls
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._systemd import unit_name_problems
-
-Runner = t.Callable[[list[str]], tuple[int, str, str]]
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._tools import Runner
 
 # The swap role's variables are these options with this prefix; the shared bounds name the role's.
 ROLE_PREFIX = "swap_"

@@ -149,6 +149,7 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._files import FileProblem
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._serving_unit import STEPS, step
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._tools import tool_runner
 
 
 def main():
@@ -163,16 +164,7 @@ def main():
         supports_check_mode=True,
     )
 
-    # A tool that is missing or cannot run is a failed step, never an exit in the middle of a relaunch that must still roll back.
-    def run(argv):
-        tool = module.get_bin_path(argv[0])
-        if tool is None:
-            return 127, "", f"{argv[0]} is not installed on the host (not on its PATH)"
-        try:
-            return module.run_command([tool, *argv[1:]], handle_exceptions=False)
-        except OSError as error:
-            return 126, "", f"{tool} cannot run ({error.strerror})"
-
+    run = tool_runner(module)
     params = module.params
     try:
         result = step(params["step"], params["plan"], module.check_mode, run, env_text=params["env_file"],

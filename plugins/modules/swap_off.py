@@ -125,6 +125,7 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._files import FileProblem
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._swap import turn_swap_off
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._tools import tool_runner
 
 
 def main():
@@ -141,16 +142,7 @@ def main():
         supports_check_mode=True,
     )
 
-    # A tool that is missing or cannot run is a failure naming it, never a traceback.
-    def run(argv):
-        tool = module.get_bin_path(argv[0])
-        if tool is None:
-            return 127, "", f"{argv[0]} is not installed on the host (not on its PATH)"
-        try:
-            return module.run_command([tool, *argv[1:]], handle_exceptions=False)
-        except OSError as error:
-            return 126, "", f"{tool} cannot run ({error.strerror})"
-
+    run = tool_runner(module)
     params = module.params
     try:
         result = turn_swap_off(run, disable_active=params["disable_active"], fstab_path=params["fstab_path"],
