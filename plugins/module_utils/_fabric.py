@@ -3,7 +3,8 @@
 """The fast link between cluster nodes: what the tools say about it, and whether it is fit.
 
 Private to the collection. Pure functions over the text of ``ping`` (iputils), ``ibdev2netdev``,
-``show_gids`` and nccl-tests, and over Ansible's interface facts. Seed 002's fast link carries
+``show_gids`` and nccl-tests, and over Ansible's interface facts; ``read_rdma`` runs the two RDMA
+tools through the runner its module hands it. Seed 002's fast link carries
 NCCL between two GB10 boxes; one QSFP cable shows as two RDMA devices and both belong in
 NCCL_IB_HCA; full bandwidth needs MTU 9000; NVIDIA's 16G all_gather buffer takes ~32 GB per node
 and has frozen Sparks, so the bandwidth test's buffer is bounded.
@@ -14,6 +15,8 @@ from __future__ import annotations
 import ipaddress
 import re
 import typing as t
+
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._tools import Runner
 
 GIB = 1024 ** 3
 # IPv4 and ICMP headers: a don't-fragment ping of MTU - 28 bytes of payload fills one frame.
@@ -98,6 +101,17 @@ def parse_show_gids(text: str) -> list[dict[str, t.Any]]:
         entries.append({"device": fields[0], "port": int(fields[1]), "index": int(fields[2]), "gid": fields[3],
                         "ipv4": ipv4, "version": fields[-2], "netdev": fields[-1]})
     return entries
+
+
+def read_rdma(run: Runner) -> dict[str, t.Any]:
+    """The node's RDMA device ports (``rdma_links``) and GID table (``gids``), and which of the two
+    tools the host has (``tools``): a host without them reports none, a tool that fails reports empty."""
+    outputs = {}
+    for tool in ("ibdev2netdev", "show_gids"):
+        rc, out, _err = run([tool])
+        outputs[tool] = None if rc == 127 else (out if rc == 0 else "")
+    return {"rdma_links": parse_ibdev2netdev(outputs["ibdev2netdev"] or ""), "gids": parse_show_gids(outputs["show_gids"] or ""),
+            "tools": {tool: output is not None for tool, output in outputs.items()}}
 
 
 def rocev2_gid_index(gids: t.Sequence[t.Mapping[str, t.Any]], devices: t.Sequence[str], address: str) -> int | None:

@@ -118,22 +118,14 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._fabric import (
     mtu_problem,
     nccl_verdict,
-    parse_ibdev2netdev,
     parse_nccl_tests,
     parse_ping,
-    parse_show_gids,
     ping_arguments,
     ping_verdict,
     rdma_reasons,
+    read_rdma,
 )
-
-
-def tool_output(module, name):
-    path = module.get_bin_path(name)
-    if not path:
-        return None
-    rc, out, _err = module.run_command([path])
-    return out if rc == 0 else ""
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._tools import tool_runner
 
 
 def main():
@@ -161,11 +153,8 @@ def main():
             problems.append(f"peers: {unnamed!r} must each give the other node's name and its address on the fast link")
         if problems:
             module.fail_json(msg=" | ".join(problems), ok=False, reasons=problems)
-    links_text, gids_text = tool_output(module, "ibdev2netdev"), tool_output(module, "show_gids")
-    links = parse_ibdev2netdev(links_text or "")
-    result = {"changed": False, "rdma_links": links, "gids": parse_show_gids(gids_text or ""), "pings": [],
-              "tools": {"ibdev2netdev": links_text is not None, "show_gids": gids_text is not None}}
-    reasons = rdma_reasons(params["source"], params["rdma_devices"], links)
+    result = {"changed": False, **read_rdma(tool_runner(module)), "pings": []}
+    reasons = rdma_reasons(params["source"], params["rdma_devices"], result["rdma_links"])
     ping = module.get_bin_path("ping", required=bool(params["peers"]))
     for peer in params["peers"]:
         _rc, out, err = module.run_command([ping, *ping_arguments(peer["address"], params["mtu"], params["count"], params["interface"])])

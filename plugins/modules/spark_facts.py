@@ -54,6 +54,12 @@ options:
       - The drop-in that orders C(docker.service) after the network (the wait_online role's); C(facts.docker.waits_for_network)
         says whether it exists. Omitted, that fact is false.
     type: path
+  rdma:
+    description:
+      - Also read the RDMA device ports (C(ibdev2netdev)) and the GID table (C(show_gids)) into C(facts.rdma), as
+        M(sparkfleet.vllm.cluster_fabric) reads them; a cluster's node reports them to the other nodes.
+    type: bool
+    default: false
 attributes:
   check_mode:
     support: full
@@ -99,6 +105,7 @@ facts:
       C(packages) (each package of O(packages) with its installed version, or None).
     - C(docker) also holds C(client), whether the Docker client the units run (C(/usr/bin/docker)) exists, and
       C(waits_for_network), whether O(docker_network_dropin) exists.
+    - With O(rdma), C(rdma) (rdma_links, gids and tools, as M(sparkfleet.vllm.cluster_fabric) returns them).
   returned: always
   type: dict
 ansible_facts:
@@ -116,6 +123,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.facts.namespace import PrefixFactNamespace
 from ansible.module_utils.facts.network.linux import LinuxNetworkCollector
 
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._fabric import read_rdma
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_facts import (
     NVIDIA_SMI_ARGS,
     SLEEP_TARGETS,
@@ -126,6 +134,7 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_facts import
     package_name_problems,
     summarise,
 )
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._tools import tool_runner
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_instance import DOCKER_CLIENT
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_plan import INSTANCE_LABEL
 
@@ -195,6 +204,7 @@ def main():
             network=dict(type="bool", default=False),
             packages=dict(type="list", elements="str", default=[]),
             docker_network_dropin=dict(type="path"),
+            rdma=dict(type="bool", default=False),
         ),
         supports_check_mode=True,
     )
@@ -246,6 +256,8 @@ def main():
     facts["docker"]["client"] = os.path.exists(DOCKER_CLIENT)
     dropin = module.params["docker_network_dropin"]
     facts["docker"]["waits_for_network"] = bool(dropin) and os.path.exists(dropin)
+    if module.params["rdma"]:
+        facts["rdma"] = read_rdma(tool_runner(module))
     extra = {}
     if module.params["network"]:
         # As setup does with a collector that fails: the other facts are still worth the read.

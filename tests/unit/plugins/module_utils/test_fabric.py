@@ -18,6 +18,7 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._fabric import (
     parse_size,
     ping_arguments,
     ping_verdict,
+    read_rdma,
     rocev2_gid_index,
 )
 
@@ -81,6 +82,25 @@ def test_the_rocev2_gid_index_of_the_fast_address():
     assert rocev2_gid_index(gids, ["mlx5_0"], "10.110.0.33") == 3
     assert rocev2_gid_index(gids, ["mlx5_0"], "10.110.0.34") is None
     assert rocev2_gid_index(gids, ["mlx5_1"], "10.110.0.33") is None
+
+
+def test_the_rdma_read_runs_both_tools_and_says_which_the_host_lacks():
+    outputs = {"ibdev2netdev": (0, fixture("ibdev2netdev_two_sparks.txt"), ""), "show_gids": (127, "", "not installed")}
+    asked = []
+
+    def run(argv):
+        asked.append(argv)
+        return outputs[argv[0]]
+
+    found = read_rdma(run)
+    assert asked == [["ibdev2netdev"], ["show_gids"]]
+    assert len(found["rdma_links"]) == 4 and found["gids"] == []
+    assert found["tools"] == {"ibdev2netdev": True, "show_gids": False}
+
+
+def test_a_failing_rdma_tool_reads_as_present_with_nothing_found():
+    found = read_rdma(lambda argv: (1, "garbage", "driver not loaded"))
+    assert found == {"rdma_links": [], "gids": [], "tools": {"ibdev2netdev": True, "show_gids": True}}
 
 
 def test_the_nccl_figures_of_two_sparks():

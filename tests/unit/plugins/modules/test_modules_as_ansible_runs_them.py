@@ -310,3 +310,14 @@ def test_host_facts_carry_the_network_facts_the_boot_order_and_the_packages_in_t
     dropin.unlink()
     without = run("spark_facts", {"models_dir": str(tmp_path), "docker_network_dropin": str(dropin)})
     assert "ansible_facts" not in without and without["facts"]["docker"]["waits_for_network"] is False
+    assert "rdma" not in without["facts"]
+
+
+def test_host_facts_read_a_cluster_nodes_rdma_devices_in_the_same_read(tmp_path):
+    """This machine has no RDMA: ibdev2netdev's recorded output of two Sparks stands in for it, a real
+    process on the module's PATH; show_gids is missing, as on a host without the RDMA packages."""
+    recorded = (pathlib.Path(__file__).parents[2] / "fixtures" / "fabric" / "ibdev2netdev_two_sparks.txt").read_text()
+    tools = fake_tools(tmp_path / "bin", ibdev2netdev=recorded)
+    found = run("spark_facts", {"models_dir": str(tmp_path), "rdma": True}, path=tools)
+    assert found["facts"]["rdma"]["tools"] == {"ibdev2netdev": True, "show_gids": False}
+    assert [link["device"] for link in found["facts"]["rdma"]["rdma_links"] if link["up"]] == ["rocep1s0f0", "roceP2p1s0f0"]
