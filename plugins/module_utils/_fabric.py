@@ -4,7 +4,8 @@
 
 Private to the collection. Pure functions over the text of ``ping`` (iputils), ``ibdev2netdev``,
 ``show_gids`` and nccl-tests, and over Ansible's interface facts; ``read_rdma`` runs the two RDMA
-tools through the runner its module hands it. Seed 002's fast link carries
+tools through the runner its module hands it. Standard library only: the cluster role installs this
+very file on each node beside the ranks' fabric wait (roles/cluster/files/cluster_fabric_wait.py). Seed 002's fast link carries
 NCCL between two GB10 boxes; one QSFP cable shows as two RDMA devices and both belong in
 NCCL_IB_HCA; full bandwidth needs MTU 9000; NVIDIA's 16G all_gather buffer takes ~32 GB per node
 and has frozen Sparks, so the bandwidth test's buffer is bounded.
@@ -15,8 +16,6 @@ from __future__ import annotations
 import ipaddress
 import re
 import typing as t
-
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._tools import Runner
 
 GIB = 1024 ** 3
 # IPv4 and ICMP headers: a don't-fragment ping of MTU - 28 bytes of payload fills one frame.
@@ -103,7 +102,9 @@ def parse_show_gids(text: str) -> list[dict[str, t.Any]]:
     return entries
 
 
-def read_rdma(run: Runner) -> dict[str, t.Any]:
+# _tools.Runner's shape, spelled here: the cluster role installs this file on the host beside the
+# fabric wait, where nothing of the collection can be imported.
+def read_rdma(run: t.Callable[[list[str]], tuple[int, str, str]]) -> dict[str, t.Any]:
     """The node's RDMA device ports (``rdma_links``) and GID table (``gids``), and which of the two
     tools the host has (``tools``): a host without them reports none, a tool that fails reports empty."""
     outputs = {}

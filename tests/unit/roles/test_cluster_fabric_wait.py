@@ -27,7 +27,8 @@ def run(installed, recording, *args):
     ping = bin_dir / "ping"
     ping.write_text(f"#!/bin/sh\necho \"$@\" >> {installed}/calls\ncat {FIXTURES / recording}\n")
     ping.chmod(0o755)
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    # As on the host: nothing of the collection or Ansible importable, only the two files side by side.
+    env = {**{name: value for name, value in os.environ.items() if name != "PYTHONPATH"}, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
     command = [sys.executable, str(installed / "cluster_fabric_wait.py"), "--source", "node-2", "--interface", "eth0", "--mtu", "1500",
                "--peer=node-1=172.18.0.2", *args]
     return subprocess.run(command, capture_output=True, text=True, env=env, check=False)

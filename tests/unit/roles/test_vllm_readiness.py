@@ -2,6 +2,7 @@
 
 import http.server
 import json
+import os
 import pathlib
 import re
 import shutil
@@ -40,10 +41,11 @@ def serve(status, body=b""):
 
 
 def wait(installed, server, timeout="20"):
+    # As on the host: nothing of the collection or Ansible importable, only the installed files side by side.
     return subprocess.run(
         [sys.executable, str(installed / "vllm_readiness.py"), "--container", "vllm-absent-in-this-test", "--url",
          f"http://127.0.0.1:{server.server_port}", "--env-file", str(installed / "llm.env"), "--timeout", timeout, "--served-name=tiny"],
-        capture_output=True, text=True, check=False, timeout=60,
+        capture_output=True, text=True, check=False, timeout=60, env={name: value for name, value in os.environ.items() if name != "PYTHONPATH"},
     )
 
 
