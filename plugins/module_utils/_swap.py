@@ -18,7 +18,7 @@ import typing as t
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._files import FileProblem, read_file, write_owned
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._memory import host_settings_problems
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._sysctl import PROC_SYS, sync_sysctls
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._systemd import unit_name_problems
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._systemd import listed_unit_states, unit_name_problems
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._tools import Runner
 
 # The swap role's variables are these options with this prefix; the shared bounds name the role's.
@@ -61,16 +61,6 @@ def comment_swap_entries(text: str) -> tuple[str, list[str]]:
 
 def backup_path(path: str, pid: int, moment: time.struct_time) -> str:
     return f"{path}.{pid}.{time.strftime(BACKUP_SUFFIX, moment)}"
-
-
-def listed_unit_states(output: str) -> dict[str, str]:
-    """Each unit file ``systemctl list-unit-files --no-legend --plain`` lists, with its state."""
-    states = {}
-    for line in output.splitlines():
-        fields = line.split()
-        if fields:
-            states[fields[0]] = fields[1] if len(fields) > 1 else ""
-    return states
 
 
 def units_to_mask(output: str, zram_units: t.Sequence[str]) -> list[str]:

@@ -52,3 +52,13 @@ def parse_show_states(units: t.Sequence[str], out: str) -> dict[str, dict[str, s
         values = dict(line.split("=", 1) for line in block.splitlines() if "=" in line)
         states[unit] = {name: values.get(name, "") for name in UNIT_PROPERTIES}
     return states
+
+
+def listed_unit_states(output: str) -> dict[str, str]:
+    """Each unit file ``systemctl list-unit-files --no-legend --plain`` lists, with its state."""
+    states = {}
+    for line in output.splitlines():
+        fields = line.split()
+        if fields:
+            states[fields[0]] = fields[1] if len(fields) > 1 else ""
+    return states
