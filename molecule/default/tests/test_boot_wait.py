@@ -48,6 +48,7 @@ def test_the_boot_wait_outlasts_a_boot_that_clears_tmp(booting_host, tmp_path):
     waited = time.monotonic() - started
     print(f"\nboot wait on a booting lab host: returned {waited:.1f} s after its container started (boot held {HOLD_SECONDS} s)")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
-    assert waited >= HOLD_SECONDS, "the wait returned before the boot finished"
+    # The unit counts whole seconds (date +%s), so it holds the boot between HOLD_SECONDS - 1 and HOLD_SECONDS.
+    assert waited >= HOLD_SECONDS - 1, "the wait returned before the boot finished"
     state = subprocess.run(["docker", "exec", name, "systemctl", "is-system-running"], capture_output=True, text=True, check=False)
     assert state.stdout.strip() in ("running", "degraded")
