@@ -23,18 +23,26 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._tools import Runn
 
 DEFAULT_TARGET_LINK = "/etc/systemd/system/default.target"
 SYSTEM_UNITS = "/lib/systemd/system"
-LIST_UNIT_FILES = ["systemctl", "list-unit-files", "--no-legend", "--plain", "--type=service,socket,target"]
+LISTED_TYPES = ("service", "socket", "target")
+LIST_UNIT_FILES = ["systemctl", "list-unit-files", "--no-legend", "--plain", f"--type={','.join(LISTED_TYPES)}"]
 # Sockets too: a masked socket still listening was masked without a stop.
 LIST_RUNNING = ["systemctl", "list-units", "--no-legend", "--plain", "--type=service,socket", "--state=running,listening"]
 # A name that ends in none of systemd's unit types is a service, as systemctl reads it.
 UNIT_TYPES = frozenset(("service", "socket", "target", "device", "mount", "automount", "swap", "timer", "path", "slice", "scope"))
 # The options whose names reach systemctl.
 UNIT_OPTIONS = ("disable_services", "mask_services", "mask_targets")
+# The headless role's variable behind each option, for the fleet check's refusals.
+ROLE_VARIABLES = {"default_target": "headless_default_target", "disable_services": "headless_disable_services",
+                  "mask_services": "headless_mask_services", "mask_targets": "headless_mask_sleep_targets"}
 
 
 class HeadlessProblem(FileProblem):
     """What stopped the default target or the units from being set, with the fix; a FileProblem, so
-    ``except FileProblem`` catches it."""
+    ``except FileProblem`` catches it. ``changed``: what the step had already changed when it stopped."""
+
+    def __init__(self, message: str, changed: bool = False) -> None:
+        super().__init__(message)
+        self.changed = changed
 
 
 class UnitChanges(t.NamedTuple):
@@ -59,13 +67,26 @@ def unit_file_names(names: t.Sequence[str]) -> list[str]:
     return list(dict.fromkeys(unit_file_name(name) for name in names))
 
 
-def options_problems(default_target: t.Any, units: t.Mapping[str, t.Sequence[t.Any]]) -> list[str]:
-    """What is wrong with the default target and with the unit names of each of UNIT_OPTIONS in ``units``."""
+def options_problems(default_target: t.Any, units: t.Mapping[str, t.Sequence[t.Any]],
+                     labels: t.Mapping[str, str] | None = None) -> list[str]:
+    """What is wrong with the default target and with the unit names of each of UNIT_OPTIONS in
+    ``units``, each named by ``labels`` (the role's variables; the module's options by default)."""
+    named = {**{option: option for option in ("default_target", *UNIT_OPTIONS)}, **(labels or {})}
     problems = []
     if not isinstance(default_target, str) or not UNIT_NAME.fullmatch(default_target) or not default_target.endswith(".target"):
-        problems.append(f"default_target: {default_target!r} is not a target's unit name; give one such as multi-user.target")
-    # unit_name_problems names each as units[index]; here each option names its own.
-    return problems + [f"{option}{problem.removeprefix('units')}" for option in UNIT_OPTIONS for problem in unit_name_problems(units[option])]
+        problems.append(f"{named['default_target']}: {default_target!r} is not a target's unit name; give one such as multi-user.target")
+    for option in UNIT_OPTIONS:
+        names = units.get(option) or []
+        # unit_name_problems names each as units[index]; here each option names its own.
+        bad = [f"{named[option]}{problem.removeprefix('units')}" for problem in unit_name_problems(names)]
+        # The listing covers these types only: a unit of another type would never be found, so never changed.
+        listed = ("target",) if option == "mask_targets" else LISTED_TYPES
+        bad += [f"{named[option]}[{index}]: {name!r} is a {unit_file_name(name).rpartition('.')[2]}, and this list takes "
+                f"{' or '.join(listed)} units only; remove it (its unit type is not one the role reads)"
+                for index, name in enumerate(names) if isinstance(name, str) and UNIT_NAME.fullmatch(name)
+                and unit_file_name(name).rpartition(".")[2] not in listed]
+        problems += bad
+    return problems
 
 
 def listed_units(output: str) -> list[str]:
@@ -189,8 +210,13 @@ def set_headless_units(run: Runner, *, default_target: t.Any, disable_services: 
     else:
         if relink:
             set_link(link, source)
-        for argv in change_calls(changes, stop_services):
-            change_units(run, argv)
+        for done, argv in enumerate(change_calls(changes, stop_services)):
+            try:
+                change_units(run, argv)
+            except HeadlessProblem as error:
+                already = [f"{link} points at {source}"] * relink + ([f"{done} systemctl call(s) before it ran"] if done else [])
+                raise HeadlessProblem(f"{error}. Already changed: {'; '.join(already)}" if already else str(error),
+                                      changed=bool(already)) from error
         if changes.stop:
             # Stopping a unit also stops the units that require it, so the host is read again.
             running = listed_units(read_units(run, LIST_RUNNING))

@@ -17,6 +17,8 @@ from __future__ import annotations
 import re
 import typing as t
 
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._headless import ROLE_VARIABLES as HEADLESS_VARIABLES
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._headless import options_problems as headless_options_problems
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._model_catalog import Range, as_number
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._preflight import settings_problems as preflight_settings_problems
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._settings import dropin_problem, path_problem
@@ -128,6 +130,11 @@ def host_settings_problems(settings: t.Mapping[str, t.Any]) -> list[str]:
     if not errors and restart is not None and timeout is not None and timeout <= restart:
         errors.append(f"exporter_dropins_self_test_timeout: {timeout} is not above exporter_dropins_restart_sec ({restart}); "
                       "systemd waits that long before the restart, so the self-test would always fail. Raise it")
+    # The unit names reach systemctl on the host: refused here, in the fleet check, before any host changes.
+    if "headless_default_target" in settings:
+        errors += headless_options_problems(settings["headless_default_target"],
+                                            {option: settings.get(variable) for option, variable in HEADLESS_VARIABLES.items()},
+                                            HEADLESS_VARIABLES)
     sysctls = settings.get("headless_sysctl")
     if "headless_sysctl" in settings and not isinstance(sysctls, dict):
         errors.append(f"headless_sysctl: {sysctls!r} is not a mapping; give sysctl names and their values")

@@ -155,7 +155,7 @@ def main():
                                     stop_services=params["stop_services"], expected_services=params["expected_services"],
                                     check_mode=module.check_mode)
     except FileProblem as error:
-        module.fail_json(msg=str(error))
+        module.fail_json(msg=str(error), changed=getattr(error, "changed", False))
     module.exit_json(**result)
 
 

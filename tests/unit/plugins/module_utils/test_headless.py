@@ -273,6 +273,9 @@ def test_whatever_is_at_the_link_becomes_the_link_and_the_diff_shows_it(systemd,
     ({"disable_services": ["cups", "x;reboot"]}, "disable_services[1]: 'x;reboot' is not a systemd unit name"),
     ({"mask_services": ["--root=/tmp"]}, "mask_services[0]: '--root=/tmp' is not a systemd unit name"),
     ({"mask_targets": ["sleep.target", "a b.target"]}, "mask_targets[1]: 'a b.target' is not a systemd unit name"),
+    ({"mask_services": ["cups", "apt-daily-upgrade.timer"]},
+     "mask_services[1]: 'apt-daily-upgrade.timer' is a timer, and this list takes service or socket or target units only"),
+    ({"mask_targets": ["sleep.target", "cups"]}, "mask_targets[1]: 'cups' is a service, and this list takes target units only"),
 ])
 def test_a_bad_option_is_refused_before_anything_runs(systemd, options, fragment):
     host = Host()
@@ -312,3 +315,6 @@ def test_a_failing_systemctl_is_named_with_its_words_and_the_fix(systemd, failur
         assert fragment in str(raised.value)
     assert (str(systemd["link"].readlink()) == str(systemd["units"] / "multi-user.target")) is link_changed, \
         "a host whose systemd cannot answer is left as it was"
+    # A failure after the link was set says so, and reports the change it made.
+    assert raised.value.changed is link_changed
+    assert ("Already changed: " + str(systemd["link"]) in str(raised.value)) is link_changed

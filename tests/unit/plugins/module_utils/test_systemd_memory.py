@@ -111,6 +111,16 @@ def test_the_roles_defaults_are_in_range():
                  id="sysctl-value-a-file-line-would-not-carry"),
     pytest.param({"headless_sysctl": {"kernel.numa_balancing": None}}, "headless_sysctl: kernel.numa_balancing: None is not a value",
                  id="sysctl-value-empty"),
+    # The unit names reach systemctl on every host: the fleet check refuses them before the first change.
+    pytest.param({"headless_default_target": "graphical"}, "headless_default_target: 'graphical' is not a target's unit name",
+                 id="default-target-not-a-target"),
+    pytest.param({"headless_default_target": "multi-user.target", "headless_mask_services": ["cups", "--now"]},
+                 "headless_mask_services[1]: '--now' is not a systemd unit name", id="unit-name-an-option"),
+    pytest.param({"headless_default_target": "multi-user.target", "headless_disable_services": ["apt-daily.timer"]},
+                 "headless_disable_services[0]: 'apt-daily.timer' is a timer, and this list takes service or socket or target",
+                 id="unit-type-the-role-never-reads"),
+    pytest.param({"headless_default_target": "multi-user.target", "headless_mask_sleep_targets": ["suspend"]},
+                 "headless_mask_sleep_targets[0]: 'suspend' is a service, and this list takes target units only", id="sleep-target-a-service"),
 ])
 def test_host_settings_that_switch_a_protection_off_are_refused(settings, expected):
     problems = host_settings_problems(settings)
