@@ -22,8 +22,19 @@ import typing as t
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._settings import Setting, setting_problems
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._systemd import exec_line
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_instance import DOCKER_CLIENT, UNIT_FOLDER, parse_image_reference
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_plan import API_KEY, canonical_address, endpoint_url
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_instance import (
+    DOCKER_CLIENT,
+    PLAN_SCHEMA_VERSION,
+    UNIT_FOLDER,
+    parse_image_reference,
+)
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_plan import (
+    API_KEY,
+    CONFIG_HASH_LABEL,
+    canonical_address,
+    config_hash,
+    endpoint_url,
+)
 
 ROUTING_STRATEGIES = ("simple-shuffle", "least-busy", "latency-based-routing")
 GROUP_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}")
@@ -39,10 +50,12 @@ CONTAINER_CONFIG_DIR = "/etc/litellm"
 
 def gateway_files(config_dir: str) -> dict[str, str]:
     """Where the gateway's files live on its host: its keys (env, 0600), its plan, the drained list,
-    LiteLLM's folder and config, and its unit."""
+    LiteLLM's folder and config, its unit, the plan of its unit (what serving_unit relaunches and
+    gates it from) and the last good copies of the unit's files."""
     folder = config_dir.rstrip("/")
     return {"env": f"{folder}/gateway.env", "plan": f"{folder}/plan.json", "drained": f"{folder}/drained.json",
-            "litellm_dir": f"{folder}/litellm", "config": f"{folder}/litellm/config.yaml", "unit": f"{UNIT_FOLDER}/{UNIT}"}
+            "litellm_dir": f"{folder}/litellm", "config": f"{folder}/litellm/config.yaml", "unit": f"{UNIT_FOLDER}/{UNIT}",
+            "unit_plan": f"{folder}/unit-plan.json", "last_good_dir": f"{folder}/last-good"}
 
 
 # What the gateway writes on its host; a file of another schema is refused, never guessed at.
@@ -284,16 +297,33 @@ def gateway_plan(settings: t.Mapping[str, t.Any], backends: t.Sequence[t.Mapping
     plan["env_file"] = "\n".join(env_lines) + "\n"
     files = gateway_files(settings["config_dir"])
     switches = {**({} if settings["admin_ui"] else ADMIN_UI_OFF_ENV), **({} if settings["api_docs"] else API_DOCS_OFF_ENV)}
-    plan["docker_run"] = [
-        DOCKER_CLIENT, "run", "--name", CONTAINER, "--network", "host", "--env-file", files["env"],
-        *[argument for name, value in switches.items() for argument in ("--env", f"{name}={value}")],
-        "--volume", f"{files['litellm_dir']}:{CONTAINER_CONFIG_DIR}:ro", "--label", "sparkfleet.gateway=1",
-        settings["image"], "--config", f"{CONTAINER_CONFIG_DIR}/config.yaml",
-        "--host", bind_address, "--port", str(settings["port"]), "--num_workers", "1",
-    ]
+    options = [DOCKER_CLIENT, "run", "--name", CONTAINER, "--network", "host", "--env-file", files["env"],
+               *[argument for name, value in switches.items() for argument in ("--env", f"{name}={value}")],
+               "--volume", f"{files['litellm_dir']}:{CONTAINER_CONFIG_DIR}:ro", "--label", "sparkfleet.gateway=1"]
+    command = [settings["image"], "--config", f"{CONTAINER_CONFIG_DIR}/config.yaml",
+               "--host", bind_address, "--port", str(settings["port"]), "--num_workers", "1"]
+    # A container started by hand, or from another plan, carries another hash: drift, as for an instance.
+    digest = config_hash([*options, *command], plan["env_file"])
+    plan["docker_run"] = [*options, "--label", f"{CONFIG_HASH_LABEL}={digest}", *command]
     plan["unit"], plan["container"], plan["files"] = UNIT, CONTAINER, files
     plan["unit_file"] = unit_file(plan["docker_run"])
+    plan["serving_unit"] = serving_unit(plan, settings, digest)
     return plan
+
+
+def serving_unit(plan: t.Mapping[str, t.Any], settings: t.Mapping[str, t.Any], digest: str) -> dict[str, t.Any]:
+    """The gateway as one unit of the serving transaction (the serving_unit module's plan): its files
+    with their last good copies, its unit and container, the hash its container carries, and what its
+    gate reads (URL, timeout, the master key's name in the env file)."""
+    files = plan["files"]
+    kept = ((files["env"], "0600"), (files["unit_plan"], "0644"), (files["unit"], "0644"))
+    return {
+        "schema_version": PLAN_SCHEMA_VERSION, "kind": "gateway", "name": "gateway", "unit": UNIT, "container": CONTAINER,
+        "unit_file": plan["unit_file"], "run_image": settings["image"], "config_hash": digest, "url": plan["url"],
+        "health_timeout": settings["ready_timeout"], "key_env": MASTER_KEY_ENV, "drop_caches": False,
+        "kept_files": [{"path": path, "last_good": f"{files['last_good_dir']}/{path.rsplit('/', 1)[1]}", "mode": mode}
+                       for path, mode in kept],
+    }
 
 
 def unit_file(run: t.Sequence[str]) -> str:

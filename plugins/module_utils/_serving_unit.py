@@ -1,6 +1,6 @@
 # Copyright: sparkfleet.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""One planned serving unit on its host (a vLLM instance or a cluster's rank), step by step:
+"""One planned serving unit on its host (a vLLM instance, a cluster's rank or the LiteLLM gateway), step by step:
 its files written from the plan, each atomically with its mode, and why the running unit differs
 from its plan, a unit that runs it enabled for boot (prepare); the unit stopped and its container removed (stop); the page cache
 dropped, the memory admitted, the start limit cleared and the unit started (start); its last good
@@ -8,7 +8,9 @@ files restored (restore) or its files kept as the last good ones and the unit en
 removed with its files (remove). A single instance's whole relaunch is one step (relaunch: under
 the maintenance flag, stop, start and gate, and on a failed gate restore, start and gate the last
 good files); a cluster's role orders stop and start across its nodes, gates its head and raises
-and clears the flag around them (raise_flag, clear_flag).
+and clears the flag around them (raise_flag, clear_flag). The gateway (kind ``gateway``) relaunches
+the same way, without the flag (the watchdog watches the engines only) and without a memory share;
+its gate waits for its model list, asked with its master key.
 
 Private to the collection; the serving_unit module is its caller. Check mode is answered here:
 the same comparison, nothing written, stopped or started. The env file holds the API key, so its
@@ -27,6 +29,7 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._settings import p
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._systemd import parse_show_states, show_states_args
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_client import read_endpoint
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_gate import Endpoint, gate
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_health import parse_env_file
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_instance import PLAN_SCHEMA_VERSION
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_plan import drift_reasons
 
@@ -37,6 +40,7 @@ RELAUNCHING_KINDS = frozenset(("env", "unit"))
 SECRET_KINDS = frozenset(("env",))
 HIDDEN = "(the env file holds the API key; its content is not shown)\n"
 STEPS = ("prepare", "stop", "start", "restore", "keep", "last_good", "remove", "relaunch", "raise_flag", "clear_flag")
+GATEWAY = "gateway"
 MEMINFO = "/proc/meminfo"
 DROP_CACHES = "/proc/sys/vm/drop_caches"
 
@@ -61,14 +65,23 @@ def plan_problem(plan: t.Any) -> str | None:
                 "plan the vllm role built (__vllm_plan.instances), not a plan file of another release")
     kept = plan.get("kept_files")
     missing = [key for key in ("name", "unit", "container", "unit_file", "config_hash", "run_image") if not plan.get(key)]
-    if not is_share(plan.get("gpu_memory_utilization")):
-        missing.append("gpu_memory_utilization")
+    # The gateway holds no share of the memory pool; its gate reads its URL, timeout and key's name.
+    needed = ("url", "health_timeout", "key_env") if is_gateway(plan) else ("gpu_memory_utilization",)
+    missing += [key for key in needed if not (is_share(plan.get(key)) if key == "gpu_memory_utilization" else plan.get(key))]
     if missing or not isinstance(kept, list) or len(kept) != len(FILE_KINDS) or not all(
             isinstance(entry, dict) and all(str(entry.get(key, "")).startswith("/") for key in ("path", "last_good"))
             and entry.get("mode") in ("0600", "0644") for entry in kept):
         shown = ", ".join(missing) if missing else "kept_files (env, plan and unit: absolute path, last good path and mode each)"
         return f"plan: lacks {shown}; give one instance of the plan the vllm role built (__vllm_plan.instances)"
     return None
+
+
+def is_gateway(plan: t.Mapping[str, t.Any]) -> bool:
+    return plan.get("kind") == GATEWAY
+
+
+def noun(plan: t.Mapping[str, t.Any]) -> str:
+    return "gateway" if is_gateway(plan) else "instance"
 
 
 def plan_text(plan: t.Mapping[str, t.Any]) -> str:
@@ -181,7 +194,8 @@ def start(plan: t.Mapping[str, t.Any], memory_admission: bool, check_mode: bool,
                 handle.write("3\n")
         except OSError as error:
             raise UnitError(f"{drop_caches_path}: cannot drop the page cache ({error.strerror}); run the task as root") from error
-    if memory_admission:
+    # The gateway plans no share of the pool, so it has nothing to admit.
+    if memory_admission and not is_gateway(plan):
         try:
             with open(meminfo_path, encoding="ascii") as handle:
                 problem = admission_problem(plan["name"], float(plan["gpu_memory_utilization"]), parse_meminfo(handle.read()))
@@ -299,10 +313,27 @@ def gate_files(plan: t.Mapping[str, t.Any], run: Runner) -> dict[str, t.Any]:
     good settings, gated with their own key, names and URL."""
     env, settings = (kept["path"] for kept in plan["kept_files"][:2])
     try:
+        if is_gateway(plan):
+            return gate(gateway_endpoint(env, settings), run, what="The gateway's gate")
         found = read_endpoint(env, settings, plan["name"])
     except ValueError as error:
         return {"ok": False, "reason": str(error), "msg": str(error)}
     return gate(Endpoint.of_instance(found), run, warmup=True)
+
+
+def gateway_endpoint(env_path: str, plan_path: str) -> Endpoint:
+    """The gateway as its files describe it: its URL, container and timeout from its unit's plan, its
+    master key from its env file. LiteLLM lists its model groups once it answers; which of them are in
+    rotation is the drained list's business, so the gate asks for none by name."""
+    copies = read_file(plan_path), read_file(env_path)
+    if copies[0] is None or copies[1] is None:
+        raise ValueError(f"gateway: {plan_path if copies[0] is None else env_path} does not exist; re-apply the gateway role")
+    try:
+        plan = json.loads(copies[0][0])
+        return Endpoint(plan["url"], parse_env_file(copies[1][0].decode("utf-8", "replace")).get(plan["key_env"]), [],
+                        plan["container"], float(plan["health_timeout"]))
+    except (ValueError, KeyError, TypeError) as error:
+        raise ValueError(f"gateway: {plan_path} is not the plan of its unit ({error}); re-apply the gateway role") from error
 
 
 def launch(plan: t.Mapping[str, t.Any], memory_admission: bool, run: Runner) -> dict[str, t.Any]:
@@ -331,37 +362,39 @@ def roll_back(plan: t.Mapping[str, t.Any], memory_admission: bool, run: Runner) 
     try:
         if not restore(plan, False, run)["restored"]:
             stop(plan, False, run)
-            return "There were no last good settings to roll back to; the instance is stopped."
+            return f"There were no last good settings to roll back to; the {noun(plan)} is stopped."
     except FileProblem as error:
-        return f"The rollback could not run ({error}); the instance is down."
+        return f"The rollback could not run ({error}); the {noun(plan)} is down."
     again = launch(restored_share(plan), memory_admission, run)
     if again["ok"]:
         return "The last good settings were relaunched and serve again."
-    return f"The last good settings were relaunched but do not serve either ({again['msg']}); the instance is down."
+    return f"The last good settings were relaunched but do not serve either ({again['msg']}); the {noun(plan)} is down."
 
 
-def relaunch(plan: t.Mapping[str, t.Any], memory_admission: bool, flag: str, check_mode: bool, run: Runner) -> dict[str, t.Any]:
+def relaunch(plan: t.Mapping[str, t.Any], memory_admission: bool, flag: str | None, check_mode: bool, run: Runner) -> dict[str, t.Any]:
     """Relaunch a single instance behind its health gate, under the maintenance flag (cleared in
-    every case), and keep its files as the last good settings once gated. A failed gate restores
+    every case; the gateway has none), and keep its files as the last good settings once gated. A failed gate restores
     the last good files and relaunches and gates them; the
     result then has ``failed`` and a ``msg`` saying what went wrong, after how long, what the
     rollback achieved and the engine log's error lines."""
     if check_mode:
         return {"changed": True}
-    raise_flag(flag, plan["name"], False)
+    if flag:
+        raise_flag(flag, plan["name"], False)
     try:
         verdict = launch(plan, memory_admission, run)
         rollback = None if verdict["ok"] else roll_back(plan, memory_admission, run)
     finally:
-        flag_left = flag_not_cleared(flag)
+        flag_left = flag_not_cleared(flag) if flag else ""
     if rollback is None:
         kept = keep_gated(plan, False, run)["written"]
         return {"changed": True, "gate": verdict, "kept": kept,
                 **({"failed": True, "msg": f"{plan['name']} passed its gate, but {flag_left}"} if flag_left else {})}
     errors = " / ".join(verdict.get("log_errors", [])) or "none found"
+    failed = "The LiteLLM gateway" if is_gateway(plan) else f"vLLM instance {plan['name']}"
     return {"changed": True, "failed": True, "gate": verdict,
-            "msg": (f"vLLM instance {plan['name']} failed its relaunch: {verdict['msg']} (detected after {verdict.get('elapsed', '?')} s). "
-                    f"{rollback} Errors in the engine log: {errors}" + (f". Also {flag_left}" if flag_left else ""))}
+            "msg": (f"{failed} failed its relaunch: {verdict['msg']} (detected after {verdict.get('elapsed', '?')} s). "
+                    f"{rollback} Errors in the {'gateway' if is_gateway(plan) else 'engine'} log: {errors}" + (f". Also {flag_left}" if flag_left else ""))}
 
 
 def flag_not_cleared(flag: str) -> str:
@@ -387,7 +420,8 @@ def step(name: str, plan: t.Any, check_mode: bool, run: Runner, env_text: str | 
     if problem:
         raise UnitError(problem)
     flag = plan.get("maintenance_flag")
-    flag_problem = path_problem(flag, 2) if name in ("relaunch", "raise_flag", "clear_flag") else None
+    flagged = ("raise_flag", "clear_flag") if is_gateway(plan) else ("relaunch", "raise_flag", "clear_flag")
+    flag_problem = path_problem(flag, 2) if name in flagged else None
     if flag_problem:
         raise UnitError(f"plan: maintenance_flag {flag!r} {flag_problem}; step {name} needs the flag's path as the vllm role "
                         "plans it (vllm_maintenance_flag)")

@@ -36,7 +36,7 @@ class Endpoint(t.NamedTuple):
 
 
 def gate(endpoint: Endpoint, run: Runner | None, interval: float = 2, log_lines: int = 40, warmup: bool = False,
-         warmup_reply_length: int = 8) -> dict[str, t.Any]:
+         warmup_reply_length: int = 8, what: str = "vLLM health gate") -> dict[str, t.Any]:
     """The gate's result: ok, reason(s), elapsed, served names, the container's state, and on
     failure ``msg`` with the log's tail and error lines (``run`` runs docker; None polls the
     endpoint only)."""
@@ -56,7 +56,7 @@ def gate(endpoint: Endpoint, run: Runner | None, interval: float = 2, log_lines:
             whole_log = (out + err).strip()
             result["log_tail"] = "\n".join(whole_log.splitlines()[-log_lines:])
             result["log_errors"] = error_lines(whole_log)
-        result["msg"] = f"vLLM health gate failed: {result['reason']}"
+        result["msg"] = f"{what} failed: {result['reason']}"
         return result
     if warmup:
         payload = {"model": endpoint.served_names[0], "messages": [{"role": "user", "content": WARMUP_PROMPT}],

@@ -7,11 +7,11 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 ---
 module: serving_unit
-short_description: One step of relaunching, rolling back or removing a planned vLLM instance or cluster rank
+short_description: One step of relaunching, rolling back or removing a planned vLLM instance, cluster rank or the gateway
 version_added: 0.9.0
 description:
-  - Takes one planned unit (an instance of the plan the vllm role builds, a single instance or a cluster's rank) and
-    runs one step of its transaction on the host. A single instance's relaunch is one step (C(relaunch)); a
+  - Takes one planned unit (an instance of the plan the vllm role builds, a single instance or a cluster's rank, or the
+    LiteLLM gateway's unit the gateway role plans) and runs one step of its transaction on the host. A single instance's relaunch is one step (C(relaunch)); a
     cluster's role orders the steps across its nodes and gates its head with M(sparkfleet.vllm.vllm_health).
   - C(prepare) brings the unit's files to the plan at the paths it names (C(kept_files)), each written atomically
     with its mode and owned by root - the env file holding the API key (0600), the plan file and the systemd unit
@@ -38,15 +38,18 @@ description:
     log's error lines.
   - C(raise_flag) and C(clear_flag) raise and clear the maintenance flag around a relaunch the role orders
     itself (a cluster's), so the watchdog takes the stopped units for planned work.
+  - The gateway's plan (C(kind) C(gateway), C(__gateway_plan.serving_unit)) holds no memory share and no maintenance flag; its
+    relaunch is gated by its model list, asked with the master key its env file holds (the env var its plan's C(key_env)
+    names), without a warm-up request, and rolls back to its last good keys and unit the same way.
   - C(remove) takes a removal (C(vllm_removals), C(cluster_stale_ranks)) instead of a plan, disables and stops its
     unit, removes its container and deletes its files.
 author: sparkfleet.vllm contributors (@sparkfleet)
 options:
   plan:
     description:
-      - One instance of the host's plan (C(__vllm_plan.instances) in the vllm role, the node's in the cluster role),
-        with its C(kept_files), C(unit_file), C(unit), C(container), C(config_hash) and C(run_image); for O(step=remove),
-        a removal with C(name), C(unit), C(container) and C(files).
+      - One instance of the host's plan (C(__vllm_plan.instances) in the vllm role, the node's in the cluster role, the
+        gateway's unit in the gateway role), with its C(kept_files), C(unit_file), C(unit), C(container), C(config_hash) and
+        C(run_image); for O(step=remove), a removal with C(name), C(unit), C(container) and C(files).
       - A plan of another release (its C(schema_version)) is refused.
     type: dict
     required: true
@@ -61,7 +64,7 @@ options:
         Never logged or diffed.
     type: str
   memory_admission:
-    description: With O(step=start) or O(step=relaunch), refuse a start whose memory share is more than the memory available now.
+    description: With O(step=start) or O(step=relaunch), refuse a start whose memory share is more than the memory available now (the gateway has none).
     type: bool
     default: true
 attributes:

@@ -66,10 +66,18 @@ def test_the_gateway_routes_every_group_and_keeps_its_keys_secret(gateway):
     assert bases == ["http://127.0.0.1:8001/v1", "http://127.0.0.1:8010/v1", f"http://{other_address}:8001/v1"]
     env = gateway.file(f"{CONFIG}/gateway.env")
     assert (env.user, env.mode) == ("root", 0o600) and f"LITELLM_MASTER_KEY={GATEWAY_KEY}\n" in env.content_string
-    for path in (f"{CONFIG}/litellm/config.yaml", f"{CONFIG}/plan.json", "/etc/systemd/system/sparkfleet-gateway.service"):
+    for path in (f"{CONFIG}/litellm/config.yaml", f"{CONFIG}/plan.json", f"{CONFIG}/unit-plan.json", "/etc/systemd/system/sparkfleet-gateway.service"):
         text = gateway.file(path).content_string
         assert GATEWAY_KEY not in text and BACKEND_KEY not in text, path
-    assert GATEWAY_KEY not in " ".join(json.loads(gateway.check_output("docker inspect sparkfleet-gateway"))[0]["Args"])
+    inspected = json.loads(gateway.check_output("docker inspect sparkfleet-gateway"))[0]
+    assert GATEWAY_KEY not in " ".join(inspected["Args"])
+    # Relaunched through the serving transaction: its container carries the planned hash, and the
+    # files that passed its gate are kept as the last good ones, the key file still closed.
+    unit_plan = json.loads(gateway.file(f"{CONFIG}/unit-plan.json").content_string)
+    assert inspected["Config"]["Labels"]["sparkfleet.vllm.config-hash"] == unit_plan["config_hash"]
+    kept = gateway.file(f"{CONFIG}/last-good/gateway.env")
+    assert (kept.user, kept.mode, kept.content_string) == ("root", 0o600, env.content_string)
+    assert gateway.run("systemctl is-enabled sparkfleet-gateway.service").stdout.strip() == "enabled"
     print(f"\ncluster through the gateway: {seconds} s")
 
 

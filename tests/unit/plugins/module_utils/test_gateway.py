@@ -23,6 +23,7 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._gateway import (
     read_plan,
     render_config,
 )
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._serving_unit import plan_problem
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._settings import bounds_table
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._systemd import quote_exec_argument
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_plan import build_plan
@@ -103,6 +104,21 @@ def test_the_plan_names_the_files_the_container_reads():
     assert run[run.index("--volume") + 1] == f"{plan['files']['litellm_dir']}:/etc/litellm:ro"
     assert plan["files"]["config"] == plan["files"]["litellm_dir"] + "/config.yaml"
     assert plan["files"]["unit"] == "/etc/systemd/system/" + plan["unit"]
+
+
+def test_the_gateway_is_one_unit_of_the_serving_transaction_its_container_carrying_its_hash():
+    plan = plan_for(config_dir="/etc/sparkfleet/gw")
+    unit = plan["serving_unit"]
+    assert plan_problem(unit) is None, "serving_unit takes it as it is"
+    assert [kept["path"] for kept in unit["kept_files"]] == [plan["files"]["env"], "/etc/sparkfleet/gw/unit-plan.json", plan["files"]["unit"]]
+    assert [kept["mode"] for kept in unit["kept_files"]] == ["0600", "0644", "0644"]
+    assert all(kept["last_good"].startswith("/etc/sparkfleet/gw/last-good/") for kept in unit["kept_files"])
+    run = plan["docker_run"]
+    assert f"sparkfleet.vllm.config-hash={unit['config_hash']}" == run[run.index(IMAGE) - 1], "the label precedes the image"
+    assert (unit["unit_file"], unit["run_image"], unit["url"], unit["key_env"]) == (plan["unit_file"], IMAGE, plan["url"], "LITELLM_MASTER_KEY")
+    assert MASTER not in json.dumps(unit), "the unit's plan file holds no key"
+    rekeyed = plan_for(config_dir="/etc/sparkfleet/gw", master_key="sk-" + "n" * 40)["serving_unit"]
+    assert rekeyed["config_hash"] != unit["config_hash"], "a new key is a new configuration"
 
 
 def test_without_groups_each_served_name_is_a_group():

@@ -17,6 +17,7 @@ import pytest
 from plan_options import ROLE_DEFAULTS, plan_options
 from threaded_server import serving
 
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._gateway import backend_reports, gateway_plan
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_plan import build_plan
 
 ROOT = pathlib.Path(__file__).resolve().parents[4]
@@ -526,6 +527,55 @@ def test_a_start_that_cannot_run_rolls_back_like_a_failed_gate(host):
         "Access denied (detected after ? s). There were no last good settings to roll back to; the instance is stopped. "
         "Errors in the engine log: none found")
     assert not any(line.startswith("systemctl start") for line in ran) and not (host / "run" / "vllm-maintenance").exists()
+
+
+MASTER = "sk-" + "m" * 40
+
+
+def gateway(host, port, master_key=MASTER):
+    """The gateway role's plan of its unit, in front of one instance, its files in the test's folders; and its env file."""
+    backend, _env = planned(host)
+    hostvars = {"spark-1": {"ansible_host": "127.0.0.1", "vllm_endpoints": [
+        {"name": "tiny", "port": backend["port"], "bind_addresses": ["127.0.0.1"], "served_names": ["tiny"], "api_key": KEY}]}}
+    plan = gateway_plan({"image": IMAGE, "master_key": master_key, "backends": ["spark-1"], "port": port,
+                         "config_dir": str(host / "config"), "ready_timeout": 4}, backend_reports(["spark-1"], hostvars), "spark-1")
+    assert plan["errors"] == []
+    unit = plan["serving_unit"]
+    unit["kept_files"][2] = {**unit["kept_files"][2], "path": str(host / "units" / unit["unit"])}
+    return unit, plan["env_file"]
+
+
+def test_the_gateway_relaunches_gated_by_its_model_list_asked_with_its_master_key_without_a_flag(host, vllm):
+    unit, env_file = gateway(host, vllm.server_port)
+    vllm.serves[MASTER] = ["tiny"]
+    set_state(host, starts=[(unit["container"], running(unit))])
+    prepared = run(host, unit, env_file)
+    assert prepared["drift"] == ["its settings files changed", "its unit is inactive", "no container runs"]
+    assert files(host)["config/gateway.env"] == (env_file, 0o600) and MASTER not in json.dumps(prepared)
+    forget_calls(host)
+    done = relaunch(host, unit)
+    assert done["changed"] and done["gate"]["ok"] and done["kept"] == ["env", "plan", "unit"]
+    assert "warmup_reply" not in done["gate"], "LiteLLM is not asked to generate"
+    assert calls(host) == ["systemctl daemon-reload", f"systemctl reset-failed {unit['unit']}", f"systemctl start --no-block {unit['unit']}",
+                           f"systemctl enable -- {unit['unit']}"]
+    assert not (host / "run").exists(), "the watchdog's flag is the engines' only"
+
+
+def test_a_gateway_that_fails_its_gate_serves_its_last_good_keys_and_unit_again(host, vllm):
+    good, good_env = gateway(host, vllm.server_port)
+    vllm.serves[MASTER] = ["tiny"]
+    set_state(host, logs={good["container"]: "litellm: error: unrecognized arguments\n"},
+              starts=[(good["container"], exited_with_a_bad_flag()), (good["container"], running(good))])
+    run(host, good, good_env)
+    run(host, good, step="keep")
+    kept = files(host)
+    failing, failing_env = gateway(host, vllm.server_port, master_key="sk-" + "n" * 40)
+    run(host, failing, failing_env)
+    result = relaunch(host, failing)
+    assert result["failed"] and result["msg"].startswith(
+        "The LiteLLM gateway failed its relaunch: The gateway's gate failed: the container is exited (exit code 2)")
+    assert "The last good settings were relaunched and serve again. Errors in the gateway log: " in result["msg"]
+    assert "n" * 40 not in json.dumps(result) and files(host) == kept
 
 
 def test_the_maintenance_flag_is_raised_with_the_units_name_and_cleared(host):
