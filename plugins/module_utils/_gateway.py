@@ -313,14 +313,15 @@ def gateway_plan(settings: t.Mapping[str, t.Any], backends: t.Sequence[t.Mapping
 
 def serving_unit(plan: t.Mapping[str, t.Any], settings: t.Mapping[str, t.Any], digest: str) -> dict[str, t.Any]:
     """The gateway as one unit of the serving transaction (the serving_unit module's plan): its files
-    with their last good copies, its unit and container, the hash its container carries, and what its
-    gate reads (URL, timeout, the master key's name in the env file)."""
+    with their last good copies, its unit and container, the hash its container carries, what its
+    gate reads (URL, timeout, the master key's name in the env file) and its routing, which it reads
+    at start (newer than its container: drift)."""
     files = plan["files"]
     kept = ((files["env"], "0600"), (files["unit_plan"], "0644"), (files["unit"], "0644"))
     return {
         "schema_version": PLAN_SCHEMA_VERSION, "kind": "gateway", "name": "gateway", "unit": UNIT, "container": CONTAINER,
         "unit_file": plan["unit_file"], "run_image": settings["image"], "config_hash": digest, "url": plan["url"],
-        "health_timeout": settings["ready_timeout"], "key_env": MASTER_KEY_ENV, "drop_caches": False,
+        "health_timeout": settings["ready_timeout"], "key_env": MASTER_KEY_ENV, "drop_caches": False, "routing_file": files["config"],
         "kept_files": [{"path": path, "last_good": f"{files['last_good_dir']}/{path.rsplit('/', 1)[1]}", "mode": mode}
                        for path, mode in kept],
     }

@@ -19,8 +19,10 @@ content never reaches a diff or a result.
 
 from __future__ import annotations
 
+import calendar
 import json
 import os
+import time
 import typing as t
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._files import FileProblem, read_file, sync_files, write_atomically
@@ -37,6 +39,10 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_plan import 
 FILE_KINDS = ("env", "plan", "unit")
 # A rewritten env file or unit makes the running unit stale; the plan file only describes it.
 RELAUNCHING_KINDS = frozenset(("env", "unit"))
+# What a rollback puts back. The gateway's env file holds the backends' keys, which belong to the
+# backends (relaunched on new keys before the gateway) and to its routing (gateway_route's, written
+# for the new plan): its rollback puts back its unit, on the keys and routing of now.
+ROLLED_BACK_KINDS = {"instance": frozenset(FILE_KINDS), "gateway": frozenset(("plan", "unit"))}
 SECRET_KINDS = frozenset(("env",))
 HIDDEN = "(the env file holds the API key; its content is not shown)\n"
 STEPS = ("prepare", "stop", "start", "restore", "keep", "last_good", "remove", "relaunch", "raise_flag", "clear_flag")
@@ -82,6 +88,12 @@ def is_gateway(plan: t.Mapping[str, t.Any]) -> bool:
 
 def noun(plan: t.Mapping[str, t.Any]) -> str:
     return "gateway" if is_gateway(plan) else "instance"
+
+
+def rolled_back(plan: t.Mapping[str, t.Any]) -> list[tuple[str, dict[str, t.Any]]]:
+    """(kind, kept file) of each file a rollback puts back and a gated relaunch keeps."""
+    kinds = ROLLED_BACK_KINDS[noun(plan)]
+    return [(kind, kept) for kind, kept in zip(FILE_KINDS, plan["kept_files"], strict=True) if kind in kinds]
 
 
 def plan_text(plan: t.Mapping[str, t.Any]) -> str:
@@ -140,7 +152,7 @@ def prepare(plan: t.Mapping[str, t.Any], env_text: str, check_mode: bool, run: R
     container = container_state(run, plan["container"])
     synced = sync_files(planned_files(plan, env_text), check_mode)
     relaunching = bool(RELAUNCHING_KINDS.intersection(synced["content"]))
-    drift = drift_reasons(plan, relaunching, state["ActiveState"], container)
+    drift = drift_reasons(plan, relaunching, state["ActiveState"], container) + routing_drift(plan, container)
     enabling = state["UnitFileState"] != "enabled"
     kept: dict[str, t.Any] = {"changed": False, "written": []}
     if not drift and not check_mode:
@@ -153,6 +165,29 @@ def prepare(plan: t.Mapping[str, t.Any], env_text: str, check_mode: bool, run: R
     return {"changed": bool(synced["content"] or synced["metadata"]) or kept["changed"] or (enabling and not drift),
             "written": synced["content"], "fixed": synced["metadata"], "enabled": enabling, "kept": kept["written"],
             "drift": drift, "unit_state": state, "diff": synced["diff"]}
+
+
+def routing_drift(plan: t.Mapping[str, t.Any], container: t.Mapping[str, t.Any] | None) -> list[str]:
+    """The gateway reads its routing at start only: routing written after its container started (a run
+    cut short before the relaunch, a drain whose restart failed) is not served yet."""
+    routing = plan.get("routing_file")
+    started = started_at((container or {}).get("State", {}).get("StartedAt")) if routing else None
+    try:
+        written = os.stat(routing).st_mtime if started is not None else None
+    except OSError:
+        return []
+    return [f"its routing ({routing}) changed after its container started"] if written is not None and written > started else []
+
+
+def started_at(text: t.Any) -> float | None:
+    """Docker's StartedAt (RFC 3339 with nanoseconds, UTC) in seconds since the epoch; None when unreadable."""
+    if not isinstance(text, str) or not text.endswith("Z") or text.startswith("0001-"):
+        return None
+    whole, _dot, fraction = text[:-1].partition(".")
+    try:
+        return calendar.timegm(time.strptime(whole, "%Y-%m-%dT%H:%M:%S")) + (float(f"0.{fraction}") if fraction.isdigit() else 0.0)
+    except ValueError:
+        return None
 
 
 def enable(unit: str, run: Runner) -> None:
@@ -213,10 +248,11 @@ def start(plan: t.Mapping[str, t.Any], memory_admission: bool, check_mode: bool,
 def restore(plan: t.Mapping[str, t.Any], check_mode: bool, run: Runner) -> dict[str, t.Any]:
     """Put the last good files back (systemd reads the restored unit at once); ``restored`` is
     false, and nothing is touched, when the unit has no complete last good copy."""
-    copies = [read_file(kept["last_good"]) for kept in plan["kept_files"]]
+    kept_files = rolled_back(plan)
+    copies = [read_file(kept["last_good"]) for _kind, kept in kept_files]
     if any(copy is None for copy in copies):
         return {"changed": False, "restored": False}
-    files = [unit_file(kind, kept["path"], kept["mode"], copy[0]) for kind, kept, copy in zip(FILE_KINDS, plan["kept_files"], copies, strict=True)]
+    files = [unit_file(kind, kept["path"], kept["mode"], copy[0]) for (kind, kept), copy in zip(kept_files, copies, strict=True)]
     synced = sync_files(files, check_mode)
     if not check_mode:
         checked(run, ["systemctl", "daemon-reload"])
@@ -226,13 +262,13 @@ def restore(plan: t.Mapping[str, t.Any], check_mode: bool, run: Runner) -> dict[
 def last_good(plan: t.Mapping[str, t.Any]) -> dict[str, t.Any]:
     """Whether the unit has a complete last good copy to restore (read only): a cluster rolls back
     only when every rank has one."""
-    return {"changed": False, "complete": all(os.path.isfile(kept["last_good"]) for kept in plan["kept_files"])}
+    return {"changed": False, "complete": all(os.path.isfile(kept["last_good"]) for _kind, kept in rolled_back(plan))}
 
 
 def keep(plan: t.Mapping[str, t.Any], check_mode: bool) -> dict[str, t.Any]:
     """Keep the unit's files, which just passed the gate, as its last good settings."""
     files = []
-    for kind, kept in zip(FILE_KINDS, plan["kept_files"], strict=True):
+    for kind, kept in rolled_back(plan):
         current = read_file(kept["path"])
         if current is None:
             raise UnitError(f"{kept['path']}: missing, so it cannot be kept as the last good copy; re-run the play")
@@ -366,6 +402,8 @@ def roll_back(plan: t.Mapping[str, t.Any], memory_admission: bool, run: Runner) 
     except FileProblem as error:
         return f"The rollback could not run ({error}); the {noun(plan)} is down."
     again = launch(restored_share(plan), memory_admission, run)
+    if again["ok"] and is_gateway(plan):
+        return "The last good unit was relaunched, on the keys and routing of now, and answers again."
     if again["ok"]:
         return "The last good settings were relaunched and serve again."
     return f"The last good settings were relaunched but do not serve either ({again['msg']}); the {noun(plan)} is down."

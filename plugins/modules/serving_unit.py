@@ -40,7 +40,8 @@ description:
     itself (a cluster's), so the watchdog takes the stopped units for planned work.
   - The gateway's plan (C(kind) C(gateway), C(__gateway_plan.serving_unit)) holds no memory share and no maintenance flag; its
     relaunch is gated by its model list, asked with the master key its env file holds (the env var its plan's C(key_env)
-    names), without a warm-up request, and rolls back to its last good keys and unit the same way.
+    names), without a warm-up request; its rollback puts back its last good unit and unit plan and keeps the key file and
+    routing of now (the backends' keys are the backends'). Routing written after its container started is drift.
   - C(remove) takes a removal (C(vllm_removals), C(cluster_stale_ranks)) instead of a plan, disables and stops its
     unit, removes its container and deletes its files.
 author: sparkfleet.vllm contributors (@sparkfleet)

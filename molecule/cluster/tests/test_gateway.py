@@ -71,12 +71,13 @@ def test_the_gateway_routes_every_group_and_keeps_its_keys_secret(gateway):
         assert GATEWAY_KEY not in text and BACKEND_KEY not in text, path
     inspected = json.loads(gateway.check_output("docker inspect sparkfleet-gateway"))[0]
     assert GATEWAY_KEY not in " ".join(inspected["Args"])
-    # Relaunched through the serving transaction: its container carries the planned hash, and the
-    # files that passed its gate are kept as the last good ones, the key file still closed.
+    # Relaunched through the serving transaction: its container carries the planned hash, and the unit
+    # that passed its gate is kept as the last good one; its keys are not (a rollback keeps the keys of now).
     unit_plan = json.loads(gateway.file(f"{CONFIG}/unit-plan.json").content_string)
     assert inspected["Config"]["Labels"]["sparkfleet.vllm.config-hash"] == unit_plan["config_hash"]
-    kept = gateway.file(f"{CONFIG}/last-good/gateway.env")
-    assert (kept.user, kept.mode, kept.content_string) == ("root", 0o600, env.content_string)
+    unit = gateway.file("/etc/systemd/system/sparkfleet-gateway.service").content_string
+    assert gateway.file(f"{CONFIG}/last-good/sparkfleet-gateway.service").content_string == unit
+    assert not gateway.file(f"{CONFIG}/last-good/gateway.env").exists
     assert gateway.run("systemctl is-enabled sparkfleet-gateway.service").stdout.strip() == "enabled"
     print(f"\ncluster through the gateway: {seconds} s")
 

@@ -4,6 +4,7 @@ replay outputs recorded on a lab host (tests/unit/fixtures/serving_unit): drift,
 plan file that alone relaunches nothing, modes restored, and every failure named without a traceback.
 A relaunch's gate polls a real local HTTP server standing in for the instance's API."""
 
+import calendar
 import copy
 import http.server
 import json
@@ -12,6 +13,7 @@ import pathlib
 import stat
 import subprocess
 import sys
+import time
 
 import pytest
 from plan_options import ROLE_DEFAULTS, plan_options
@@ -554,14 +556,14 @@ def test_the_gateway_relaunches_gated_by_its_model_list_asked_with_its_master_ke
     assert files(host)["config/gateway.env"] == (env_file, 0o600) and MASTER not in json.dumps(prepared)
     forget_calls(host)
     done = relaunch(host, unit)
-    assert done["changed"] and done["gate"]["ok"] and done["kept"] == ["env", "plan", "unit"]
+    assert done["changed"] and done["gate"]["ok"] and done["kept"] == ["plan", "unit"], "its keys are the backends': never rolled back"
     assert "warmup_reply" not in done["gate"], "LiteLLM is not asked to generate"
     assert calls(host) == ["systemctl daemon-reload", f"systemctl reset-failed {unit['unit']}", f"systemctl start --no-block {unit['unit']}",
                            f"systemctl enable -- {unit['unit']}"]
     assert not (host / "run").exists(), "the watchdog's flag is the engines' only"
 
 
-def test_a_gateway_that_fails_its_gate_serves_its_last_good_keys_and_unit_again(host, vllm):
+def test_a_gateway_that_fails_its_gate_serves_its_last_good_unit_again_on_the_keys_of_now(host, vllm):
     good, good_env = gateway(host, vllm.server_port)
     vllm.serves[MASTER] = ["tiny"]
     set_state(host, logs={good["container"]: "litellm: error: unrecognized arguments\n"},
@@ -570,12 +572,35 @@ def test_a_gateway_that_fails_its_gate_serves_its_last_good_keys_and_unit_again(
     run(host, good, step="keep")
     kept = files(host)
     failing, failing_env = gateway(host, vllm.server_port, master_key="sk-" + "n" * 40)
+    vllm.serves["sk-" + "n" * 40] = ["tiny"]
     run(host, failing, failing_env)
     result = relaunch(host, failing)
     assert result["failed"] and result["msg"].startswith(
         "The LiteLLM gateway failed its relaunch: The gateway's gate failed: the container is exited (exit code 2)")
-    assert "The last good settings were relaunched and serve again. Errors in the gateway log: " in result["msg"]
-    assert "n" * 40 not in json.dumps(result) and files(host) == kept
+    assert "The last good unit was relaunched, on the keys and routing of now, and answers again. Errors in the gateway log: " in result["msg"]
+    assert "n" * 40 not in json.dumps(result)
+    now = files(host)
+    assert now["config/gateway.env"] == (failing_env, 0o600), "the keys of now stay: the backends and the routing use them"
+    assert {path: now[path] for path in kept if path != "config/gateway.env"} == {path: kept[path] for path in kept if path != "config/gateway.env"}
+    assert host_state(host)["containers"][good["container"]]["State"]["Status"] == "running"
+
+
+def test_routing_written_after_the_gateways_container_started_is_drift(host, vllm):
+    """LiteLLM reads its routing at start: a run cut short before the relaunch, or a drain whose
+    restart failed, leaves it serving the old routing; the next run relaunches it."""
+    unit, env_file = gateway(host, vllm.server_port)
+    container = running(unit)
+    started = container["State"]["StartedAt"]
+    set_state(host, units=active(unit["unit"]), containers={unit["container"]: container})
+    run(host, unit, env_file)
+    routing = pathlib.Path(unit["routing_file"])
+    routing.parent.mkdir(parents=True)
+    routing.write_text("{}\n")
+    stamp = calendar.timegm(time.strptime(started.split(".")[0], "%Y-%m-%dT%H:%M:%S"))
+    os.utime(routing, (stamp - 60, stamp - 60))
+    assert run(host, unit, env_file)["drift"] == [], "routing older than the container is what it serves"
+    os.utime(routing, (stamp + 60, stamp + 60))
+    assert run(host, unit, env_file)["drift"] == [f"its routing ({routing}) changed after its container started"]
 
 
 def test_the_maintenance_flag_is_raised_with_the_units_name_and_cleared(host):
