@@ -27,6 +27,13 @@ class FileProblem(Exception):
     """A file or folder that cannot be read or written, with the fix."""
 
 
+def temporary_path(path: str) -> str:
+    """A temporary name beside ``path`` (one filesystem, so a rename replaces it in one step), random so
+    two runs writing the same target at once never share it."""
+    folder, name = os.path.split(os.path.abspath(path))
+    return os.path.join(folder, f".{name}.{secrets.token_hex(4)}.tmp")
+
+
 def write_atomically(path: str, text: str | bytes, mode: int) -> None:
     """Replace ``path`` with ``text`` (UTF-8 when given as str) of exactly ``mode``, so a reader sees the old file or the new, never half.
 
@@ -36,9 +43,8 @@ def write_atomically(path: str, text: str | bytes, mode: int) -> None:
     and the target is left as it was.
     """
     content = text.encode("utf-8") if isinstance(text, str) else text
-    folder, name = os.path.split(os.path.abspath(path))
-    # A random name, so two runs writing the same target at once never share a temporary file.
-    temporary = os.path.join(folder, f".{name}.{secrets.token_hex(4)}.tmp")
+    folder = os.path.dirname(os.path.abspath(path))
+    temporary = temporary_path(path)
     descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
     try:
         with os.fdopen(descriptor, "wb") as handle:

@@ -13,11 +13,10 @@ the same reads and decisions, nothing linked, disabled, masked or stopped.
 from __future__ import annotations
 
 import os
-import secrets
 import stat
 import typing as t
 
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._files import FileProblem
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._files import FileProblem, temporary_path
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._systemd import UNIT_NAME, listed_unit_states, unit_name_problems
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._tools import Runner
 
@@ -169,8 +168,8 @@ def link_text(kind: str, destination: str) -> str:
 
 def set_link(path: str, destination: str) -> None:
     """Point ``path`` at ``destination`` with one rename over what is there, so systemd never finds it missing."""
-    folder, name = os.path.split(path)
-    temporary = os.path.join(folder, f".{name}.{secrets.token_hex(4)}.tmp")
+    folder = os.path.dirname(path)
+    temporary = temporary_path(path)
     try:
         os.symlink(destination, temporary)
     except FileNotFoundError as error:
