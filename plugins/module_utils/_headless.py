@@ -28,6 +28,8 @@ LIST_UNIT_FILES = ["systemctl", "list-unit-files", "--no-legend", "--plain", f"-
 LIST_RUNNING = ["systemctl", "list-units", "--no-legend", "--plain", "--type=service,socket", "--state=running,listening"]
 # A name that ends in none of systemd's unit types is a service, as systemctl reads it.
 UNIT_TYPES = frozenset(("service", "socket", "target", "device", "mount", "automount", "swap", "timer", "path", "slice", "scope"))
+# What the wait_online role enables; disabled or masked, Docker starts before the LAN address exists.
+WAIT_ONLINE_UNITS = frozenset(("NetworkManager-wait-online.service", "systemd-networkd-wait-online.service", "ifupdown-wait-online.service"))
 # The options whose names reach systemctl.
 UNIT_OPTIONS = ("disable_services", "mask_services", "mask_targets")
 # The headless role's variable behind each option, for the fleet check's refusals.
@@ -84,6 +86,10 @@ def options_problems(default_target: t.Any, units: t.Mapping[str, t.Sequence[t.A
                 f"{' or '.join(listed)} units only; remove it (its unit type is not one the role reads)"
                 for index, name in enumerate(names) if isinstance(name, str) and UNIT_NAME.fullmatch(name)
                 and unit_file_name(name).rpartition(".")[2] not in listed]
+        bad += [f"{named[option]}[{index}]: {name!r} must stay enabled so Docker starts after the LAN address exists (seed 000's "
+                "LAN-bind race; the wait_online role enables it); remove it from the list"
+                for index, name in enumerate(names) if option != "mask_targets" and isinstance(name, str)
+                and unit_file_name(name) in WAIT_ONLINE_UNITS]
         problems += bad
     return problems
 

@@ -5,7 +5,6 @@ a runtime mask; check mode answered the same and changing nothing, a second run 
 every refusal made before anything changes."""
 
 import pathlib
-import re
 
 import pytest
 import yaml
@@ -13,7 +12,10 @@ import yaml
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._headless import (
     LIST_RUNNING,
     LIST_UNIT_FILES,
+    ROLE_VARIABLES,
+    UNIT_OPTIONS,
     HeadlessProblem,
+    options_problems,
     set_headless_units,
     unit_file_name,
 )
@@ -164,12 +166,15 @@ def test_a_name_without_a_unit_type_is_a_service(name, unit):
     assert unit_file_name(name) == unit
 
 
-def test_the_roles_check_reads_the_lists_names_as_the_module_does():
-    """validate.yml refuses the wait-online units in the lists as the vars name them; the module must read them the same."""
-    pattern, replacement = yaml.safe_load((ROLE / "vars" / "main.yml").read_text())["__headless_service_suffix"]
-    names = ["NetworkManager-wait-online", "ifupdown-wait-online.service", *DEFAULTS["headless_disable_services"],
-             *DEFAULTS["headless_mask_services"], *DEFAULTS["headless_expected_services"], "sleep.target", "dev-zram0.swap"]
-    assert [re.sub(pattern, replacement, name) for name in names] == [unit_file_name(name) for name in names]
+@pytest.mark.parametrize("name", ["NetworkManager-wait-online", "systemd-networkd-wait-online.service", "ifupdown-wait-online"])
+def test_the_wait_online_units_are_refused_however_they_are_spelled(name):
+    """One reading of the names for the module and the role's check (seed 000's LAN-bind race)."""
+    problems = options_problems("multi-user.target", {"disable_services": ["cups"], "mask_services": [name], "mask_targets": []},
+                                ROLE_VARIABLES)
+    assert problems == [f"headless_mask_services[0]: {name!r} must stay enabled so Docker starts after the LAN address exists "
+                        "(seed 000's LAN-bind race; the wait_online role enables it); remove it from the list"]
+    assert options_problems(DEFAULTS["headless_default_target"], {option: ROLE_OPTIONS[option] for option in UNIT_OPTIONS}) == [], \
+        "the defaults leave them alone"
 
 
 def test_check_mode_reports_everything_and_changes_nothing_then_the_run_does_it_once(systemd):
