@@ -23,7 +23,9 @@ description:
     C(.socket), C(.target)...) means C(.service), as systemctl reads it.
     An alias (such as C(smartd.service) for C(smartmontools.service)) cannot be masked and is left alone; its unit,
     listed under its own name, can. A runtime mask is lost at the next boot, so such a unit is masked again.
-  - Every name is checked, and the link, the unit files and the running units read, before anything changes; a
+  - Every name is checked - a unit name systemctl would not take, a unit type the listings do not cover, and the
+    wait-online units the wait_online role enables (disabled or masked, Docker starts before the LAN address exists)
+    are refused - and the link, the unit files and the running units read, before anything changes; a
     re-apply with nothing to change costs one round trip, where the headless role's tasks made three (and one more per
     unit to change).
 author: sparkfleet.vllm contributors (@sparkfleet)
