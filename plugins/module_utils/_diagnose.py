@@ -1,0 +1,417 @@
+# Copyright: sparkfleet.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""A host's diagnostics bundle: plan files, units, containers, metrics, kernel messages, versions,
+images, fabric and NVIDIA reports in one tarball, with every key redacted.
+
+Private to the collection. Standard library only and Python 3.10: the watchdog's standalone script
+imports this file on a serving host without the collection, as the diagnose_bundle module does
+through Ansible. Commands and HTTP reads go through the callables the caller hands in (a recording
+in the tests), each bounded by a time limit and all of them by the bundle's own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import io
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import tarfile
+import tempfile
+import time
+import typing as t
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterable, Sequence
+
+# argv and a timeout in seconds -> (exit status, stdout, stderr); the status is None when the command
+# did not finish in time and MISSING when its tool is not installed. (Aliases are evaluated at import,
+# where ansible-test's pylint holds module_utils to Pythons older than 3.10: hence Optional.)
+Runner = Callable[[list[str], float], tuple[t.Optional[int], str, str]]  # noqa: UP045
+# URL and a timeout in seconds -> (HTTP status, body), or (None, why) when nothing answered.
+Fetcher = Callable[[str, float], tuple[t.Optional[int], str]]  # noqa: UP045
+
+MISSING = 127
+REDACTED = "<redacted>"
+CONFIG_DIRS = ("/etc/sparkfleet/vllm", "/etc/sparkfleet/cluster", "/etc/sparkfleet/gateway")
+# The client the units run: another docker earlier on PATH may talk to another engine.
+DOCKER = "/usr/bin/docker"
+SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD", re.IGNORECASE)
+SECRET_FLAGS = ("--api-key", "--hf-token")
+# Scrubbing a shorter value from free text would mangle the bundle (a *_KEY setting of "true");
+# no key the collection writes is that short.
+MIN_SECRET = 8
+# Second line of defence for values no env file named: secret flags, secret NAME=value settings, bearer tokens.
+TEXT_PATTERNS = (
+    (re.compile(rb"(--(?:%s)(?:=|\s+))[^\s\"',]+" % b"|".join(flag[2:].encode() for flag in SECRET_FLAGS)), rb"\1" + REDACTED.encode()),
+    (re.compile(rb"\b([A-Z0-9_]*(?:KEY|TOKEN|SECRET|PASSWORD)[A-Z0-9_]*=)[^\s\"',]+"), rb"\1" + REDACTED.encode()),
+    (re.compile(rb"(Bearer\s+)[^\s\"',]+", re.IGNORECASE), rb"\1" + REDACTED.encode()),
+)
+KERNEL_LINES = re.compile(r"out of memory|oom[-_ ]?kill|oom_reaper|\boom\b|killed process|NVRM|\bXid\b", re.IGNORECASE)
+# Plan files sit in a role's folder, the last good copies in last-good/, the gateway's LiteLLM config in litellm/.
+PLAN_FOLDERS = ("", "last-good", "litellm")
+PLAN_SUFFIXES = (".json", ".yaml")
+OTHER_UNITS = ("earlyoom.service", "docker.service")
+# Tools such as ibdev2netdev live in sbin, which a non-login PATH can lack.
+SBIN = ("/usr/local/sbin", "/usr/sbin", "/sbin")
+
+
+AS_ROOT = "; run it as root, the owner of the env files"
+
+
+class DiagnoseError(Exception):
+    """The bundle cannot be made safely (an env file whose keys cannot be read) or written."""
+
+
+def run_command(argv: list[str], timeout: float) -> tuple[int | None, str, str]:
+    """The Runner for a real host. The command runs in its own process group, killed whole on timeout,
+    so a script's children (nvidia-bug-report.sh) cannot hold the bundle past its limit."""
+    tool = shutil.which(argv[0], path=os.pathsep.join([os.environ.get("PATH", ""), *SBIN]))
+    if tool is None:
+        return MISSING, "", f"{argv[0]} is not installed"
+    try:
+        process = subprocess.Popen([tool, *argv[1:]], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                   start_new_session=True, text=True, errors="replace")
+    except OSError as error:
+        return 126, "", f"{tool} cannot run ({error.strerror})"
+    try:
+        out, err = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        try:
+            out, err = process.communicate(timeout=5)
+        except subprocess.TimeoutExpired:
+            out, err = "", ""
+        return None, out, f"{err}timed out after {timeout:.0f} s"
+    return process.returncode, out, err
+
+
+def http_get(url: str, timeout: float) -> tuple[int | None, str]:
+    """The Fetcher for a real host: a plain GET, past any proxy (the URLs are the host's own servers)."""
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(url, timeout=timeout) as reply:
+            return reply.status, reply.read().decode("utf-8", "replace")
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode("utf-8", "replace")
+    except (urllib.error.URLError, OSError, ValueError) as error:
+        return None, f"{url}: {getattr(error, 'reason', error)}"
+
+
+def bundle_path(folder: str, host: str, when: float) -> str:
+    """Where a host's bundle made at `when` (seconds since the epoch) goes."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(when))
+    return os.path.join(folder, f"sparkfleet-diagnose-{re.sub(r'[^A-Za-z0-9._-]', '_', host)}-{stamp}.tar.gz")
+
+
+def env_secrets(text: str) -> set[str]:
+    """The values of an env file's secret settings (NAME=value, the value taken to the end of the line as
+    Docker does; a quoted spelling too, for a reader that strips quotes)."""
+    found = set()
+    for line in text.splitlines():
+        name, separator, value = line.partition("=")
+        if separator and not name.lstrip().startswith("#") and SECRET_NAME.search(name):
+            found.update(v for v in (value, value.strip(), value.strip().strip("\"'")) if len(v) >= MIN_SECRET)
+    return found
+
+
+def redact_args(args: Sequence[t.Any]) -> tuple[list[t.Any], set[str]]:
+    """The arguments with the values of secret flags replaced, and those values."""
+    redacted: list[t.Any] = []
+    found: set[str] = set()
+    hide_next = False
+    for arg in args:
+        text = str(arg)
+        flag, separator, value = text.partition("=")
+        if hide_next:
+            found.add(text)
+            redacted.append(REDACTED)
+            hide_next = False
+        elif flag in SECRET_FLAGS and separator:
+            found.add(value)
+            redacted.append(f"{flag}={REDACTED}")
+        else:
+            redacted.append(arg)
+            hide_next = text in SECRET_FLAGS
+    return redacted, {value for value in found if len(value) >= MIN_SECRET}
+
+
+def redact_inspect(text: str) -> tuple[str, set[str]]:
+    """docker inspect's JSON with every environment value and every secret argument replaced, and the
+    secret values it held (to be scrubbed from the other members). Raises ValueError when it is not JSON."""
+    containers = json.loads(text)
+    found: set[str] = set()
+    for container in containers if isinstance(containers, list) else []:
+        config = container.get("Config") or {}
+        if isinstance(config.get("Env"), list):
+            settings = [str(entry).partition("=") for entry in config["Env"]]
+            found.update(value for name, _sep, value in settings if SECRET_NAME.search(name) and len(value) >= MIN_SECRET)
+            config["Env"] = [f"{name}={REDACTED}" for name, _sep, _value in settings]
+        for holder, key in ((config, "Cmd"), (config, "Entrypoint"), (container, "Args")):
+            if isinstance(holder.get(key), list):
+                holder[key], values = redact_args(holder[key])
+                found |= values
+    return json.dumps(containers, indent=2) + "\n", found
+
+
+def scrub(data: bytes, secrets: Iterable[str]) -> bytes:
+    """Every known secret value and every secret-looking setting replaced, longest value first (a key
+    that contains another is removed whole)."""
+    for secret in sorted(secrets, key=len, reverse=True):
+        data = data.replace(secret.encode(), REDACTED.encode())
+    for pattern, replacement in TEXT_PATTERNS:
+        data = pattern.sub(replacement, data)
+    return data
+
+
+def survey(config_dirs: Sequence[str]) -> dict[str, t.Any]:
+    """What the config folders hold: the plan files as members, the plans of what is deployed now (last
+    good copies describe the past), the secret values of every env file, and what the plans name:
+    units, containers, /metrics URLs and whether the host serves a cluster's rank. A folder or env file
+    that cannot be read raises: its keys could not be scrubbed."""
+    files: dict[str, bytes] = {}
+    plans: dict[str, dict[str, t.Any]] = {}
+    secrets: set[str] = set()
+    problems: list[str] = []
+    for index, folder in enumerate(config_dirs):
+        label = os.path.basename(folder.rstrip("/")) or "root"
+        label = label if not any(member.startswith(f"plans/{label}/") for member in files) else f"{label}-{index}"
+        for sub in PLAN_FOLDERS:
+            path = os.path.join(folder, sub) if sub else folder
+            try:
+                names = sorted(os.listdir(path))
+            except FileNotFoundError:
+                continue
+            except OSError as error:
+                raise DiagnoseError(f"{path}: cannot be listed ({error.strerror}), so the keys of its env files could not be "
+                                    f"kept out of the bundle{AS_ROOT if isinstance(error, PermissionError) else ''}") from error
+            for name in names:
+                full, is_env = os.path.join(path, name), name.endswith(".env")
+                # A plan file is never followed through a link: it could lead the bundle to any file on the host.
+                if not os.path.isfile(full) or not (is_env or (name.endswith(PLAN_SUFFIXES) and not os.path.islink(full))):
+                    continue
+                try:
+                    with open(full, "rb") as handle:
+                        data = handle.read()
+                except OSError as error:
+                    if is_env:
+                        raise DiagnoseError(f"{full}: cannot be read ({error.strerror}), so its keys could not be kept out of "
+                                            f"the bundle{AS_ROOT if isinstance(error, PermissionError) else ''}") from error
+                    problems.append(f"{full}: cannot be read ({error.strerror})")
+                    continue
+                if is_env:
+                    secrets |= env_secrets(data.decode("utf-8", "replace"))
+                    continue
+                files["/".join(["plans", label, *([sub] if sub else []), name])] = data
+                if not sub and name.endswith(".json"):
+                    try:
+                        plans[f"{label}-{name.removesuffix('.json')}"] = json.loads(data)
+                    except ValueError as error:
+                        problems.append(f"{full}: not JSON ({error})")
+    plans = {stem: plan for stem, plan in plans.items() if isinstance(plan, dict)}
+    return {
+        "files": files, "secrets": secrets, "problems": problems,
+        "units": sorted({plan["unit"] for plan in plans.values() if isinstance(plan.get("unit"), str)}),
+        "containers": sorted({plan["container"] for plan in plans.values() if isinstance(plan.get("container"), str)}),
+        # Only engines answer /metrics: the gateway's plans and a cluster's workers (no API) are left out.
+        "metrics": {stem: plan["url"] for stem, plan in plans.items()
+                    if isinstance(plan.get("url"), str) and plan.get("container") and plan.get("kind") != "gateway"
+                    and (not isinstance(plan.get("cluster"), dict) or plan["cluster"].get("head"))},
+        "cluster": any(plan.get("cluster") for plan in plans.values()),
+    }
+
+
+class Collector:
+    """Runs commands and reads under the per-command limit and the bundle's deadline, keeping the
+    members, what the manifest says about each command, and what went wrong."""
+
+    def __init__(self, run: Runner, fetch: Fetcher, time_limit: float, total_limit: float, clock: Callable[[], float]) -> None:
+        self.run, self.fetch, self.time_limit, self.clock = run, fetch, time_limit, clock
+        self.deadline = clock() + total_limit
+        self.members: dict[str, bytes] = {}
+        self.commands: list[dict[str, t.Any]] = []
+        self.problems: list[str] = []
+
+    def _limit(self, member: str, what: dict[str, t.Any]) -> float | None:
+        left = self.deadline - self.clock()
+        if left <= 0:
+            self.commands.append({"member": member, **what, "skipped": True})
+            return None
+        return min(self.time_limit, left)
+
+    def command(self, member: str, argv: list[str]) -> tuple[int | None, str, str] | None:
+        """(rc, stdout, stderr), or None when the bundle's time was up and the command was skipped."""
+        limit = self._limit(member, {"command": argv})
+        if limit is None:
+            return None
+        start = self.clock()
+        rc, out, err = self.run(argv, limit)
+        self.commands.append({"member": member, "command": argv, "rc": rc, "seconds": round(self.clock() - start, 2),
+                              "timed_out": rc is None, "missing": rc == MISSING, "skipped": False})
+        if rc is None:
+            self.problems.append(f"{shlex.join(argv)}: timed out after {limit:.0f} s")
+        return rc, out, err
+
+    def output(self, member: str, argv: list[str]) -> None:
+        """One command's output as one member; a tool not installed or a command skipped adds nothing."""
+        result = self.command(member, argv)
+        if result is not None and result[0] != MISSING:
+            self.members[member] = output_text(*result).encode()
+
+    def sections(self, member: str, commands: Iterable[list[str]]) -> None:
+        """Several commands' outputs as one member, each under its command line."""
+        self.members[member] = "".join(section(argv, self.command(member, argv)) for argv in commands).encode()
+
+    def get(self, member: str, url: str) -> None:
+        limit = self._limit(member, {"url": url})
+        if limit is None:
+            return
+        start = self.clock()
+        status, body = self.fetch(url, limit)
+        self.commands.append({"member": member, "url": url, "status": status, "seconds": round(self.clock() - start, 2),
+                              "skipped": False})
+        if status is None:
+            self.problems.append(f"{url}: no answer ({body})")
+        self.members[member] = (body if status is not None else f"(no answer: {body})\n").encode()
+
+
+def output_text(rc: int | None, out: str, err: str) -> str:
+    """A command's stdout, its stderr below a marker, and how it ended unless it exited 0."""
+    if rc == MISSING:
+        return "(not installed)\n"
+    status = {None: "timed out", 0: ""}.get(rc, f"exit status {rc}")
+    out = out if not out or out.endswith("\n") else out + "\n"
+    return out + (f"--- stderr ---\n{err.rstrip()}\n" if err.strip() else "") + (f"({status})\n" if status else "")
+
+
+def section(argv: list[str], result: tuple[int | None, str, str] | None, keep: Callable[[str], t.Any] | None = None) -> str:
+    """A command's output under its command line; `keep` picks the lines of its stdout worth keeping."""
+    if result is None:
+        return f"$ {shlex.join(argv)}\n(skipped: the bundle's time limit was reached)\n\n"
+    rc, out, err = result
+    if keep is not None:
+        out = "".join(line for line in out.splitlines(keepends=True) if keep(line)) or ("(no matching line)\n" if rc == 0 else "")
+    return f"$ {shlex.join(argv)}\n{output_text(rc, out, err)}\n"
+
+
+def collect_bundle(destination: str, config_dirs: Sequence[str], time_limit: float, run: Runner, fetch: Fetcher,
+                   total_limit: float = 300.0, clock: Callable[[], float] = time.monotonic) -> dict[str, t.Any]:
+    """Collect the host's bundle and write it to `destination` (.tar.gz, mode 0600; its folder created
+    0700 when missing). Returns {path, members, problems, size}; raises DiagnoseError or OSError when
+    the bundle cannot be made safely or written."""
+    started, when = clock(), time.time()
+    found = survey(config_dirs)
+    folder = os.path.dirname(os.path.abspath(destination))
+    if not os.path.isdir(folder):
+        os.makedirs(folder, mode=0o700)
+        os.chmod(folder, 0o700)
+    bundle = Collector(run, fetch, time_limit, total_limit, clock)
+    bundle.members.update(found["files"])
+    bundle.problems.extend(found["problems"])
+    secrets = set(found["secrets"])
+    listed = bundle.command("units/list-units.txt", ["systemctl", "list-units", "sparkfleet-*", "--all", "--plain", "--no-pager"])
+    if listed is not None and listed[0] != MISSING:
+        bundle.members["units/list-units.txt"] = output_text(*listed).encode()
+    listed_units = {line.split()[0] for line in (listed[1] if listed else "").splitlines() if line.startswith("sparkfleet-")}
+    # The most telling first, so a bundle cut short by its time limit still holds them.
+    boot = ["journalctl", "-k", "-b", "0", "--no-pager", "-o", "short-iso"]
+    current = bundle.command("kernel.txt", boot)
+    # Without a journal of the kernel (journalctl then prints only "-- No entries --"), the ring buffer.
+    if current is not None and (current[0] != 0 or all(line.startswith("-- ") for line in current[1].splitlines())):
+        boot = ["dmesg", "-T"]
+        current = bundle.command("kernel.txt", boot)
+    # The boot before this one too: a GB10 frozen by a memory leak comes back only through a reset.
+    previous = ["journalctl", "-k", "-b", "-1", "--no-pager", "-o", "short-iso"]
+    bundle.members["kernel.txt"] = (section(boot, current, KERNEL_LINES.search)
+                                    + section(previous, bundle.command("kernel.txt", previous), KERNEL_LINES.search)).encode()
+    for container in found["containers"]:
+        member = f"containers/{container}.inspect.json"
+        inspected = bundle.command(member, [DOCKER, "inspect", container])
+        if inspected is not None and inspected[0] != MISSING:
+            try:
+                text, values = redact_inspect(inspected[1])
+                secrets |= values
+                text += output_text(inspected[0], "", inspected[2])
+            except ValueError:
+                text = "(docker inspect gave no JSON: left out, so that no value escapes unredacted)\n" + output_text(inspected[0], "", inspected[2])
+            bundle.members[member] = text.encode()
+        bundle.output(f"containers/{container}.log", [DOCKER, "logs", "--tail", "500", "--timestamps", container])
+    for stem, url in found["metrics"].items():
+        bundle.get(f"metrics/{stem}.txt", url.rstrip("/") + "/metrics")
+    for unit in [*sorted(set(found["units"]) | listed_units), *OTHER_UNITS]:
+        bundle.output(f"units/{unit}.show.txt", ["systemctl", "show", unit])
+        bundle.output(f"units/{unit}.journal.txt", ["journalctl", "-u", unit, "--no-pager", "-n", "1000", "-o", "short-iso"])
+    bundle.sections("versions.txt", [["uname", "-a"], ["cat", "/proc/cmdline"], ["cat", "/proc/driver/nvidia/version"],
+                                     ["dpkg-query", "-W", "-f", "${db:Status-Abbrev} ${Package} ${Version}\\n",
+                                      "nvidia-*", "libnvidia-*", "cuda-*", "linux-image-*"],
+                                     ["apt-mark", "showhold"]])
+    bundle.output("images.txt", [DOCKER, "image", "ls", "--digests", "--no-trunc"])
+    if found["cluster"]:
+        # ip -o link shows each interface's MTU: a fast link below 9000 halves NCCL's bandwidth.
+        bundle.sections("fabric.txt", [["ip", "-br", "addr"], ["ip", "-o", "link"], ["ibdev2netdev"], ["show_gids"]])
+    bundle.output("nvidia/nvidia-smi-q.txt", ["nvidia-smi", "-q"])
+    bug_report(bundle, folder)
+    skipped = sum(entry["skipped"] for entry in bundle.commands)
+    if skipped:
+        bundle.problems.append(f"the bundle's total time limit ({total_limit:.0f} s) was reached: {skipped} commands skipped")
+    members = [*bundle.members, "MANIFEST.json"]
+    bundle.members["MANIFEST.json"] = json.dumps({
+        "host": socket.gethostname(), "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(when)),
+        "config_dirs": list(config_dirs), "time_limit": time_limit, "total_limit": total_limit, "seconds": round(clock() - started, 2),
+        "complete": not skipped, "members": members, "commands": bundle.commands, "problems": bundle.problems,
+    }, indent=2).encode()
+    size = write_tarball(destination, {name: scrub(data, secrets) for name, data in bundle.members.items()}, when)
+    return {"path": destination, "members": members, "problems": bundle.problems, "size": size}
+
+
+def collect_host_bundle(destination: str, config_dirs: Sequence[str], time_limit: float, total_limit: float = 300.0) -> dict[str, t.Any]:
+    """collect_bundle on the host this runs on: the diagnose_bundle module's, and the watchdog's when it gives up."""
+    return collect_bundle(destination, config_dirs, time_limit, run_command, http_get, total_limit)
+
+
+def bug_report(bundle: Collector, folder: str) -> None:
+    """nvidia-bug-report.sh's log (gzip, named by the script) added as text, so the final scrub reaches it.
+    It writes into a private temporary folder beside the bundle, removed afterwards."""
+    report_folder = tempfile.mkdtemp(prefix=".bug-report-", dir=folder)
+    try:
+        argv = ["nvidia-bug-report.sh", "--output-file", os.path.join(report_folder, "nvidia-bug-report.log")]
+        result = bundle.command("nvidia/nvidia-bug-report.log", argv)
+        # A report cut short by the time limit is still worth its lines.
+        for name in sorted(os.listdir(report_folder)) if result is not None and result[0] != MISSING else []:
+            with open(os.path.join(report_folder, name), "rb") as handle:
+                data = handle.read()
+            try:
+                bundle.members[f"nvidia/{name.removesuffix('.gz')}"] = gzip.decompress(data) if name.endswith(".gz") else data
+            except (OSError, EOFError) as error:
+                bundle.problems.append(f"nvidia-bug-report.sh left a damaged {name} ({error})")
+    finally:
+        shutil.rmtree(report_folder, ignore_errors=True)
+
+
+def write_tarball(destination: str, members: dict[str, bytes], when: float) -> int:
+    """Write the members as a .tar.gz under one folder named after the bundle, atomically (a temporary
+    file in the same folder, created 0600, renamed over the destination); returns its size."""
+    prefix = os.path.basename(destination).removesuffix(".tar.gz")
+    handle, temporary = tempfile.mkstemp(prefix=".diagnose-", suffix=".tmp", dir=os.path.dirname(os.path.abspath(destination)))
+    try:
+        with os.fdopen(handle, "wb") as raw:
+            with tarfile.open(fileobj=raw, mode="w:gz") as archive:
+                for name, data in members.items():
+                    info = tarfile.TarInfo(f"{prefix}/{name}")
+                    info.size, info.mode, info.mtime = len(data), 0o600, int(when)
+                    archive.addfile(info, io.BytesIO(data))
+            raw.flush()
+            os.fsync(raw.fileno())
+        os.replace(temporary, destination)
+    except BaseException:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+        raise
+    return os.path.getsize(destination)

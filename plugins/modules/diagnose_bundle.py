@@ -1,0 +1,151 @@
+#!/usr/bin/python
+# Copyright: sparkfleet.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: diagnose_bundle
+short_description: Collect a serving host's diagnostics into one tarball, with every key redacted
+version_added: 0.9.0
+description:
+  - Writes one C(.tar.gz) on the host (mode 0600) holding what a person needs to understand a serving host that
+    misbehaves, read from the plan files the collection deployed and from the host itself.
+  - The plan files of O(config_dirs) and their last good copies (C(*.json), and the gateway's LiteLLM config); never an
+    env file.
+  - The state (C(systemctl show)) and the last 1000 journal lines of each of the collection's units (those the plans name
+    and every C(sparkfleet-*) unit systemd lists), of earlyoom and of Docker, and C(systemctl list-units 'sparkfleet-*').
+  - C(docker inspect) of each planned container, every environment value and every C(--api-key) or C(--hf-token)
+    argument redacted, and the last 500 lines of its logs; C(/metrics) of each planned engine (it answers without a key);
+    the image digests (C(docker image ls --digests)).
+  - The kernel's OOM, C(NVRM) and C(Xid) messages of this boot and the one before (journal, or C(dmesg) without one);
+    the kernel and driver versions, the kernel command line, the NVIDIA, CUDA and kernel packages and the apt holds.
+  - On a host serving a cluster's rank, the fabric (C(ip -br addr), C(ip -o link), C(ibdev2netdev), C(show_gids)); where
+    the tools exist, C(nvidia-smi -q) and the log of C(nvidia-bug-report.sh).
+  - A C(MANIFEST.json) lists every member and, for each command, its exit status, its seconds and whether it timed out,
+    was not installed or was skipped because the bundle's time was up.
+  - Each command runs under O(time_limit) and all of them under O(total_limit); what is left when the time is up is
+    skipped and the manifest says so, and the bundle is written with what was collected.
+  - Redaction is twofold. The values of every setting of the env files in O(config_dirs) and their last good copies whose
+    name contains C(KEY), C(TOKEN), C(SECRET) or C(PASSWORD) (C(VLLM_API_KEY), C(LITELLM_MASTER_KEY), C(HF_TOKEN), the
+    gateway's backend keys), and the secret values found in the containers' environments and arguments, are removed
+    from every member (a key a log line printed too); then every C(--api-key VALUE), C(NAME=VALUE) of such a name and
+    C(Bearer VALUE) left is replaced by its shape.
+author: sparkfleet.vllm contributors (@sparkfleet)
+options:
+  dest:
+    description: The folder on the host the bundle is written to; created with mode 0700 when it is missing.
+    type: path
+    default: /var/lib/sparkfleet/diagnostics
+  config_dirs:
+    description: The configuration folders of the vllm, cluster and gateway roles (plan files, env files, last good copies).
+    type: list
+    elements: path
+    default: [/etc/sparkfleet/vllm, /etc/sparkfleet/cluster, /etc/sparkfleet/gateway]
+  time_limit:
+    description: Seconds each command and each C(/metrics) read may take.
+    type: float
+    default: 60
+  total_limit:
+    description: Seconds the whole collection may take; the commands left are skipped.
+    type: float
+    default: 300
+attributes:
+  check_mode:
+    support: full
+    description: Writes nothing and reports what it would collect (plan files, units, containers, C(/metrics) URLs, fabric).
+  diff_mode:
+    support: none
+    description: Writes a new bundle; nothing to compare.
+notes:
+  - Runs as root, the owner of the env files; an env file it cannot read fails the task, because its keys could not be kept
+    out of the bundle.
+  - A key shorter than 8 characters is not searched for in free text (it would match ordinary words); the collection's keys
+    are 16 characters or more.
+  - C(playbooks/diagnose.yml) runs it on every host and fetches each bundle to the controller (docs/diagnose.md).
+"""
+
+EXAMPLES = r"""
+- name: Collect the host's diagnostics bundle
+  sparkfleet.vllm.diagnose_bundle:
+    time_limit: 30
+  register: bundle
+
+- name: Fetch it to the controller
+  ansible.builtin.fetch:
+    src: "{{ bundle.path }}"
+    dest: "diagnostics/{{ inventory_hostname }}/"
+    flat: true
+"""
+
+RETURN = r"""
+path:
+  description: The bundle on the host (in check mode, where it would be written).
+  returned: always
+  type: str
+  sample: /var/lib/sparkfleet/diagnostics/sparkfleet-diagnose-spark-1-20261204T101500Z.tar.gz
+members:
+  description: The bundle's members, under one folder named after the bundle; empty in check mode.
+  returned: always
+  type: list
+  elements: str
+  sample: [plans/vllm/llm.json, kernel.txt, containers/vllm-llm.inspect.json, MANIFEST.json]
+problems:
+  description: What could not be collected (a command that timed out, a /metrics that did not answer, the total limit reached).
+  returned: always
+  type: list
+  elements: str
+size:
+  description: The bundle's size in bytes; 0 in check mode.
+  returned: always
+  type: int
+would_collect:
+  description: What the plans name, C(plan_files), C(units), C(containers), C(metrics) (name to URL) and C(cluster) (whether
+    the fabric is read); the systemd units listed, earlyoom and docker, and the host's own commands come on top.
+  returned: in check mode
+  type: dict
+"""
+
+import socket
+import time
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._diagnose import (
+    CONFIG_DIRS,
+    DiagnoseError,
+    bundle_path,
+    collect_host_bundle,
+    survey,
+)
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            dest=dict(type="path", default="/var/lib/sparkfleet/diagnostics"),
+            config_dirs=dict(type="list", elements="path", default=list(CONFIG_DIRS)),
+            time_limit=dict(type="float", default=60),
+            total_limit=dict(type="float", default=300),
+        ),
+        supports_check_mode=True,
+    )
+    params = module.params
+    if params["time_limit"] <= 0 or params["total_limit"] <= 0:
+        module.fail_json(msg=f"time_limit ({params['time_limit']}) and total_limit ({params['total_limit']}) must be more than 0 seconds")
+    path = bundle_path(params["dest"], socket.gethostname(), time.time())
+    try:
+        if module.check_mode:
+            found = survey(params["config_dirs"])
+            would_collect = {"plan_files": sorted(found["files"]), "units": found["units"], "containers": found["containers"],
+                             "metrics": found["metrics"], "cluster": found["cluster"]}
+            module.exit_json(changed=True, path=path, members=[], problems=found["problems"], size=0, would_collect=would_collect)
+        result = collect_host_bundle(path, params["config_dirs"], params["time_limit"], params["total_limit"])
+    except (DiagnoseError, OSError) as error:
+        module.fail_json(msg=f"the diagnostics bundle could not be made: {error}", path=path)
+    module.exit_json(changed=True, **result)
+
+
+if __name__ == "__main__":
+    main()
