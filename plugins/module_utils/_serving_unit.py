@@ -419,6 +419,7 @@ def relaunch(plan: t.Mapping[str, t.Any], memory_admission: bool, flag: str | No
         return {"changed": True}
     if flag:
         raise_flag(flag, plan["name"], False)
+        hand_back_to_watchdog(plan["watchdog_give_up"])
     try:
         verdict = launch(plan, memory_admission, run)
         rollback = None if verdict["ok"] else roll_back(plan, memory_admission, run)
@@ -433,6 +434,17 @@ def relaunch(plan: t.Mapping[str, t.Any], memory_admission: bool, flag: str | No
     return {"changed": True, "failed": True, "gate": verdict,
             "msg": (f"{failed} failed its relaunch: {verdict['msg']} (detected after {verdict.get('elapsed', '?')} s). "
                     f"{rollback} Errors in the {'gateway' if is_gateway(plan) else 'engine'} log: {errors}" + (f". Also {flag_left}" if flag_left else ""))}
+
+
+def hand_back_to_watchdog(give_up: str) -> None:
+    """A planned relaunch is a person's answer to the watchdog having given up on the unit: its
+    give-up file goes, and the watchdog judges the unit again with a fresh restart budget."""
+    try:
+        os.unlink(give_up)
+    except FileNotFoundError:
+        pass
+    except OSError as error:
+        raise UnitError(f"{give_up}: the watchdog's give-up cannot be cleared ({error.strerror}); run the task as root") from error
 
 
 def flag_not_cleared(flag: str) -> str:
@@ -463,6 +475,10 @@ def step(name: str, plan: t.Any, check_mode: bool, run: Runner, env_text: str | 
     if flag_problem:
         raise UnitError(f"plan: maintenance_flag {flag!r} {flag_problem}; step {name} needs the flag's path as the vllm role "
                         "plans it (vllm_maintenance_flag)")
+    give_up_problem = path_problem(plan.get("watchdog_give_up"), 2) if name == "relaunch" and not is_gateway(plan) else None
+    if give_up_problem:
+        raise UnitError(f"plan: watchdog_give_up {plan.get('watchdog_give_up')!r} {give_up_problem}; a relaunch hands the unit back "
+                        "to the watchdog at the path the vllm role plans")
     if name == "prepare":
         return prepare(plan, env_text or "", check_mode, run)
     if name == "stop":

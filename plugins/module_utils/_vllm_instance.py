@@ -12,6 +12,9 @@ from __future__ import annotations
 import re
 import typing as t
 
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._watchdog import STATE_DIR as WATCHDOG_STATE_DIR
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._watchdog import person_needed_path
+
 DIGEST_REFERENCE = re.compile(r"(?P<repository>[a-z0-9][a-z0-9._/:-]*?)(?::(?P<tag>[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}))?@(?P<digest>sha256:[0-9a-f]{64})")
 # The shape of an instance's plan file (/etc/sparkfleet/vllm/NAME.json): raised when a reader could misread an older one.
 PLAN_SCHEMA_VERSION = 1
@@ -46,6 +49,7 @@ def instance_files(config_dir: str, name: str, cluster: bool) -> dict[str, t.Any
     return {
         "unit": unit, "container": container,
         "env_path": env_path, "plan_path": plan_path, "unit_path": kept[2][0], "last_good_dir": last_good,
+        "watchdog_give_up": person_needed_path(WATCHDOG_STATE_DIR, unit),
         "kept_files": [{"path": path, "last_good": f"{last_good}/{path.rsplit('/', 1)[1]}", "mode": mode} for path, mode in kept],
     }
 

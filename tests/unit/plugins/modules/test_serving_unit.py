@@ -132,6 +132,7 @@ def planned(host, **changes):
     plan = result["instances"][0]
     plan["kept_files"][2] = {**plan["kept_files"][2], "path": str(host / "units" / plan["unit"])}
     plan["maintenance_flag"] = str(host / "run" / "vllm-maintenance")
+    plan["watchdog_give_up"] = str(host / "watchdog" / f"{plan['unit']}.person-needed.json")
     return plan, result["env_files"]["tiny"]
 
 
@@ -437,7 +438,10 @@ def test_a_relaunch_is_gated_under_the_maintenance_flag_which_it_clears(host, vl
     checked = relaunch(host, plan, check_mode=True)
     assert checked["changed"] and calls(host) == [] and not (host / "run").exists()
     assert not (host / "config" / "last-good" / "tiny.env").exists()
+    (host / "watchdog").mkdir()
+    pathlib.Path(plan["watchdog_give_up"]).write_text("{}")
     done = relaunch(host, plan)
+    assert not pathlib.Path(plan["watchdog_give_up"]).exists(), "a planned relaunch hands a unit the watchdog gave up on back to it"
     assert done["changed"] and done["gate"]["ok"] and done["gate"]["served_model_names"] == ["tiny"]
     assert done["gate"]["warmup_reply"] == "Hello, operator"
     assert done["kept"] == ["env", "plan", "unit"], "the settings that passed the gate are kept as the last good ones"

@@ -1,0 +1,269 @@
+# Copyright: sparkfleet.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""sparkfleet.vllm's watchdog: forward progress of the units in the host's plan files.
+
+Run by sparkfleet-watchdog.service (the watchdog role) with the OS's Python. The judgement is
+_watchdog.py beside this file (sparkfleet.vllm's plugins/module_utils/_watchdog.py, unit-tested
+there); this file only reads the units (docker inspect, systemctl show, /metrics, a probe
+completion), acts (systemctl), keeps the state and writes one JSON line per decision to stdout,
+which the journal keeps.
+
+  sparkfleet_watchdog.py run [--config FILE] [--once]
+  sparkfleet_watchdog.py clear UNIT      hand a unit the watchdog gave up on back to it
+  sparkfleet_watchdog.py status          the state of every unit, as JSON
+"""
+
+import argparse
+import glob
+import http.client
+import json
+import os
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _diagnose import collect_host_bundle, run_command  # noqa: E402
+from _watchdog import (  # noqa: E402
+    CONFIG_PATH,
+    DOWN_STATES,
+    FAILING,
+    STATE_DIR,
+    assess,
+    journal_line,
+    needs_probe,
+    new_memory,
+    parse_metrics,
+    person_needed_path,
+)
+
+COMMAND_TIMEOUT = 30
+
+
+def write_json(path, value, mode=0o600):
+    folder = os.path.dirname(path)
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(dir=folder, prefix=".watchdog-")
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as stream:
+            json.dump(value, stream, indent=2, sort_keys=True)
+            stream.write("\n")
+            stream.flush()
+            os.fsync(stream.fileno())
+        os.chmod(temporary, mode)
+        os.replace(temporary, path)
+    except BaseException:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+        raise
+
+
+def read_json(path, default):
+    try:
+        with open(path, encoding="utf-8") as stream:
+            return json.load(stream)
+    except (OSError, ValueError):
+        return default
+
+
+def watched_plans(plan_dirs):
+    """The plans of the single instances deployed on the host, in their start order by name."""
+    plans, skipped = [], []
+    for folder in plan_dirs:
+        for path in sorted(glob.glob(os.path.join(folder, "*.json"))):
+            plan = read_json(path, None)
+            if not isinstance(plan, dict) or not all(isinstance(plan.get(key), str) for key in ("unit", "container", "url", "env_path")):
+                continue
+            (skipped if plan.get("cluster") else plans).append(plan)
+    return plans, skipped
+
+
+def api_key(plan):
+    try:
+        with open(plan["env_path"], encoding="utf-8") as stream:
+            for line in stream:
+                name, _separator, value = line.rstrip("\n").partition("=")
+                if name.strip() == "VLLM_API_KEY":
+                    return value
+    except OSError:
+        return ""
+    return ""
+
+
+def container_state(container):
+    rc, out, _err = run_command(["docker", "inspect", "--format", "{{json .State.Status}}", container], COMMAND_TIMEOUT)
+    if rc != 0:
+        return "missing"
+    try:
+        return json.loads(out)
+    except ValueError:
+        return "missing"
+
+
+def unit_state(unit):
+    _rc, out, _err = run_command(["systemctl", "show", unit, "--property=ActiveState,SubState,Job"], COMMAND_TIMEOUT)
+    values = dict(line.partition("=")[::2] for line in out.splitlines() if "=" in line)
+    return values.get("ActiveState", "unknown"), values.get("SubState", "unknown"), values.get("Job", "") not in ("", "0")
+
+
+def call(url, timeout, key=None, body=None):
+    headers = {"Content-Type": "application/json"} if body is not None else {}
+    if key:
+        headers["Authorization"] = "Bearer " + key
+    request = urllib.request.Request(url, data=None if body is None else json.dumps(body).encode(), headers=headers)
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        return response.status, response.read().decode("utf-8", "replace")
+
+
+def read_metrics(plan, timeout):
+    try:
+        status, text = call(plan["url"].rstrip("/") + "/metrics", timeout)
+    except (OSError, ValueError, http.client.HTTPException):
+        return None
+    return parse_metrics(text) if status == 200 else None
+
+
+def probe(plan, settings):
+    """A tiny real request: it returns only when the engine steps. A pooling model embeds instead."""
+    key, model = api_key(plan), (plan.get("served_names") or [plan.get("model")])[0]
+    pooling = "pooling" in (plan.get("serve_args") or [])
+    path, body = (("/v1/embeddings", {"model": model, "input": "ping"}) if pooling else
+                  ("/v1/completions", {"model": model, "prompt": "1 2 3", "max_tokens": settings["probe_tokens"], "temperature": 0}))
+    started = time.monotonic()
+    try:
+        call(plan["url"].rstrip("/") + path, settings["probe_timeout"], key, body)
+        outcome, detail = "ok", ""
+    except urllib.error.HTTPError as error:
+        outcome, detail = ("error" if error.code >= 500 else "refused"), f"HTTP {error.code}"
+    except (TimeoutError, OSError, ValueError, http.client.HTTPException) as error:
+        reason = getattr(error, "reason", error)
+        timed_out = isinstance(reason, TimeoutError) or "timed out" in str(reason)
+        outcome, detail = ("timeout" if timed_out else "error"), str(reason)[:200]
+    return {"outcome": outcome, "seconds": round(time.monotonic() - started, 2), "detail": detail}
+
+
+def flag_age(plan, now):
+    flag = plan.get("maintenance_flag")
+    try:
+        return max(0.0, now - os.stat(flag).st_mtime) if flag else None
+    except OSError:
+        return None
+
+
+def act(decision, plan, settings, state_dir, memory, now):
+    unit = plan["unit"]
+    if decision["action"] == "start":
+        run_command(["systemctl", "reset-failed", unit], COMMAND_TIMEOUT)
+        decision["result"] = run_command(["systemctl", "start", "--no-block", unit], COMMAND_TIMEOUT)[0]
+    elif decision["action"] == "restart":
+        decision["result"] = run_command(["systemctl", "restart", "--no-block", unit], COMMAND_TIMEOUT)[0]
+    elif decision["action"] == "give_up":
+        bundle = collect_bundle(settings, state_dir, unit, now)
+        write_json(person_needed_path(state_dir, unit), {
+            "unit": unit, "since": round(now, 1), "why": decision["why"], "evidence": memory["evidence"],
+            "restarts": memory["restarts"], "bundle": bundle,
+            "clear": f"/usr/bin/python3 {os.path.abspath(__file__)} clear {unit}"}, 0o644)
+        decision["bundle"] = bundle
+
+
+def collect_bundle(settings, state_dir, unit, now):
+    """The diagnostics bundle of the host at the give-up (the same as playbooks/diagnose.yml's)."""
+    destination = os.path.join(state_dir, "bundles", f"{unit}-{int(now)}.tar.gz")
+    try:
+        return collect_host_bundle(destination, settings["plan_dirs"], settings["bundle_time_limit"])["path"]
+    except Exception as error:  # noqa: BLE001 - a failed bundle must not stop the watchdog
+        return f"no bundle: {error}"
+
+
+def sample(settings, state, now):
+    plans, _skipped = watched_plans(settings["plan_dirs"])
+    memories = state.setdefault("units", {})
+    for plan in plans:
+        try:
+            watch(plan, settings, memories, now)
+        except Exception as error:  # noqa: BLE001 - one unit's surprise must not blind the watchdog to the others
+            print(json.dumps({"sparkfleet_watchdog": 1, "time": round(now, 1), "unit": plan["unit"], "verdict": "error", "action": "none",
+                              "why": f"{type(error).__name__}: {error}"}, sort_keys=True), flush=True)
+    for unit in set(memories) - {plan["unit"] for plan in plans}:
+        del memories[unit]
+    write_json(os.path.join(settings["state_dir"], "state.json"), state)
+
+
+def watch(plan, settings, memories, now):
+    """One sample of one unit: read it, judge it, act, write the decision when it says something new."""
+    memory = {**new_memory(), **memories.get(plan["unit"], {})}
+    container = container_state(plan["container"])
+    active, sub, pending = unit_state(plan["unit"])
+    metrics = read_metrics(plan, min(10, settings["probe_timeout"])) if container not in DOWN_STATES else None
+    seen = {
+        "person_needed": os.path.exists(person_needed_path(settings["state_dir"], plan["unit"])),
+        "flag_age": flag_age(plan, now), "container": container, "active_state": active, "sub_state": sub, "job_pending": pending,
+        "metrics": metrics, "probe": None,
+    }
+    if container == "running" and not seen["person_needed"] and needs_probe(memory, metrics):
+        seen["probe"] = probe(plan, settings)
+    decision = assess(plan, memory, seen, settings, now)
+    if decision["action"] != "none":
+        act(decision, plan, settings, settings["state_dir"], memory, now)
+    if decision["action"] != "none" or decision["verdict"] in FAILING or decision["verdict"] != memory["verdict"]:
+        print(journal_line(decision, now), flush=True)
+    memory["verdict"] = decision["verdict"]
+    memories[plan["unit"]] = memory
+
+
+def run(arguments):
+    settings = read_json(arguments.config, None)
+    if not isinstance(settings, dict):
+        print(f"{arguments.config}: no watchdog configuration (the watchdog role writes it)", file=sys.stderr)
+        return 2
+    settings.setdefault("state_dir", STATE_DIR)
+    state = read_json(os.path.join(settings["state_dir"], "state.json"), {})
+    plans, skipped = watched_plans(settings["plan_dirs"])
+    print(json.dumps({"sparkfleet_watchdog": 1, "time": round(time.time(), 1), "verdict": "started", "action": "none",
+                      "why": f"watching {', '.join(p['unit'] for p in plans) or 'no unit yet'} every {settings['interval']} s"
+                             + (f"; not watched: the cluster ranks {', '.join(p['unit'] for p in skipped)}" if skipped else "")},
+                     sort_keys=True), flush=True)
+    while True:
+        started = time.monotonic()
+        sample(settings, state, time.time())
+        if arguments.once:
+            return 0
+        time.sleep(max(0.0, settings["interval"] - (time.monotonic() - started)))
+
+
+def clear(arguments):
+    settings = read_json(arguments.config, {}) or {}
+    path = person_needed_path(settings.get("state_dir", STATE_DIR), arguments.unit)
+    if not os.path.exists(path):
+        print(f"{arguments.unit}: the watchdog has not given up on it")
+        return 0
+    os.unlink(path)
+    print(f"{arguments.unit}: handed back to the watchdog (its restart budget starts afresh)")
+    return 0
+
+
+def status(arguments):
+    settings = read_json(arguments.config, {}) or {}
+    print(json.dumps(read_json(os.path.join(settings.get("state_dir", STATE_DIR), "state.json"), {}), indent=2, sort_keys=True))
+    return 0
+
+
+def main(argv=None):
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--config", default=CONFIG_PATH)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    run_parser = commands.add_parser("run", parents=[common])
+    run_parser.add_argument("--once", action="store_true", help="one sample of every unit, then exit")
+    clear_parser = commands.add_parser("clear", parents=[common])
+    clear_parser.add_argument("unit")
+    commands.add_parser("status", parents=[common])
+    arguments = parser.parse_args(argv)
+    return {"run": run, "clear": clear, "status": status}[arguments.command](arguments)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,234 @@
+"""The watchdog's judgement, sample by sample: down and wedged units acted on at the third failing
+sample, progress from counters or a probe, the maintenance flag fresh and stale, sleeping engines,
+systemd's own starts, the grace after a start (cold, then warm), the restart budget and the give-up,
+and the role's plan with its refusals."""
+
+import json
+
+import pytest
+
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._watchdog import (
+    SETTINGS,
+    assess,
+    counters_moved,
+    journal_line,
+    needs_probe,
+    new_memory,
+    parse_metrics,
+    person_needed_path,
+    watchdog_plan,
+)
+
+SETTINGS_DEFAULT = {"interval": 30, "failures": 3, "probe_timeout": 15, "probe_tokens": 4, "budget": 3, "budget_window": 21600,
+                    "warm_grace": 600, "maintenance_max_age": 7200, "bundle_time_limit": 60}
+PLAN = {"unit": "sparkfleet-vllm-llm.service", "container": "sparkfleet-vllm-llm", "config_hash": "h1", "health_timeout": 1200}
+# A page as vLLM 0.32's CPU build serves it (recorded on the lab, trimmed to the families read here).
+METRICS_PAGE = """# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="tiny"} 1.0
+vllm:num_requests_waiting{engine="0",model_name="tiny"} 0.0
+# TYPE vllm:generation_tokens_total counter
+vllm:generation_tokens_total{engine="0",model_name="tiny"} 120.0
+vllm:prompt_tokens_total{engine="0",model_name="tiny"} 300.0
+vllm:iteration_tokens_total_count{engine="0",model_name="tiny"} 42.0
+vllm:iteration_tokens_total_sum{engine="0",model_name="tiny"} 420.0
+# HELP vllm:engine_sleep_state Engine sleep state; awake = 0 means engine is sleeping; awake = 1 means engine is awake; weights_offloaded = 1 means sleep level 1; discard_all = 1 means sleep level 2.
+# TYPE vllm:engine_sleep_state gauge
+vllm:engine_sleep_state{engine="0",model_name="tiny",sleep_state="awake"} 1.0
+vllm:engine_sleep_state{engine="0",model_name="tiny",sleep_state="weights_offloaded"} 0.0
+vllm:engine_sleep_state{engine="0",model_name="tiny",sleep_state="discard_all"} 0.0
+"""
+
+
+def seen(**changes):
+    return {"person_needed": False, "flag_age": None, "container": "running", "active_state": "active", "sub_state": "running",
+            "job_pending": False, "metrics": None, "probe": None, **changes}
+
+
+def metrics(generated, running=1.0, **extra):
+    return {"vllm:generation_tokens_total": generated, "vllm:prompt_tokens_total": 10.0, "vllm:iteration_tokens_total_count": generated,
+            "vllm:num_requests_running": running, **extra}
+
+
+TIMEOUT = {"outcome": "timeout", "seconds": 15.0, "detail": "timed out"}
+OK = {"outcome": "ok", "seconds": 0.04, "detail": ""}
+
+
+def samples(memory, observations, start=1000.0, settings=SETTINGS_DEFAULT):
+    return [assess(PLAN, memory, observation, settings, start + 30 * index) for index, observation in enumerate(observations)]
+
+
+def test_the_metrics_page_parses_to_the_summed_counters_and_gauges():
+    values = parse_metrics(METRICS_PAGE + 'vllm:generation_tokens_total{engine="1",model_name="tiny"} 5.0\nbroken line here\n')
+    assert values["vllm:generation_tokens_total"] == 125.0
+    assert values["vllm:iteration_tokens_total_count"] == 42.0
+    assert values["vllm:num_requests_running"] == 1.0
+    assert "vllm:iteration_tokens_total_sum" not in values
+    assert values["sleeping"] == 0.0, "an awake engine's sleep series (awake 1, the levels 0) is no sleep"
+
+
+@pytest.mark.parametrize(("awake", "level_one", "level_two"), [("0.0", "1.0", "0.0"), ("0.0", "0.0", "1.0"), ("0.0", "0.0", "0.0")])
+def test_an_engine_put_to_sleep_reads_as_sleeping(awake, level_one, level_two):
+    page = METRICS_PAGE.replace('sleep_state="awake"} 1.0', f'sleep_state="awake"}} {awake}')
+    page = page.replace('sleep_state="weights_offloaded"} 0.0', f'sleep_state="weights_offloaded"}} {level_one}')
+    page = page.replace('sleep_state="discard_all"} 0.0', f'sleep_state="discard_all"}} {level_two}')
+    assert parse_metrics(page)["sleeping"] == 1.0
+
+
+def test_counters_moved_only_when_one_grew():
+    assert counters_moved({"vllm:generation_tokens_total": 1.0}, {"vllm:generation_tokens_total": 2.0})
+    assert not counters_moved({"vllm:generation_tokens_total": 2.0}, {"vllm:generation_tokens_total": 2.0})
+    assert not counters_moved({"vllm:generation_tokens_total": 9.0}, {"vllm:generation_tokens_total": 2.0}), "a reset is no progress"
+    assert not counters_moved(None, {"vllm:generation_tokens_total": 2.0})
+
+
+def test_a_container_down_for_three_samples_is_started_and_then_given_its_cold_grace():
+    memory = new_memory()
+    down = seen(container="exited", active_state="inactive", sub_state="dead")
+    first, second, third = samples(memory, [down, down, down])
+    assert [first["action"], second["action"]] == ["none", "none"] and first["verdict"] == "down"
+    assert third["action"] == "start" and "failing sample 3 of 3" in third["why"] and "cold grace of 1200 s" in third["why"]
+    assert memory["grace_until"] == 1060.0 + 1200 and len(memory["restarts"]) == 1
+    during = assess(PLAN, memory, down, SETTINGS_DEFAULT, 1100.0)
+    assert during["verdict"] == "grace" and during["action"] == "none"
+
+
+def test_systemd_starting_the_unit_is_not_down():
+    memory = new_memory()
+    auto_restart = seen(container="exited", active_state="activating", sub_state="auto-restart")
+    queued = seen(container="missing", active_state="inactive", sub_state="dead", job_pending=True)
+    decisions = samples(memory, [auto_restart, queued, auto_restart, queued])
+    assert {d["verdict"] for d in decisions} == {"starting"} and memory["failures"] == 0
+
+
+def test_one_good_sample_resets_the_count():
+    memory = new_memory()
+    down = seen(container="exited", active_state="failed", sub_state="failed")
+    decisions = samples(memory, [down, down, seen(metrics=metrics(5.0), probe=OK), down, down])
+    assert [d["action"] for d in decisions] == ["none"] * 5 and memory["failures"] == 2
+
+
+def test_a_fresh_maintenance_flag_silences_it_and_a_stale_one_does_not():
+    memory = new_memory()
+    down = seen(container="exited", active_state="inactive", sub_state="dead")
+    flagged = [{**down, "flag_age": 60.0}] * 5
+    assert {d["verdict"] for d in samples(memory, flagged)} == {"maintenance"} and memory["failures"] == 0
+    stale = [{**down, "flag_age": 7300.0}] * 3
+    decisions = samples(memory, stale)
+    assert decisions[-1]["action"] == "start" and "a maintenance flag 7300 s old was ignored" in decisions[-1]["why"]
+
+
+def test_counters_frozen_and_the_probe_timing_out_while_the_container_runs_is_a_wedge():
+    memory = new_memory()
+    frozen = seen(metrics=metrics(120.0), probe=TIMEOUT)
+    decisions = samples(memory, [seen(metrics=metrics(120.0), probe=OK), frozen, frozen, frozen])
+    assert decisions[0]["verdict"] == "answers"
+    assert [d["verdict"] for d in decisions[1:]] == ["wedged"] * 3
+    assert decisions[-1]["action"] == "restart" and "no answer in 15 s while the container runs" in decisions[-1]["why"]
+
+
+def test_moving_counters_are_progress_without_a_probe():
+    memory = new_memory()
+    decisions = samples(memory, [seen(metrics=metrics(float(n)), probe=OK if n == 1 else None) for n in range(1, 6)])
+    assert [d["verdict"] for d in decisions] == ["answers", "progress", "progress", "progress", "progress"]
+    assert not needs_probe(memory, metrics(6.0)) and needs_probe(memory, metrics(5.0))
+
+
+def test_an_idle_engine_that_answers_its_probe_is_healthy():
+    memory = new_memory()
+    idle = seen(metrics=metrics(7.0, running=0.0), probe=OK)
+    assert {d["verdict"] for d in samples(memory, [idle] * 6)} == {"answers"} and memory["failures"] == 0
+
+
+def test_a_sleeping_engine_is_left_alone_and_not_probed():
+    memory = new_memory()
+    sleeping = metrics(7.0, running=0.0, sleeping=1.0)
+    assert not needs_probe(memory, sleeping)
+    assert {d["verdict"] for d in samples(memory, [seen(metrics=sleeping)] * 5)} == {"sleeping"}
+
+
+def test_a_refused_probe_cannot_judge_and_counts_nothing():
+    memory = new_memory()
+    refused = seen(metrics=metrics(1.0), probe={"outcome": "refused", "seconds": 0.01, "detail": "HTTP 401"})
+    decisions = samples(memory, [refused] * 5)
+    assert {d["verdict"] for d in decisions} == {"inconclusive"} and memory["failures"] == 0
+
+
+def test_a_server_that_does_not_answer_is_restarted():
+    memory = new_memory()
+    silent = seen(metrics=None, probe={"outcome": "error", "seconds": 0.0, "detail": "Connection refused"})
+    decisions = samples(memory, [silent] * 3)
+    assert decisions[-1]["verdict"] == "unanswered" and decisions[-1]["action"] == "restart"
+
+
+def test_the_grace_ends_once_the_unit_serves_and_the_next_start_is_warm():
+    memory = new_memory()
+    wedge = seen(metrics=metrics(1.0), probe=TIMEOUT)
+    samples(memory, [wedge] * 3)
+    assert memory["grace_until"] > 0
+    served = assess(PLAN, memory, seen(metrics=metrics(1.0), probe=OK), SETTINGS_DEFAULT, 1200.0)
+    assert served["verdict"] == "answers" and memory["grace_until"] == 0.0 and memory["warm_hashes"] == ["h1"]
+    decisions = samples(memory, [wedge] * 3, start=1300.0)
+    assert "warm grace of 600 s" in decisions[-1]["why"]
+
+
+def test_past_the_budget_it_gives_up_and_stays_quiet_until_handed_back():
+    memory = new_memory()
+    settings = {**SETTINGS_DEFAULT, "budget": 2}
+    down = seen(container="exited", active_state="failed", sub_state="failed")
+    actions = []
+    for round_start in (0.0, 2000.0, 4000.0):
+        actions += [d["action"] for d in samples(memory, [down] * 3, start=round_start, settings=settings)]
+        memory["grace_until"] = 0.0
+    assert actions.count("start") == 2 and actions[-1] == "give_up" and memory["person_needed"]
+    quiet = assess(PLAN, memory, {**down, "person_needed": True}, settings, 5000.0)
+    assert quiet["verdict"] == "person_needed" and quiet["action"] == "none"
+    handed_back = assess(PLAN, memory, down, settings, 6000.0)
+    assert handed_back["verdict"] == "handed_back" and memory["restarts"] == [] and memory["grace_until"] == 6000.0 + 1200
+
+
+def test_restarts_older_than_the_window_leave_the_budget():
+    memory = new_memory()
+    memory["restarts"] = [0.0, 10.0, 20.0]
+    down = seen(container="dead", active_state="failed", sub_state="failed")
+    decisions = samples(memory, [down] * 3, start=30000.0)
+    assert decisions[-1]["action"] == "start" and memory["restarts"] == [30060.0]
+
+
+def test_each_decision_is_one_json_line():
+    memory = new_memory()
+    line = journal_line(samples(memory, [seen(container="exited", active_state="inactive")])[0], 1000.0)
+    assert "\n" not in line
+    parsed = json.loads(line)
+    assert parsed["sparkfleet_watchdog"] == 1 and parsed["verdict"] == "down" and parsed["unit"] == PLAN["unit"]
+
+
+def test_the_plan_lays_out_the_daemon_its_libraries_config_and_unit():
+    plan = watchdog_plan(SETTINGS_DEFAULT, ["/etc/sparkfleet/vllm", "/etc/sparkfleet/cluster"], ["/etc/sparkfleet/vllm", None])
+    assert plan["errors"] == []
+    assert [h["path"].rsplit("/", 1)[1] for h in plan["helpers"]] == ["sparkfleet_watchdog.py", "_watchdog.py", "_diagnose.py"]
+    config = json.loads(plan["config"]["content"])
+    assert config["interval"] == 30 and config["plan_dirs"] == ["/etc/sparkfleet/vllm", "/etc/sparkfleet/cluster"]
+    assert "Restart=always" in plan["unit"]["content"] and "ExecStart=/usr/bin/python3 /opt/sparkfleet/watchdog/" in plan["unit"]["content"]
+    assert person_needed_path("/var/lib/sparkfleet/watchdog", "u.service") == "/var/lib/sparkfleet/watchdog/u.service.person-needed.json"
+
+
+@pytest.mark.parametrize(("changes", "plan_dirs", "fragment"), [
+    ({"interval": 1}, None, "watchdog_interval is 1: give a whole number from 5 to 3600"),
+    ({"probe_timeout": 1}, None, "watchdog_probe_timeout is 1: give a whole number from 10 to 300 (seconds a probe completion may take; probes of 1 s"),
+    ({"failures": 1}, None, "watchdog_failures is 1: give a whole number from 2 to 20"),
+    ({"budget": True}, None, "watchdog_budget is True"),
+    ({"probe_tokens": 64}, None, "watchdog_probe_tokens is 64"),
+    ({"interval": 3600, "failures": 20, "budget_window": 3600}, None, "exceeds watchdog_budget_window"),
+    ({}, ["relative/dir"], "watchdog_plan_dirs is ['relative/dir']: give a list of absolute folders"),
+    ({}, ["/etc/sparkfleet/../x"], "give a list of absolute folders"),
+    ({}, ["/etc/sparkfleet/cluster"], "leaves out /srv/vllm-conf, where the serving roles keep their plans here"),
+])
+def test_bad_settings_are_refused_naming_the_variable_and_the_fix(changes, plan_dirs, fragment):
+    plan = watchdog_plan({**SETTINGS_DEFAULT, **changes}, plan_dirs or ["/srv/vllm-conf", "/etc/sparkfleet/cluster"], ["/srv/vllm-conf"])
+    assert any(fragment in error for error in plan["errors"]), plan["errors"]
+    assert set(plan) == {"errors"}
+
+
+def test_every_setting_has_bounds_the_role_documents():
+    assert set(SETTINGS) == {name for name in SETTINGS_DEFAULT}

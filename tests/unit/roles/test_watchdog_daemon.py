@@ -1,0 +1,192 @@
+"""The watchdog's daemon laid out as the watchdog role installs it and run as its unit runs it (one
+sample per `run --once`, the state kept between runs), with systemctl and docker stand-ins on PATH
+replaying the states a lab host reports, and a real local HTTP server standing in for the vLLM
+instance: its /metrics page and a completion that answers or hangs past the probe timeout."""
+
+import http.server
+import json
+import os
+import pathlib
+import shutil
+import stat
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[3]
+KEY = "w" * 32
+UNIT = "sparkfleet-vllm-llm.service"
+CONTAINER = "sparkfleet-vllm-llm"
+STAND_IN = """#!/usr/bin/env python3
+import json, pathlib, sys
+here = pathlib.Path(__file__).parent
+state = json.loads((here / "host.json").read_text())
+tool, args = pathlib.Path(sys.argv[0]).name, sys.argv[1:]
+with open(here / "calls.log", "a") as log:
+    log.write(" ".join([tool, *args]) + "\\n")
+if tool == "docker" and args[0] == "inspect":
+    if state["container"] == "missing":
+        sys.stderr.write("Error: No such object: " + args[-1] + "\\n")
+        sys.exit(1)
+    print(json.dumps(state["container"]))
+elif tool == "systemctl" and args[0] == "show":
+    print("ActiveState=" + state["active"] + "\\nSubState=" + state["sub"] + "\\nJob=")
+elif tool == "systemctl" and args[0] in ("start", "restart"):
+    state.update(container="running", active="activating", sub="start-post")
+    (here / "host.json").write_text(json.dumps(state))
+elif tool == "systemctl" and args[0] == "reset-failed":
+    pass
+else:
+    sys.stderr.write(tool + ": not replayed: " + " ".join(args) + "\\n")
+    sys.exit(1)
+"""
+
+
+class Instance(http.server.BaseHTTPRequestHandler):
+    generated = 10.0
+    hang = False
+
+    def do_GET(self):
+        body = (f'vllm:num_requests_running{{engine="0",model_name="llm"}} 1.0\n'
+                f'vllm:generation_tokens_total{{engine="0",model_name="llm"}} {self.generated}\n').encode()
+        self.send_response(200 if self.path == "/metrics" else 404)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_POST(self):
+        length = int(self.headers.get("Content-Length", 0))
+        request = json.loads(self.rfile.read(length))
+        if self.headers.get("Authorization") != f"Bearer {KEY}":
+            self.send_response(401)
+            self.end_headers()
+            return
+        if Instance.hang:
+            time.sleep(2.5)
+        assert request["max_tokens"] <= 5 and request["model"] == "llm"
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(b'{"choices": [{"text": " 4"}]}')
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def instance():
+    Instance.generated, Instance.hang = 10.0, False
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Instance)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    thread.join()
+
+
+@pytest.fixture
+def host(tmp_path, instance):
+    installed = tmp_path / "opt"
+    installed.mkdir()
+    for source in ("roles/watchdog/files/sparkfleet_watchdog.py", "plugins/module_utils/_watchdog.py", "plugins/module_utils/_diagnose.py"):
+        if (ROOT / source).exists():
+            shutil.copy(ROOT / source, installed)
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    for tool in ("docker", "systemctl"):
+        (tools / tool).write_text(STAND_IN)
+        (tools / tool).chmod(0o755)
+    plans = tmp_path / "plans"
+    plans.mkdir()
+    (plans / "llm.env").write_text(f"VLLM_API_KEY={KEY}\n")
+    plan = {"schema_version": 1, "name": "llm", "unit": UNIT, "container": CONTAINER, "url": f"http://127.0.0.1:{instance.server_port}",
+            "env_path": str(plans / "llm.env"), "served_names": ["llm"], "serve_args": ["/models/llm"], "config_hash": "h1",
+            "health_timeout": 5, "maintenance_flag": str(tmp_path / "run" / "vllm-maintenance"), "cluster": None}
+    (plans / "llm.json").write_text(json.dumps(plan))
+    settings = {"interval": 5, "failures": 3, "probe_timeout": 1, "probe_tokens": 4, "budget": 1, "budget_window": 3600, "warm_grace": 30,
+                "maintenance_max_age": 60, "bundle_time_limit": 5, "plan_dirs": [str(plans)], "state_dir": str(tmp_path / "state")}
+    (tmp_path / "watchdog.json").write_text(json.dumps(settings))
+    set_host(tmp_path, container="running", active="active", sub="running")
+    return tmp_path
+
+
+def set_host(host, **state):
+    path = host / "bin" / "host.json"
+    path.write_text(json.dumps({**(json.loads(path.read_text()) if path.exists() else {}), **state}))
+
+
+def sample(host, *extra):
+    """One sample as the unit runs the daemon; its journal lines, parsed."""
+    environment = {**os.environ, "PATH": f"{host / 'bin'}:{os.environ['PATH']}"}
+    completed = subprocess.run(["/usr/bin/python3", str(host / "opt" / "sparkfleet_watchdog.py"), *(extra or ("run", "--once")),
+                                "--config", str(host / "watchdog.json")], capture_output=True, text=True, env=environment, timeout=60, check=False)
+    assert completed.returncode == 0, completed.stderr
+    return [json.loads(line) for line in completed.stdout.splitlines()] if not extra else completed.stdout
+
+
+def actions(host):
+    log = host / "bin" / "calls.log"
+    return [line for line in (log.read_text().splitlines() if log.exists() else []) if line.startswith("systemctl") and "show" not in line]
+
+
+def test_an_exited_container_is_started_through_its_unit_at_the_third_sample(host):
+    set_host(host, container="exited", active="inactive", sub="dead")
+    lines = [line for _ in range(3) for line in sample(host)]
+    assert lines[0]["verdict"] == "started" and f"watching {UNIT} every 5 s" in lines[0]["why"]
+    decisions = [line for line in lines if line.get("unit") == UNIT]
+    assert [d["verdict"] for d in decisions] == ["down"] * 3 and decisions[-1]["action"] == "start"
+    assert actions(host) == [f"systemctl reset-failed {UNIT}", f"systemctl start --no-block {UNIT}"]
+    state = json.loads((host / "state" / "state.json").read_text())
+    assert len(state["units"][UNIT]["restarts"]) == 1
+    assert stat.S_IMODE((host / "state" / "state.json").stat().st_mode) == 0o600
+
+
+def test_a_fresh_maintenance_flag_keeps_it_quiet(host):
+    set_host(host, container="exited", active="inactive", sub="dead")
+    (host / "run").mkdir()
+    (host / "run" / "vllm-maintenance").write_text("llm\n")
+    decisions = [line for _ in range(4) for line in sample(host) if line.get("unit") == UNIT]
+    assert [d["verdict"] for d in decisions] == ["maintenance"] and actions(host) == []
+
+
+def test_a_hanging_completion_while_the_counters_stand_still_restarts_the_unit(host):
+    Instance.hang = True
+    decisions = [line for _ in range(3) for line in sample(host) if line.get("unit") == UNIT]
+    assert [d["verdict"] for d in decisions] == ["wedged"] * 3
+    assert decisions[0]["why"].startswith("the counters did not move (1 requests running by the last gauge) and a 4-token probe got no answer in 1 s")
+    assert actions(host) == [f"systemctl restart --no-block {UNIT}"]
+
+
+def test_a_healthy_unit_writes_one_line_and_then_nothing(host):
+    decisions = [line for _ in range(3) for line in sample(host) if line.get("unit") == UNIT]
+    assert [d["verdict"] for d in decisions] == ["answers"], "a steady verdict is written once"
+    Instance.generated = 20.0
+    decisions = [line for line in sample(host) if line.get("unit") == UNIT]
+    assert [d["verdict"] for d in decisions] == ["progress"] and actions(host) == []
+
+
+def test_past_the_budget_it_gives_up_writes_the_evidence_and_is_handed_back_by_clear(host):
+    set_host(host, container="exited", active="failed", sub="failed")
+    for _ in range(3):
+        sample(host)
+    set_host(host, container="exited", active="failed", sub="failed")
+    state = json.loads((host / "state" / "state.json").read_text())
+    state["units"][UNIT]["grace_until"] = 0
+    (host / "state" / "state.json").write_text(json.dumps(state))
+    decisions = [line for _ in range(3) for line in sample(host) if line.get("unit") == UNIT]
+    assert decisions[-1]["action"] == "give_up" and "used the budget of 1: a person is needed" in decisions[-1]["why"]
+    given_up = host / "state" / f"{UNIT}.person-needed.json"
+    record = json.loads(given_up.read_text())
+    assert [sample["verdict"] for sample in record["evidence"]] == ["down"] * 3 and record["clear"].endswith(f" clear {UNIT}")
+    assert [line for line in sample(host) if line.get("unit") == UNIT][0]["verdict"] == "person_needed"
+    assert sample(host, "clear", UNIT).strip() == f"{UNIT}: handed back to the watchdog (its restart budget starts afresh)"
+    assert not given_up.exists()
+    assert [line for line in sample(host) if line.get("unit") == UNIT][0]["verdict"] == "handed_back"
+
+
+def test_the_daemon_runs_on_the_os_python_alone():
+    source = (ROOT / "roles" / "watchdog" / "files" / "sparkfleet_watchdog.py").read_text()
+    library = (ROOT / "plugins" / "module_utils" / "_watchdog.py").read_text()
+    assert "ansible" not in source.replace("sparkfleet.vllm", "") and "import ansible" not in library and "from ansible" not in library
+    assert sys.version_info >= (3, 10)
