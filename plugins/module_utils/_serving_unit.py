@@ -321,6 +321,12 @@ def raise_flag(flag: str, name: str, check_mode: bool) -> dict[str, t.Any]:
     content = f"{name}\n".encode()
     before = read_file(flag)
     if before is not None and before[0] == content:
+        # A flag left by an interrupted run is stale to the watchdog, which judges by its age: raised anew, it is fresh.
+        if not check_mode:
+            try:
+                os.utime(flag)
+            except OSError as error:
+                raise UnitError(f"{flag}: the maintenance flag cannot be refreshed ({error.strerror}); run the task as root") from error
         return {"changed": False}
     if not check_mode:
         try:

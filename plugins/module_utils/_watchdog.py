@@ -39,6 +39,9 @@ PROGRESS_COUNTERS = ("vllm:generation_tokens_total", "vllm:prompt_tokens_total",
 SLEEP_GAUGE = "vllm:engine_sleep_state"
 GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting", SLEEP_GAUGE)
 FAILING = ("down", "wedged", "unanswered")
+# A unit and a container name as the collection writes them: they reach systemctl, docker and file names.
+PLAN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@:-]{0,250}")
+ACTIONS = ("start", "restart", "give_up")
 
 # Each setting: (least, most, unit and why). The role passes them as watchdog_<name>.
 SETTINGS: dict[str, tuple[int, int, str]] = {
@@ -70,6 +73,32 @@ def settings_problems(settings: t.Mapping[str, t.Any], variable_prefix: str = "w
                         f"exceeds {variable_prefix}budget_window ({settings['budget_window']} s): the budget would forget "
                         "every restart before the next one could be decided")
     return problems
+
+
+def plan_problems(plan: t.Any) -> list[str]:
+    """Why a plan file cannot be watched: its unit, container, URL and env file are what the daemon acts on."""
+    if not isinstance(plan, dict):
+        return ["not a plan object"]
+    problems = [f"{key}: {plan.get(key)!r} is not a name the collection writes" for key in ("unit", "container")
+                if not isinstance(plan.get(key), str) or not PLAN_NAME.fullmatch(plan[key])]
+    if not isinstance(plan.get("url"), str) or not plan["url"].startswith("http://"):
+        problems.append(f"url: {plan.get('url')!r} is not an http:// URL")
+    if not isinstance(plan.get("env_path"), str) or not plan["env_path"].startswith("/"):
+        problems.append(f"env_path: {plan.get('env_path')!r} is not an absolute path")
+    return problems
+
+
+def acted(lines: t.Iterable[str]) -> list[dict[str, t.Any]]:
+    """The decisions in the watchdog's journal lines that acted on a unit (start, restart, give_up)."""
+    actions = []
+    for line in lines:
+        try:
+            decision = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(decision, dict) and decision.get("action") in ACTIONS:
+            actions.append(decision)
+    return actions
 
 
 def person_needed_path(state_dir: str, unit: str) -> str:
@@ -144,14 +173,15 @@ def assess(plan: t.Mapping[str, t.Any], memory: dict[str, t.Any], seen: t.Mappin
     """One sample of one unit -> the decision {verdict, action, why, ...}; ``memory`` is updated.
 
     ``seen``: ``person_needed`` (the give-up file exists), ``flag_age`` (seconds, or None without a
-    flag), ``container`` (docker's state, or ``missing``), ``active_state``/``sub_state`` (systemd's),
+    flag), ``container`` (docker's state, ``missing``, or ``unknown`` when docker did not answer), ``active_state``/``sub_state`` (systemd's),
     ``job_pending`` (systemd has a start or stop queued), ``metrics`` (parse_metrics, or None) and
     ``probe`` (None when not sent, else {outcome: ok|timeout|error|refused, seconds, detail}).
     The action is one of none, start, restart, give_up."""
     decision: dict[str, t.Any] = {"unit": plan["unit"], "container": seen.get("container"), "action": "none"}
     if seen.get("person_needed"):
         memory["person_needed"] = True
-        return {**decision, "verdict": "person_needed", "why": "the watchdog gave up on this unit; `sparkfleet-watchdog clear` hands it back"}
+        return {**decision, "verdict": "person_needed",
+                "why": f"the watchdog gave up on this unit; `python3 {INSTALL_DIR}/{DAEMON_FILE} clear {plan['unit']}` hands it back"}
     if memory["person_needed"]:
         # Cleared by an operator or a planned relaunch: a fresh start of the budget, and time to start.
         memory.update({**new_memory(), "warm_hashes": memory["warm_hashes"]})
@@ -163,6 +193,8 @@ def assess(plan: t.Mapping[str, t.Any], memory: dict[str, t.Any], seen: t.Mappin
         memory.update(failures=0, counters=None, evidence=[])
         return {**decision, "verdict": "maintenance", "why": f"the maintenance flag is {int(flag_age)} s old: a planned relaunch"}
     stale_flag = f" (a maintenance flag {int(flag_age)} s old was ignored: older than {settings['maintenance_max_age']} s)" if flag_age is not None else ""
+    if seen.get("container") == "unknown":
+        return {**decision, "verdict": "inconclusive", "why": "docker did not answer about the container: nothing is judged on this sample"}
     metrics, probe = seen.get("metrics"), seen.get("probe")
     answered = (probe or {}).get("outcome") == "ok" or (metrics is not None and counters_moved(memory["counters"], metrics))
     if metrics is not None:
@@ -221,7 +253,8 @@ def failing(plan: t.Mapping[str, t.Any], memory: dict[str, t.Any], seen: t.Mappi
     memory["restarts"] = [*recent, round(now, 1)]
     seconds, kind = grace_seconds(plan, memory, settings)
     memory.update(failures=0, counters=None, evidence=[], grace_until=now + seconds)
-    action = "start" if verdict == "down" else "restart"
+    # A unit systemd still holds active (its container gone under it) is restarted: a start would do nothing.
+    action = "start" if verdict == "down" and seen.get("active_state") != "active" else "restart"
     return {**decision, "action": action,
             "why": f"{why}; {action}ed ({len(recent) + 1} of {settings['budget']} in {settings['budget_window']} s), judged again after a "
                    f"{kind} grace of {seconds} s"}

@@ -26,11 +26,13 @@ import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _diagnose import collect_host_bundle, run_command  # noqa: E402
+from _diagnose import CONFIG_DIRS, collect_host_bundle, run_command  # noqa: E402
 from _watchdog import (  # noqa: E402
     CONFIG_PATH,
     DOWN_STATES,
     FAILING,
+    PLAN_NAME,
+    SETTINGS,
     STATE_DIR,
     assess,
     journal_line,
@@ -38,9 +40,12 @@ from _watchdog import (  # noqa: E402
     new_memory,
     parse_metrics,
     person_needed_path,
+    plan_problems,
 )
 
 COMMAND_TIMEOUT = 30
+# No proxy from the service's environment: a probe carries the instance's key, and every URL is the host's own.
+OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 def write_json(path, value, mode=0o600):
@@ -70,15 +75,18 @@ def read_json(path, default):
 
 
 def watched_plans(plan_dirs):
-    """The plans of the single instances deployed on the host, in their start order by name."""
-    plans, skipped = [], []
+    """The plans of the single instances deployed on the host, in their start order by name; the cluster
+    ranks, not watched; and the files that are no plan the watchdog can act on, with why."""
+    plans, skipped, refused = [], [], []
     for folder in plan_dirs:
         for path in sorted(glob.glob(os.path.join(folder, "*.json"))):
             plan = read_json(path, None)
-            if not isinstance(plan, dict) or not all(isinstance(plan.get(key), str) for key in ("unit", "container", "url", "env_path")):
+            problems = plan_problems(plan)
+            if problems:
+                refused.append(f"{path}: {'; '.join(problems)}")
                 continue
             (skipped if plan.get("cluster") else plans).append(plan)
-    return plans, skipped
+    return plans, skipped, refused
 
 
 def api_key(plan):
@@ -94,17 +102,18 @@ def api_key(plan):
 
 
 def container_state(container):
-    rc, out, _err = run_command(["docker", "inspect", "--format", "{{json .State.Status}}", container], COMMAND_TIMEOUT)
+    """Docker's state of the container; missing only when docker says there is none, unknown when it did not answer."""
+    rc, out, err = run_command(["docker", "inspect", "--type", "container", "--format", "{{json .State.Status}}", container], COMMAND_TIMEOUT)
     if rc != 0:
-        return "missing"
+        return "missing" if rc == 1 and "no such" in (err + out).lower() else "unknown"
     try:
         return json.loads(out)
     except ValueError:
-        return "missing"
+        return "unknown"
 
 
 def unit_state(unit):
-    _rc, out, _err = run_command(["systemctl", "show", unit, "--property=ActiveState,SubState,Job"], COMMAND_TIMEOUT)
+    _rc, out, _err = run_command(["systemctl", "show", "--property=ActiveState,SubState,Job", "--", unit], COMMAND_TIMEOUT)
     values = dict(line.partition("=")[::2] for line in out.splitlines() if "=" in line)
     return values.get("ActiveState", "unknown"), values.get("SubState", "unknown"), values.get("Job", "") not in ("", "0")
 
@@ -114,7 +123,7 @@ def call(url, timeout, key=None, body=None):
     if key:
         headers["Authorization"] = "Bearer " + key
     request = urllib.request.Request(url, data=None if body is None else json.dumps(body).encode(), headers=headers)
-    with urllib.request.urlopen(request, timeout=timeout) as response:
+    with OPENER.open(request, timeout=timeout) as response:
         return response.status, response.read().decode("utf-8", "replace")
 
 
@@ -156,30 +165,35 @@ def flag_age(plan, now):
 def act(decision, plan, settings, state_dir, memory, now):
     unit = plan["unit"]
     if decision["action"] == "start":
-        run_command(["systemctl", "reset-failed", unit], COMMAND_TIMEOUT)
-        decision["result"] = run_command(["systemctl", "start", "--no-block", unit], COMMAND_TIMEOUT)[0]
+        run_command(["systemctl", "reset-failed", "--", unit], COMMAND_TIMEOUT)
+        decision["result"] = run_command(["systemctl", "start", "--no-block", "--", unit], COMMAND_TIMEOUT)[0]
     elif decision["action"] == "restart":
-        decision["result"] = run_command(["systemctl", "restart", "--no-block", unit], COMMAND_TIMEOUT)[0]
+        decision["result"] = run_command(["systemctl", "restart", "--no-block", "--", unit], COMMAND_TIMEOUT)[0]
     elif decision["action"] == "give_up":
-        bundle = collect_bundle(settings, state_dir, unit, now)
-        write_json(person_needed_path(state_dir, unit), {
-            "unit": unit, "since": round(now, 1), "why": decision["why"], "evidence": memory["evidence"],
-            "restarts": memory["restarts"], "bundle": bundle,
-            "clear": f"/usr/bin/python3 {os.path.abspath(__file__)} clear {unit}"}, 0o644)
-        decision["bundle"] = bundle
+        # The give-up file first: a bundle can take minutes, and the unit must stay given up whatever happens to it.
+        record = {"unit": unit, "since": round(now, 1), "why": decision["why"], "evidence": memory["evidence"],
+                  "restarts": memory["restarts"], "bundle": "being collected",
+                  "clear": f"/usr/bin/python3 {os.path.abspath(__file__)} clear {unit}"}
+        path = person_needed_path(state_dir, unit)
+        write_json(path, record, 0o644)
+        record["bundle"] = decision["bundle"] = collect_bundle(settings, state_dir, unit, now)
+        if os.path.exists(path):
+            write_json(path, record, 0o644)
 
 
 def collect_bundle(settings, state_dir, unit, now):
     """The diagnostics bundle of the host at the give-up (the same as playbooks/diagnose.yml's)."""
     destination = os.path.join(state_dir, "bundles", f"{unit}-{int(now)}.tar.gz")
     try:
-        return collect_host_bundle(destination, settings["plan_dirs"], settings["bundle_time_limit"])["path"]
+        # Every folder of the collection, the gateway's too: its env file's key is then scrubbed from its journal.
+        folders = [*CONFIG_DIRS, *[folder for folder in settings["plan_dirs"] if folder not in CONFIG_DIRS]]
+        return collect_host_bundle(destination, folders, settings["bundle_time_limit"])["path"]
     except Exception as error:  # noqa: BLE001 - a failed bundle must not stop the watchdog
         return f"no bundle: {error}"
 
 
 def sample(settings, state, now):
-    plans, _skipped = watched_plans(settings["plan_dirs"])
+    plans, _skipped, _refused = watched_plans(settings["plan_dirs"])
     memories = state.setdefault("units", {})
     for plan in plans:
         try:
@@ -206,6 +220,8 @@ def watch(plan, settings, memories, now):
     if container == "running" and not seen["person_needed"] and needs_probe(memory, metrics):
         seen["probe"] = probe(plan, settings)
     decision = assess(plan, memory, seen, settings, now)
+    # Kept before acting: an action that raises must not leave the unit's budget and give-up unrecorded.
+    memories[plan["unit"]] = memory
     if decision["action"] != "none":
         act(decision, plan, settings, settings["state_dir"], memory, now)
     if decision["action"] != "none" or decision["verdict"] in FAILING or decision["verdict"] != memory["verdict"]:
@@ -219,12 +235,20 @@ def run(arguments):
     if not isinstance(settings, dict):
         print(f"{arguments.config}: no watchdog configuration (the watchdog role writes it)", file=sys.stderr)
         return 2
+    # The role bounds each setting; here only that each is there, so a damaged file stops with a message, not a traceback loop.
+    problems = [f"{name} is not a whole number" for name in SETTINGS if isinstance(settings.get(name), bool) or not isinstance(settings.get(name), int)]
+    problems += [] if isinstance(settings.get("plan_dirs"), list) else ["plan_dirs is not a list"]
+    if problems:
+        print(f"{arguments.config}: {'; '.join(problems)}; re-apply the watchdog role", file=sys.stderr)
+        return 2
     settings.setdefault("state_dir", STATE_DIR)
     state = read_json(os.path.join(settings["state_dir"], "state.json"), {})
-    plans, skipped = watched_plans(settings["plan_dirs"])
+    state = state if isinstance(state, dict) and isinstance(state.get("units", {}), dict) else {}
+    plans, skipped, refused = watched_plans(settings["plan_dirs"])
     print(json.dumps({"sparkfleet_watchdog": 1, "time": round(time.time(), 1), "verdict": "started", "action": "none",
                       "why": f"watching {', '.join(p['unit'] for p in plans) or 'no unit yet'} every {settings['interval']} s"
-                             + (f"; not watched: the cluster ranks {', '.join(p['unit'] for p in skipped)}" if skipped else "")},
+                             + (f"; not watched: the cluster ranks {', '.join(p['unit'] for p in skipped)}" if skipped else "")
+                             + (f"; not plans it can act on: {' | '.join(refused)}" if refused else "")},
                      sort_keys=True), flush=True)
     while True:
         started = time.monotonic()
@@ -235,6 +259,9 @@ def run(arguments):
 
 
 def clear(arguments):
+    if not PLAN_NAME.fullmatch(arguments.unit):
+        print(f"{arguments.unit!r} is not a unit name the collection writes", file=sys.stderr)
+        return 2
     settings = read_json(arguments.config, {}) or {}
     path = person_needed_path(settings.get("state_dir", STATE_DIR), arguments.unit)
     if not os.path.exists(path):

@@ -136,7 +136,7 @@ def test_an_exited_container_is_started_through_its_unit_at_the_third_sample(hos
     assert lines[0]["verdict"] == "started" and f"watching {UNIT} every 5 s" in lines[0]["why"]
     decisions = [line for line in lines if line.get("unit") == UNIT]
     assert [d["verdict"] for d in decisions] == ["down"] * 3 and decisions[-1]["action"] == "start"
-    assert actions(host) == [f"systemctl reset-failed {UNIT}", f"systemctl start --no-block {UNIT}"]
+    assert actions(host) == [f"systemctl reset-failed -- {UNIT}", f"systemctl start --no-block -- {UNIT}"]
     state = json.loads((host / "state" / "state.json").read_text())
     assert len(state["units"][UNIT]["restarts"]) == 1
     assert stat.S_IMODE((host / "state" / "state.json").stat().st_mode) == 0o600
@@ -155,7 +155,7 @@ def test_a_hanging_completion_while_the_counters_stand_still_restarts_the_unit(h
     decisions = [line for _ in range(3) for line in sample(host) if line.get("unit") == UNIT]
     assert [d["verdict"] for d in decisions] == ["wedged"] * 3
     assert decisions[0]["why"].startswith("the counters did not move (1 requests running by the last gauge) and a 4-token probe got no answer in 1 s")
-    assert actions(host) == [f"systemctl restart --no-block {UNIT}"]
+    assert actions(host) == [f"systemctl restart --no-block -- {UNIT}"]
 
 
 def test_a_healthy_unit_writes_one_line_and_then_nothing(host):

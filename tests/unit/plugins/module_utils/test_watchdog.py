@@ -9,6 +9,7 @@ import pytest
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._watchdog import (
     SETTINGS,
+    acted,
     assess,
     counters_moved,
     journal_line,
@@ -16,6 +17,7 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._watchdog import (
     new_memory,
     parse_metrics,
     person_needed_path,
+    plan_problems,
     watchdog_plan,
 )
 
@@ -91,6 +93,43 @@ def test_a_container_down_for_three_samples_is_started_and_then_given_its_cold_g
     assert memory["grace_until"] == 1060.0 + 1200 and len(memory["restarts"]) == 1
     during = assess(PLAN, memory, down, SETTINGS_DEFAULT, 1100.0)
     assert during["verdict"] == "grace" and during["action"] == "none"
+
+
+def test_a_container_gone_under_a_unit_systemd_holds_active_is_restarted_not_started():
+    memory = new_memory()
+    third = samples(memory, [seen(container="missing")] * 3)[-1]
+    assert third["verdict"] == "down" and third["action"] == "restart"
+
+
+def test_docker_not_answering_judges_nothing_and_counts_nothing():
+    memory = new_memory()
+    decisions = samples(memory, [seen(container="unknown", metrics=None)] * 4)
+    assert {(d["verdict"], d["action"]) for d in decisions} == {("inconclusive", "none")} and memory["failures"] == 0
+
+
+@pytest.mark.parametrize(("change", "fragment"), [
+    ({"unit": "../../etc/cron.d/x"}, "unit: '../../etc/cron.d/x' is not a name"),
+    ({"container": "--format={{json .Config.Env}}"}, "container: '--format"),
+    ({"url": "file:///etc/shadow"}, "url: 'file:///etc/shadow' is not an http:// URL"),
+    ({"env_path": "relative.env"}, "env_path: 'relative.env' is not an absolute path"),
+])
+def test_a_plan_naming_what_the_collection_never_writes_is_not_acted_on(change, fragment):
+    plan = {**PLAN, "url": "http://127.0.0.1:8000", "env_path": "/etc/sparkfleet/vllm/llm.env"}
+    assert plan_problems(plan) == []
+    problems = plan_problems({**plan, **change})
+    assert len(problems) == 1 and problems[0].startswith(fragment)
+    assert plan_problems(["not", "a", "plan"]) == ["not a plan object"]
+
+
+def test_the_actions_are_read_back_from_the_journal_lines():
+    lines = [
+        json.dumps({"sparkfleet_watchdog": 1, "unit": "sparkfleet-vllm-llm.service", "action": "none", "verdict": "progress"}),
+        journal_line({"unit": "sparkfleet-vllm-llm.service", "verdict": "wedged", "action": "restart", "why": "wedged"}, 1.0),
+        "Started sparkfleet-watchdog.service",
+        json.dumps({"sparkfleet_watchdog": 1, "unit": "sparkfleet-vllm-llm.service", "action": "give_up"}),
+        json.dumps(["start"]),
+    ]
+    assert [decision["action"] for decision in acted(lines)] == ["restart", "give_up"]
 
 
 def test_systemd_starting_the_unit_is_not_down():

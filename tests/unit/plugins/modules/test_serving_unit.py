@@ -19,6 +19,7 @@ import pytest
 from plan_options import ROLE_DEFAULTS, plan_options
 from threaded_server import serving
 
+from ansible_collections.sparkfleet.vllm.plugins.module_utils import _serving_unit
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._gateway import backend_reports, gateway_plan
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_plan import build_plan
 
@@ -646,3 +647,13 @@ def test_vllm_health_gates_a_deployed_instance_from_its_files_with_the_same_gate
     failed = gate()
     assert failed["failed"] and failed["msg"] == "vLLM health gate failed: the container is exited (exit code 2)"
     assert failed["log_errors"] == ["vllm: error: unrecognized arguments: --no-such-flag"]
+
+
+def test_a_flag_left_by_an_interrupted_run_is_made_fresh_when_raised_again(tmp_path):
+    flag = tmp_path / "vllm-maintenance"
+    flag.write_text("tiny\n")
+    os.utime(flag, (1_000_000, 1_000_000))
+    assert _serving_unit.raise_flag(str(flag), "tiny", check_mode=True) == {"changed": False}
+    assert flag.stat().st_mtime == 1_000_000
+    assert _serving_unit.raise_flag(str(flag), "tiny", check_mode=False) == {"changed": False}
+    assert time.time() - flag.stat().st_mtime < 60
