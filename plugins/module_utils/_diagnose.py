@@ -43,6 +43,9 @@ CONFIG_DIRS = ("/etc/sparkfleet/vllm", "/etc/sparkfleet/cluster", "/etc/sparkfle
 # The client the units run: another docker earlier on PATH may talk to another engine.
 DOCKER = "/usr/bin/docker"
 SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD", re.IGNORECASE)
+# A unit or container name as the collection writes it (the watchdog's _watchdog.PLAN_NAME; this file stands alone on a
+# host): a plan naming anything else never reaches a command line or a member's name.
+PLAN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@:-]{0,250}")
 SECRET_FLAGS = ("--api-key", "--hf-token")
 # Scrubbing a shorter value from free text would mangle the bundle (a *_KEY setting of "true");
 # no key the collection writes is that short.
@@ -148,7 +151,10 @@ def redact_inspect(text: str) -> tuple[str, set[str]]:
     secret values it held (to be scrubbed from the other members). Raises ValueError when it is not JSON."""
     containers = json.loads(text)
     found: set[str] = set()
-    for container in containers if isinstance(containers, list) else []:
+    if not isinstance(containers, list) or not all(isinstance(c, dict) and isinstance(c.get("Config") or {}, dict) for c in containers):
+        # Not docker inspect's shape, so not known to be redacted: left out like text that is no JSON.
+        raise ValueError("docker inspect answered JSON of another shape")
+    for container in containers:
         config = container.get("Config") or {}
         if isinstance(config.get("Env"), list):
             settings = [str(entry).partition("=") for entry in config["Env"]]
@@ -216,10 +222,17 @@ def survey(config_dirs: Sequence[str]) -> dict[str, t.Any]:
                     except ValueError as error:
                         problems.append(f"{full}: not JSON ({error})")
     plans = {stem: plan for stem, plan in plans.items() if isinstance(plan, dict)}
+    named: dict[str, set[str]] = {"unit": set(), "container": set()}
+    for stem, plan in plans.items():
+        for key, names in named.items():
+            if isinstance(plan.get(key), str) and PLAN_NAME.fullmatch(plan[key]):
+                names.add(plan[key])
+            elif key in plan:
+                problems.append(f"plan {stem}: its {key} {str(plan[key])[:80]!r} is no name the collection writes; left out")
     return {
         "files": files, "secrets": secrets, "problems": problems,
-        "units": sorted({plan["unit"] for plan in plans.values() if isinstance(plan.get("unit"), str)}),
-        "containers": sorted({plan["container"] for plan in plans.values() if isinstance(plan.get("container"), str)}),
+        "units": sorted(named["unit"]),
+        "containers": sorted(named["container"]),
         # Only engines answer /metrics: the gateway's plans and a cluster's workers (no API) are left out.
         "metrics": {stem: plan["url"] for stem, plan in plans.items()
                     if isinstance(plan.get("url"), str) and plan.get("container") and plan.get("kind") != "gateway"

@@ -44,11 +44,11 @@ options:
     elements: path
     default: [/etc/sparkfleet/vllm, /etc/sparkfleet/cluster, /etc/sparkfleet/gateway]
   time_limit:
-    description: Seconds each command and each C(/metrics) read may take.
+    description: Seconds each command and each C(/metrics) read may take, more than 0 and at most 600.
     type: float
     default: 60
   total_limit:
-    description: Seconds the whole collection may take; the commands left are skipped.
+    description: Seconds the whole collection may take, more than 0 and at most 3600; the commands left are skipped.
     type: float
     default: 300
 attributes:
@@ -132,8 +132,9 @@ def main():
         supports_check_mode=True,
     )
     params = module.params
-    if params["time_limit"] <= 0 or params["total_limit"] <= 0:
-        module.fail_json(msg=f"time_limit ({params['time_limit']}) and total_limit ({params['total_limit']}) must be more than 0 seconds")
+    if not 0 < params["time_limit"] <= 600 or not 0 < params["total_limit"] <= 3600:
+        module.fail_json(msg=f"time_limit ({params['time_limit']}) must be more than 0 and at most 600 seconds, and total_limit "
+                             f"({params['total_limit']}) more than 0 and at most 3600 (diagnose_time_limit, diagnose_total_limit)")
     path = bundle_path(params["dest"], socket.gethostname(), time.time())
     try:
         if module.check_mode:

@@ -342,6 +342,23 @@ def test_docker_inspect_that_is_no_json_is_left_out(tmp_path, config, keys):
     assert member.startswith(b"(docker inspect gave no JSON") and b"garbled" not in member
 
 
+def test_docker_inspect_json_of_another_shape_is_left_out(tmp_path, config, keys):
+    host = Host(keys, {("/usr/bin/docker", "inspect", "vllm-tiny"): (0, json.dumps([f"VLLM_API_KEY={keys['api']}"]), "")})
+    _result, members = bundle(tmp_path, config, host)
+    assert members["containers/vllm-tiny.inspect.json"].startswith(b"(docker inspect gave no JSON")
+
+
+@pytest.mark.parametrize("container", ["--format={{json .Config.Env}}", "../../escape"])
+def test_a_plan_naming_no_container_the_collection_writes_reaches_no_command_and_no_member(tmp_path, config, keys, container):
+    path = tmp_path / "etc" / "vllm" / "tiny.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "container": container}))
+    host = Host(keys)
+    result, members = bundle(tmp_path, config, host)
+    assert not [argv for argv, _timeout in host.calls if container in argv]
+    assert not [name for name in members if container in name]
+    assert any(problem.startswith("plan vllm-tiny: its container") for problem in result["problems"])
+
+
 def test_an_env_file_that_cannot_be_read_refuses_the_bundle(tmp_path, config, keys, monkeypatch):
     real_open = builtins.open
 
