@@ -45,6 +45,7 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_bench import
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_client import discover_model, http, label_problems, resolve
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_instance import settings_paths
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_metrics import Samples, read_metrics
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._watchdog import acted
 
 # timeout(1)'s grace between its SIGTERM and its SIGKILL; a Python client ends on SIGTERM within it.
 KILL_AFTER = 10
@@ -59,7 +60,6 @@ KERNEL_OOM = "Killed process"
 # earlyoom's kill line is "sending SIGTERM to process 1234 uid 0 ...", in every release since 1.2 (kill.c); its
 # startup banner "sending SIGTERM when mem <= 10.00% ..." must not count, nor the debug self-test "sending 0 (no-op signal)".
 EARLYOOM_KILL = re.compile(r"\bsending SIG(?:TERM|KILL) to process \d+")
-WATCHDOG_ACTIONS = ("start", "restart", "give_up")
 INSTANCE_NEEDED = "instance: the soak watches the instance's unit and container, which only its plan names; give the instance's name"
 EVIDENCE_LINES = 5
 
@@ -211,7 +211,7 @@ def parse_show(text: str) -> dict[str, str]:
 
 def unit_state(run_command: RunCommand, systemctl: str, unit: str) -> dict[str, t.Any]:
     """Load and active state, NRestarts (systemd's automatic restarts) and the invocation id (new at every start)."""
-    rc, out, err = run_command([systemctl, "show", "--property=LoadState,ActiveState,NRestarts,InvocationID", unit])
+    rc, out, err = run_command([systemctl, "show", "--property=LoadState,ActiveState,NRestarts,InvocationID", "--", unit])
     if rc:
         return {"unit": unit, "error": (err or out).strip() or f"systemctl show exited {rc}"}
     shown = parse_show(out)
@@ -308,21 +308,8 @@ def earlyoom_kills(lines: t.Sequence[str]) -> list[str]:
     return [line for line in lines if EARLYOOM_KILL.search(line)]
 
 
-def watchdog_actions(lines: t.Sequence[str]) -> list[dict[str, t.Any]]:
-    """The watchdog's decisions that acted: one JSON object a line, ``action`` start, restart or give_up."""
-    actions = []
-    for line in lines:
-        try:
-            decision = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(decision, dict) and decision.get("action") in WATCHDOG_ACTIONS:
-            actions.append(decision)
-    return actions
-
-
 def unit_known(run_command: RunCommand, systemctl: str, unit: str) -> bool:
-    rc, out, _err = run_command([systemctl, "show", "--property=LoadState", "--value", unit])
+    rc, out, _err = run_command([systemctl, "show", "--property=LoadState", "--value", "--", unit])
     return rc == 0 and out.strip() not in ("", "not-found")
 
 
@@ -347,7 +334,7 @@ def journal_counts(job: Job, host: Host, since: float) -> tuple[dict[str, t.Any]
         lines, why = journal_lines(host.run_command, job.journalctl, since, ["--unit", params["watchdog_unit"]])
         if why:
             errors["watchdog"] = why
-        actions = watchdog_actions(lines or [])
+        actions = acted(lines or [])
     else:
         notes.append(f"{params['watchdog_unit']} is not installed: no watchdog action to count")
     counts = {
@@ -594,9 +581,9 @@ def verdict(summary: t.Mapping[str, t.Any], counts: t.Mapping[str, t.Any], chang
         reasons.append(f"{counts['nvrm_no_memory']} NVIDIA driver memory error(s) (NVRM NV_ERR_NO_MEMORY){first(evidence['nvrm_no_memory'])}")
     reasons += changes
     if counts["watchdog_actions"]:
-        acted = "; ".join(f"{a.get('action')} {a.get('unit', '?')}" + (f" ({a['why']})" if a.get("why") else "")
-                          for a in evidence["watchdog_actions"])
-        reasons.append(f"the watchdog acted {counts['watchdog_actions']} time(s): {acted}")
+        actions = "; ".join(f"{a.get('action')} {a.get('unit', '?')}" + (f" ({a['why']})" if a.get("why") else "")
+                            for a in evidence["watchdog_actions"])
+        reasons.append(f"the watchdog acted {counts['watchdog_actions']} time(s): {actions}")
     for journal, why in counts["journal_errors"].items():
         reasons.append(f"the {journal} journal could not be read ({why}), so what it would count is unknown")
     return not reasons, reasons
@@ -637,7 +624,8 @@ def soak(params: t.Mapping[str, t.Any], run_command: RunCommand, which: Which, c
                 f"{params['concurrency'] * params['prompts_per_concurrency']} prompts of {params['input_tokens']} tokens in and "
                 f"{params['output_tokens']} out a round, for {params['duration']} s, sampling every {params['sample_interval']} s; "
                 "nothing was sent")
-        return Outcome(None, dict(empty, ok=True, passed=None, runner=runner, reasons=[], notes=[plan], thresholds=thresholds))
+        # changed as a real soak reports it: it writes its result files.
+        return Outcome(None, dict(empty, changed=True, ok=True, passed=None, runner=runner, reasons=[], notes=[plan], thresholds=thresholds))
     workdir = os.path.join(params["results_dir"], params["label"])
     tokenizer = params["tokenizer"] or endpoint["weights"] or endpoint["model"]
     if runner == "local" and not params["tokenizer"] and endpoint["weights"]:

@@ -154,20 +154,22 @@ def main():
     if problems:
         module.fail_json(msg="vllm_soak_report refused: " + "; ".join(problems), ok=False, reasons=problems)
     pyplot = load_pyplot() if params["plot"] else None
-    if params["plot"] and pyplot is None:
-        module.fail_json(msg=missing_required_lib("matplotlib"), ok=False, reasons=[missing_required_lib("matplotlib")])
     markdown = markdown_report(params["title"], params["soak"])
     contents = {
         "report.json": (json.dumps(report_data(params["title"], params["soak"]), indent=1, sort_keys=True) + "\n").encode(),
         "report.md": markdown.encode(),
     }
-    if params["plot"]:
+    if pyplot is not None:
         contents["report.png"] = plot_png(pyplot, params["title"], params["soak"])
     try:
         changed, files = write_changed(params["dest"], contents, module.check_mode)
     except OSError as error:
         reason = f"dest: cannot write {error.filename or params['dest']} ({error.strerror or error}); give a folder the task's user can write"
         module.fail_json(msg=reason, ok=False, reasons=[reason])
+    if params["plot"] and pyplot is None:
+        # After the JSON and the Markdown: an hour's soak keeps its verdict when only the plot cannot be drawn.
+        reason = missing_required_lib("matplotlib") + "; report.json and report.md were written"
+        module.fail_json(msg=reason, ok=False, reasons=[reason], files=files, changed=changed)
     module.exit_json(changed=changed, ok=True, reasons=[], files=files, markdown=markdown, passed=params["soak"]["passed"])
 
 
