@@ -24,7 +24,8 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._systemd import un
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_client import http, instance_endpoint
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_gate import Endpoint, gate
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_health import parse_env_file
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_plan import endpoint_url, is_loopback_address
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_plan import WILDCARDS, endpoint_url, is_loopback_address
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._watchdog import PLAN_NAME, SERVICE, acted
 
 RunCommand = t.Callable[[list[str]], tuple[int, str, str]]
 
@@ -33,7 +34,7 @@ SERVE_WITHIN = (60, 14_400)
 KERNEL_OOM = "Killed process"
 # Repeats, so an n-gram drafter finds matches to propose.
 SPECULATIVE_PROMPT = "Continue the pattern: red green blue red green blue red green blue red green blue"
-UNIT_TIMES = ("Id", "ActiveState", "NRestarts", "InactiveExitTimestampMonotonic", "ActiveEnterTimestampMonotonic")
+UNIT_TIMES = ("LoadState", "ActiveState", "NRestarts", "InactiveExitTimestampMonotonic", "ActiveEnterTimestampMonotonic")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,21 +90,41 @@ def booted_at(proc_stat: str, pid1_stat: str, ticks_per_second: int) -> float:
     return btime + int(fields[19]) / ticks_per_second
 
 
+def plan_problems(plan: t.Any) -> list[str]:
+    """What in a plan file the checks could not rely on: the names they pass to systemctl, the addresses they call."""
+    if not isinstance(plan, dict):
+        return ["not a plan object"]
+    problems = [f"{key} {plan.get(key)!r}" for key in ("unit", "container")
+                if not isinstance(plan.get(key), str) or not PLAN_NAME.fullmatch(plan[key])]
+    problems += [f"{key} {plan.get(key)!r}" for key in ("url", "env_path") if not isinstance(plan.get(key), str)]
+    if isinstance(plan.get("port"), bool) or not isinstance(plan.get("port"), int):
+        problems.append(f"port {plan.get('port')!r}")
+    for key in ("bind_addresses", "start_after"):
+        if not isinstance(plan.get(key, []), list) or not all(isinstance(item, str) for item in plan.get(key, [])):
+            problems.append(f"{key} {plan.get(key)!r}")
+    for key in ("cluster", "launch_check"):
+        if plan.get(key) is not None and not isinstance(plan[key], dict):
+            problems.append(f"{key} {plan.get(key)!r}")
+    return problems
+
+
 def deployed_plans(plan_dirs: t.Sequence[str], read: t.Callable[[str], str]) -> tuple[list[dict[str, t.Any]], list[str]]:
-    """The plan files of the instances and cluster ranks the host runs, in each folder's order; and the files skipped."""
-    plans, skipped = [], []
+    """The plan files of the instances and cluster ranks the host runs, in each folder's order; and each file that is
+    no usable plan, with why."""
+    plans, damaged = [], []
     for folder in plan_dirs:
         for path in sorted(glob.glob(os.path.join(folder, "*.json"))):
             try:
                 plan = json.loads(read(path))
-            except (OSError, ValueError):
-                skipped.append(path)
+            except (OSError, ValueError) as error:
+                damaged.append(f"{path}: {error}")
                 continue
-            if isinstance(plan, dict) and all(isinstance(plan.get(key), str) for key in ("unit", "container", "url", "env_path")):
-                plans.append(plan)
+            problems = plan_problems(plan)
+            if problems:
+                damaged.append(f"{path}: no usable {', '.join(problems)}")
             else:
-                skipped.append(path)
-    return plans, skipped
+                plans.append(plan)
+    return plans, damaged
 
 
 def serves_api(plan: t.Mapping[str, t.Any]) -> bool:
@@ -123,7 +144,8 @@ def parse_unit_times(units: t.Sequence[str], out: str) -> dict[str, dict[str, t.
         def number(name: str, values: dict[str, str] = values) -> int | None:
             return int(values[name]) if values.get(name, "").isdigit() else None
 
-        found[unit] = {"active_state": values.get("ActiveState", ""), "n_restarts": number("NRestarts"),
+        found[unit] = {"load_state": values.get("LoadState", ""), "active_state": values.get("ActiveState", ""),
+                       "n_restarts": number("NRestarts"),
                        "began": number("InactiveExitTimestampMonotonic"), "active_since": number("ActiveEnterTimestampMonotonic")}
     return found
 
@@ -160,17 +182,39 @@ def order_row(plans: t.Sequence[t.Mapping[str, t.Any]], times: t.Mapping[str, t.
     return row("order", not wrong, "; ".join(wrong or seen))
 
 
-def restarts_row(plans: t.Sequence[t.Mapping[str, t.Any]], times: t.Mapping[str, t.Mapping[str, t.Any]]) -> dict[str, t.Any]:
+def units_row(plans: t.Sequence[t.Mapping[str, t.Any]], times: t.Mapping[str, t.Mapping[str, t.Any]]) -> dict[str, t.Any]:
+    """Every planned unit, a cluster's worker ranks too (they serve no API), is installed and active."""
+    states = {plan["unit"]: (times[plan["unit"]]["load_state"], times[plan["unit"]]["active_state"]) for plan in plans}
+    wrong = [f"{unit} {load}/{active}" for unit, (load, active) in states.items() if (load, active) != ("loaded", "active")]
+    return row("units", not wrong, ("not running: " + ", ".join(wrong)) if wrong else (", ".join(states) + " active") if states else "no unit planned")
+
+
+def restarts_row(plans: t.Sequence[t.Mapping[str, t.Any]], times: t.Mapping[str, t.Mapping[str, t.Any]],
+                 watchdog_actions: t.Sequence[t.Mapping[str, t.Any]]) -> dict[str, t.Any]:
+    """No unit restarted since the boot: by systemd (NRestarts) or by the watchdog (whose starts systemd does not count)."""
     counts = {plan["unit"]: times[plan["unit"]]["n_restarts"] for plan in plans}
     restarted = {unit: n for unit, n in counts.items() if n != 0}
     detail = ", ".join(f"{unit} {'unknown' if n is None else n}" for unit, n in counts.items()) or "no unit planned"
-    return row("restarts", not restarted, ("restarted since the boot: " if restarted else "NRestarts: ") + detail)
+    acts = [f"{a.get('action')} {a.get('unit', '?')}" + (f" ({a['why'][:120]})" if a.get("why") else "") for a in watchdog_actions]
+    text = ("restarted since the boot: " if restarted else "NRestarts: ") + detail
+    return row("restarts", not restarted and not acts, text + ("; the watchdog acted: " + "; ".join(acts) if acts else ""))
 
 
-def serving_row(served: t.Mapping[str, t.Mapping[str, t.Any]], within: int) -> dict[str, t.Any]:
+def watchdog_actions(run_command: RunCommand, since: float) -> list[dict[str, t.Any]]:
+    """The watchdog's actions since the boot, from its journal; none where it is not installed."""
+    rc, out, err = run_command(["journalctl", "--unit", SERVICE, "--since", f"@{int(since)}", "--output", "cat", "--quiet", "--no-pager"])
+    if rc:
+        raise ValueError(f"the watchdog's journal could not be read: {(err or out).strip()[:300]}")
+    return acted(out.splitlines())
+
+
+def serving_row(served: t.Mapping[str, t.Mapping[str, t.Any]], within: int, damaged: t.Sequence[str]) -> dict[str, t.Any]:
+    """Every instance served in time; a damaged plan file fails it too, since what it plans cannot be checked."""
     seen = [f"{unit} {'at' if r['came_up'] else 'not by'} {r['since_boot']:.0f} s" + ("" if r["came_up"] else f" ({r.get('reason')})")
             for unit, r in served.items()]
-    return row("serving", all(r["came_up"] for r in served.values()), f"within {within} s of the boot: " + ("; ".join(seen) or "no instance planned"))
+    seen += [f"not checked, a damaged plan file: {path}" for path in damaged]
+    return row("serving", all(r["came_up"] for r in served.values()) and not damaged,
+               f"within {within} s of the boot: " + ("; ".join(seen) or "no instance planned"))
 
 
 def speculative_row(plans: t.Sequence[t.Mapping[str, t.Any]], endpoints: t.Mapping[str, t.Mapping[str, t.Any]], timeout: float) -> dict[str, t.Any]:
@@ -206,7 +250,8 @@ def exporter_row(units_row: dict[str, t.Any], urls: t.Sequence[str], timeout: fl
 
 
 def lan_addresses(plan: t.Mapping[str, t.Any]) -> list[str]:
-    return [address for address in plan.get("bind_addresses") or [] if not is_loopback_address(address)]
+    """The specific LAN addresses of a plan: a wildcard bind names no address to call."""
+    return [address for address in plan.get("bind_addresses") or [] if not is_loopback_address(address) and address not in WILDCARDS]
 
 
 def lan_row(plans: t.Sequence[t.Mapping[str, t.Any]], keys: t.Mapping[str, str | None], timeout: float) -> dict[str, t.Any]:
@@ -218,9 +263,11 @@ def lan_row(plans: t.Sequence[t.Mapping[str, t.Any]], keys: t.Mapping[str, str |
             reply = http("GET", url, keys[plan["unit"]], timeout=timeout)
             (answers if reply.status == 200 else wrong).append(
                 f"{url} {'answered' if reply.status == 200 else 'gave'} {reply.status if reply.status is not None else reply.error}")
+    wildcard = [f"{plan['unit']} binds {address} (every interface): no one LAN address to call"
+                for plan in plans for address in plan.get("bind_addresses") or [] if address in WILDCARDS]
     if not answers and not wrong:
-        return row("lan_port", True, "every instance is bound to loopback only: no LAN port to check")
-    return row("lan_port", not wrong, "; ".join(wrong + answers))
+        return row("lan_port", True, "; ".join(wildcard) or "every instance is bound to loopback only: no LAN port to check")
+    return row("lan_port", not wrong, "; ".join(wrong + answers + wildcard))
 
 
 def speculative_drafts(url: str, key: str | None, timeout: float) -> int | None:
@@ -228,9 +275,12 @@ def speculative_drafts(url: str, key: str | None, timeout: float) -> int | None:
     reply = http("GET", url + "/metrics", key, timeout=timeout)
     if reply.status != 200:
         return None
-    values = [float(line.rsplit(" ", 1)[1]) for line in reply.body.splitlines()
-              if line.startswith("vllm:spec_decode_num_draft_tokens_total") and " " in line]
-    return int(sum(values)) if values else None
+    try:
+        values = [float(line.rsplit(" ", 1)[1]) for line in reply.body.splitlines()
+                  if line.startswith("vllm:spec_decode_num_draft_tokens_total") and " " in line]
+        return int(sum(values)) if values else None
+    except (ValueError, OverflowError):
+        return None
 
 
 def unit_states_row(name: str, units: t.Sequence[str], states: t.Mapping[str, t.Mapping[str, t.Any]], required: bool) -> dict[str, t.Any]:
@@ -263,7 +313,11 @@ def load_states(run_command: RunCommand, units: t.Sequence[str]) -> dict[str, di
     return states
 
 
-def swap_row(proc_swaps: str) -> dict[str, t.Any]:
+def swap_row(read: t.Callable[[str], str]) -> dict[str, t.Any]:
+    try:
+        proc_swaps = read("/proc/swaps")
+    except OSError as error:
+        return row("swap", False, f"/proc/swaps could not be read ({error})")
     active = [line.split()[0] for line in proc_swaps.splitlines()[1:] if line.strip()]
     return row("swap", not active, "active: " + ", ".join(active) if active else "no swap active")
 
@@ -277,7 +331,8 @@ def failed_units_row(run_command: RunCommand) -> dict[str, t.Any]:
 
 
 def oom_row(run_command: RunCommand, since: float) -> dict[str, t.Any]:
-    """The kernel's OOM kills since the boot. By time, not ``-b``: a lab host's journal shares the kernel's boot id."""
+    """The kernel's OOM kills since the boot, by time as well: journalctl --dmesg reads the kernel's current boot, which a
+    lab host's restart keeps."""
     rc, out, err = run_command(["journalctl", "--dmesg", "--since", f"@{int(since)}", "--output", "cat", "--quiet", "--no-pager"])
     if rc:
         return row("oom_kills", False, f"the kernel journal could not be read: {(err or out).strip()[:300]}")
@@ -292,7 +347,7 @@ def check(params: t.Mapping[str, t.Any], host: Host, validate_only: bool = False
         return {"ok": False, "passed": False, "reasons": problems, "checks": []}
     try:
         boot = booted_at(host.read_text("/proc/stat"), host.read_text("/proc/1/stat"), host.ticks_per_second)
-        plans, skipped = deployed_plans(params["plan_dirs"], host.read_text)
+        plans, damaged = deployed_plans(params["plan_dirs"], host.read_text)
         keys = {plan["unit"]: parse_env_file(host.read_text(plan["env_path"])).get("VLLM_API_KEY") for plan in plans}
         serving = [plan for plan in plans if serves_api(plan)]
         endpoints = {plan["unit"]: instance_endpoint(plan, {"VLLM_API_KEY": keys[plan["unit"]] or ""}) for plan in serving}
@@ -300,7 +355,7 @@ def check(params: t.Mapping[str, t.Any], host: Host, validate_only: bool = False
         reason = f"cannot read the host's boot or its plan files: {error}; run with become: true after the vllm role"
         return {"ok": False, "passed": False, "reasons": [reason], "checks": []}
     if validate_only:
-        return {"ok": True, "passed": True, "reasons": [], "checks": [], "booted_at": boot, "skipped_plan_files": skipped,
+        return {"ok": True, "passed": True, "reasons": [], "checks": [], "booted_at": boot, "damaged_plan_files": damaged,
                 "serving_seconds": {}}
     deadline = boot + params["serve_within"]
     served = {}
@@ -310,12 +365,12 @@ def check(params: t.Mapping[str, t.Any], host: Host, validate_only: bool = False
         result = gate(Endpoint(endpoint["url"], endpoint["api_key"], endpoint["served_names"], None, remaining), None, warmup=True)
         # The gate's warm-up runs only once the endpoint serves: its reply key says it came up.
         served[plan["unit"]] = {**result, "came_up": result["ok"] or "warmup_reply" in result, "since_boot": round(host.wall() - boot, 1)}
-    rows = [serving_row(served, params["serve_within"])]
+    rows = [serving_row(served, params["serve_within"], damaged)]
     try:
         times = unit_times(host.run_command, [plan["unit"] for plan in plans])
-        rows += [order_row(plans, times), restarts_row(plans, times)]
+        rows += [order_row(plans, times), units_row(plans, times), restarts_row(plans, times, watchdog_actions(host.run_command, boot))]
     except ValueError as error:
-        rows += [row("order", False, str(error)), row("restarts", False, str(error))]
+        rows += [row(name, False, str(error)) for name in ("order", "units", "restarts")]
     rows.append(lan_row(serving, keys, params["timeout"]))
     warm = [f"{unit}: {r['warmup_reply']!r}" if r.get("warmup_reply") is not None else f"{unit}: {r.get('reason')}" for unit, r in served.items()]
     rows.append(row("warm_up", all(r.get("warmup_reply") is not None for r in served.values()), "; ".join(warm) or "no instance planned"))
@@ -330,11 +385,11 @@ def check(params: t.Mapping[str, t.Any], host: Host, validate_only: bool = False
         exporters = row("exporters", False, str(error))
     rows.append(exporter_row(exporters, params["exporter_urls"], params["timeout"]))
     rows.append(failed_units_row(host.run_command))
-    rows.append(swap_row(host.read_text("/proc/swaps")))
+    rows.append(swap_row(host.read_text))
     rows.append(oom_row(host.run_command, boot))
     failed = [f"{r['check']}: {r['detail']}" for r in rows if not r["passed"]]
     return {"ok": True, "passed": not failed, "reasons": failed, "checks": rows, "booted_at": boot,
-            "skipped_plan_files": skipped, "serving_seconds": {unit: r["since_boot"] for unit, r in served.items() if r["came_up"]}}
+            "damaged_plan_files": damaged, "serving_seconds": {unit: r["since_boot"] for unit, r in served.items() if r["came_up"]}}
 
 
 def markdown_report(title: str, result: t.Mapping[str, t.Any], reboot_seconds: float | None) -> str:

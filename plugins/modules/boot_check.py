@@ -14,7 +14,8 @@ description:
     start, so a lab host (a container restarted in place of a reboot) is judged like a real one.
   - C(serving) each instance and cluster head in the plan files answers C(/v1/models) with every served name within
     O(serve_within) seconds of the boot (the module waits until then). C(order) each unit began starting only once the
-    units it follows (its plan's C(start_after)) were active. C(restarts) no unit restarted since the boot (C(NRestarts)).
+    units it follows (its plan's C(start_after)) were active. C(units) every planned unit, worker ranks too, is installed
+    and active. C(restarts) no unit restarted since the boot (C(NRestarts)) and the watchdog did not act.
     C(lan_port) every non-loopback address an instance is bound to answers with its key. C(warm_up) a chat completion
     is answered. C(speculative) where speculative decoding is configured, a request moves
     C(vllm:spec_decode_num_draft_tokens_total). C(services) every unit of O(expect_active) is active. C(exporters)
@@ -110,8 +111,8 @@ serving_seconds:
   description: Per unit, the seconds after the boot at which it served.
   returned: success
   type: dict
-skipped_plan_files:
-  description: JSON files in the plan folders that are not plans.
+damaged_plan_files:
+  description: JSON files in the plan folders that are no usable plan, each with why; they fail C(serving).
   returned: success
   type: list
   elements: str

@@ -86,15 +86,15 @@ def write_plans(folder, *plans):
 
 
 def show_block(unit, began, active_since, restarts=0, state="active"):
-    return (f"Id={unit}\nActiveState={state}\nNRestarts={restarts}\nInactiveExitTimestampMonotonic={began}\n"
+    return (f"LoadState=loaded\nActiveState={state}\nNRestarts={restarts}\nInactiveExitTimestampMonotonic={began}\n"
             f"ActiveEnterTimestampMonotonic={active_since}\n")
 
 
 class Systemd:
     """systemctl and journalctl as they answer after a boot: recorded shapes, keyed by what is asked."""
 
-    def __init__(self, times, states=None, failed="", kernel=""):
-        self.times, self.states, self.failed, self.kernel = times, states or {}, failed, kernel
+    def __init__(self, times, states=None, failed="", kernel="", watchdog=""):
+        self.times, self.states, self.failed, self.kernel, self.watchdog = times, states or {}, failed, kernel, watchdog
         self.calls = []
 
     def __call__(self, argv):
@@ -102,7 +102,7 @@ class Systemd:
         if argv[:2] == ["systemctl", "list-units"]:
             return 0, self.failed, ""
         if argv[0] == "journalctl":
-            return 0, self.kernel, ""
+            return 0, self.kernel if "--dmesg" in argv else self.watchdog, ""
         units = argv[argv.index("--") + 1:]
         if "--property=NRestarts" in argv:
             return 0, "\n".join(self.times[u] for u in units), ""
@@ -114,6 +114,8 @@ def host_of(systemd, files=None):
     files = {"/proc/stat": PROC_STAT, "/proc/1/stat": PID1_STAT, "/proc/swaps": SWAPS_NONE, **(files or {})}
 
     def read(path):
+        if path in files and files[path] is None:
+            raise PermissionError(13, "Permission denied", path)
         if path in files:
             return files[path]
         with open(path, encoding="utf-8") as handle:
@@ -158,8 +160,33 @@ def test_units_began_only_after_the_units_they_follow_were_serving():
 
 
 def test_a_restart_since_the_boot_fails_and_says_which_unit():
-    found = _boot_check.restarts_row([{"unit": "a"}, {"unit": "b"}], {"a": {"n_restarts": 0}, "b": {"n_restarts": 2}})
+    found = _boot_check.restarts_row([{"unit": "a"}, {"unit": "b"}], {"a": {"n_restarts": 0}, "b": {"n_restarts": 2}}, [])
     assert not found["passed"] and found["detail"] == "restarted since the boot: a 0, b 2"
+
+
+def test_a_watchdog_restart_since_the_boot_fails_though_systemd_counted_none():
+    line = json.dumps({"sparkfleet_watchdog": 1, "unit": "a", "verdict": "wedged", "action": "restart", "why": "probe timed out"})
+    actions = _boot_check.watchdog_actions(Systemd({}, watchdog=f"{line}\nnot json\n"), 1764000123.0)
+    found = _boot_check.restarts_row([{"unit": "a"}], {"a": {"n_restarts": 0}}, actions)
+    assert not found["passed"] and found["detail"] == "NRestarts: a 0; the watchdog acted: restart a (probe timed out)"
+
+
+def test_a_planned_unit_not_installed_or_not_running_fails_a_worker_rank_too():
+    times = {"head": {"load_state": "loaded", "active_state": "active"}, "worker": {"load_state": "not-found", "active_state": "inactive"}}
+    found = _boot_check.units_row([{"unit": "head"}, {"unit": "worker", "cluster": {"rank": 1, "head": False}}], times)
+    assert not found["passed"] and found["detail"] == "not running: worker not-found/inactive"
+
+
+@pytest.mark.parametrize(("change", "named"), [
+    ({"unit": "a.service; rm -rf /"}, "unit"), ({"port": "8000"}, "port"), ({"start_after": "sparkfleet-vllm-a.service"}, "start_after"),
+    ({"cluster": "head"}, "cluster"), ({"bind_addresses": [None]}, "bind_addresses"),
+])
+def test_a_damaged_plan_file_fails_the_serving_check_naming_what_is_wrong(tmp_path, change, named):
+    write_plans(tmp_path, {**plan(tmp_path, "first", 9), **change})
+    result = _boot_check.check({**OPTIONS, "plan_dirs": [str(tmp_path)]}, host_of(Systemd({})))
+    assert result["ok"] and not result["passed"]
+    serving = result["checks"][0]
+    assert serving["check"] == "serving" and not serving["passed"] and f"first.json: no usable {named} " in serving["detail"]
 
 
 def test_systemd_answering_fewer_blocks_than_units_is_an_error_not_a_guess():
@@ -168,9 +195,10 @@ def test_systemd_answering_fewer_blocks_than_units_is_an_error_not_a_guess():
 
 
 def test_swap_failed_units_and_oom_kills_since_the_boot():
-    assert _boot_check.swap_row(SWAPS_NONE)["passed"]
-    swapping = _boot_check.swap_row(SWAPS_NONE + "/swap.img file 8388604 0 -2\n")
+    assert _boot_check.swap_row({"/proc/swaps": SWAPS_NONE}.__getitem__)["passed"]
+    swapping = _boot_check.swap_row({"/proc/swaps": SWAPS_NONE + "/swap.img file 8388604 0 -2\n"}.__getitem__)
     assert not swapping["passed"] and swapping["detail"] == "active: /swap.img"
+    assert not _boot_check.swap_row(host_of(Systemd({}), {"/proc/swaps": None}).read_text)["passed"]
     failed = _boot_check.failed_units_row(Systemd({}, failed="earlyoom.service loaded failed failed earlyoom\n"))
     assert not failed["passed"] and failed["detail"] == "failed: earlyoom.service"
     systemd = Systemd({}, kernel="Out of memory: Killed process 4242 (python3) total-vm:1kB\nsomething else\n")
@@ -205,6 +233,8 @@ def test_a_lan_bound_port_must_answer_on_that_address():
         port = server.server_address[1]
         answered = _boot_check.lan_row([{"unit": "a", "port": port, "bind_addresses": ["127.0.0.1", address]}], {"a": KEY}, 5)
         assert answered["passed"] and answered["detail"] == f"http://{address}:{port}/v1/models answered 200"
+        wildcard = _boot_check.lan_row([{"unit": "a", "port": port, "bind_addresses": ["0.0.0.0"]}], {"a": KEY}, 5)
+        assert wildcard["passed"] and wildcard["detail"] == "a binds 0.0.0.0 (every interface): no one LAN address to call"
         refused = _boot_check.lan_row([{"unit": "a", "port": port, "bind_addresses": [address]}], {"a": "wrong-key"}, 5)
         assert not refused["passed"] and "gave 401" in refused["detail"]
     assert _boot_check.lan_row([{"unit": "a", "port": 1, "bind_addresses": ["127.0.0.1"]}], {}, 5)["detail"].endswith("no LAN port to check")
@@ -222,14 +252,14 @@ def test_a_whole_boot_check_passes_and_the_report_has_a_row_per_check(tmp_path):
                                     "exporter_urls": [f"http://127.0.0.1:{first.server_address[1]}/metrics-exporter"]},
                                    host_of(systemd))
     assert result["ok"] and result["passed"], result["reasons"]
-    assert [row["check"] for row in result["checks"]] == ["serving", "order", "restarts", "lan_port", "warm_up", "speculative", "services",
+    assert [row["check"] for row in result["checks"]] == ["serving", "order", "units", "restarts", "lan_port", "warm_up", "speculative", "services",
                                                            "exporters", "failed_units", "swap", "oom_kills"]
     rows = {row["check"]: row["detail"] for row in result["checks"]}
     assert rows["speculative"] == "sparkfleet-vllm-second.service: draft tokens 3 -> 6"
     assert rows["warm_up"] == "sparkfleet-vllm-first.service: 'hello'; sparkfleet-vllm-second.service: 'hello'"
     markdown = _boot_check.markdown_report("spark-1: reboot test", result, 95.4)
     assert markdown.startswith("# spark-1: reboot test\n\n**REBOOT TEST PASS**\n\nThe host was back 95 s after the reboot was asked")
-    assert markdown.count("| pass |") == 11 and KEY not in markdown and KEY not in json.dumps(result)
+    assert markdown.count("| pass |") == 12 and KEY not in markdown and KEY not in json.dumps(result)
 
 
 def test_a_drafter_that_drafts_nothing_and_an_endpoint_that_never_serves_fail_with_what_was_seen(tmp_path):
