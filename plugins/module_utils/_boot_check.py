@@ -140,13 +140,11 @@ def parse_unit_times(units: t.Sequence[str], out: str) -> dict[str, dict[str, t.
     found = {}
     for unit, block in zip(units, blocks, strict=True):
         values = dict(line.split("=", 1) for line in block.splitlines() if "=" in line)
-
-        def number(name: str, values: dict[str, str] = values) -> int | None:
-            return int(values[name]) if values.get(name, "").isdigit() else None
-
+        numbers = {name: int(values[name]) if values.get(name, "").isdigit() else None
+                   for name in ("NRestarts", "InactiveExitTimestampMonotonic", "ActiveEnterTimestampMonotonic")}
         found[unit] = {"load_state": values.get("LoadState", ""), "active_state": values.get("ActiveState", ""),
-                       "n_restarts": number("NRestarts"),
-                       "began": number("InactiveExitTimestampMonotonic"), "active_since": number("ActiveEnterTimestampMonotonic")}
+                       "n_restarts": numbers["NRestarts"], "began": numbers["InactiveExitTimestampMonotonic"],
+                       "active_since": numbers["ActiveEnterTimestampMonotonic"]}
     return found
 
 
@@ -297,22 +295,6 @@ def unit_states_row(name: str, units: t.Sequence[str], states: t.Mapping[str, t.
     return row(name, not wrong, "; ".join(wrong + seen) or "none asked")
 
 
-def load_states(run_command: RunCommand, units: t.Sequence[str]) -> dict[str, dict[str, str]]:
-    if not units:
-        return {}
-    rc, out, err = run_command(["systemctl", "show", "--property=LoadState", "--property=ActiveState", "--", *units])
-    if rc:
-        raise ValueError(f"systemctl show failed: {(err or out).strip()[:300]}")
-    blocks = out.strip("\n").split("\n\n")
-    if len(blocks) != len(units):
-        raise ValueError(f"systemctl show answered {len(blocks)} blocks for {len(units)} units")
-    states = {}
-    for unit, block in zip(units, blocks, strict=True):
-        values = dict(line.split("=", 1) for line in block.splitlines() if "=" in line)
-        states[unit] = {"active_state": values.get("ActiveState", ""), "load_state": values.get("LoadState", "")}
-    return states
-
-
 def swap_row(read: t.Callable[[str], str]) -> dict[str, t.Any]:
     try:
         proc_swaps = read("/proc/swaps")
@@ -377,7 +359,7 @@ def check(params: t.Mapping[str, t.Any], host: Host, validate_only: bool = False
     rows.append(speculative_row(serving, endpoints, params["timeout"]))
     units = [*params["expect_active"], *params["exporter_units"]]
     try:
-        states = load_states(host.run_command, units)
+        states = unit_times(host.run_command, units)
         rows.append(unit_states_row("services", params["expect_active"], states, required=True))
         exporters = unit_states_row("exporters", params["exporter_units"], states, required=False)
     except ValueError as error:

@@ -85,8 +85,8 @@ def write_plans(folder, *plans):
         (folder / f"{each['name']}.env").write_text(f"VLLM_API_KEY={KEY}\n")
 
 
-def show_block(unit, began, active_since, restarts=0, state="active"):
-    return (f"LoadState=loaded\nActiveState={state}\nNRestarts={restarts}\nInactiveExitTimestampMonotonic={began}\n"
+def show_block(began, active_since, restarts=0, state="active", load="loaded"):
+    return (f"LoadState={load}\nActiveState={state}\nNRestarts={restarts}\nInactiveExitTimestampMonotonic={began}\n"
             f"ActiveEnterTimestampMonotonic={active_since}\n")
 
 
@@ -104,10 +104,8 @@ class Systemd:
         if argv[0] == "journalctl":
             return 0, self.kernel if "--dmesg" in argv else self.watchdog, ""
         units = argv[argv.index("--") + 1:]
-        if "--property=NRestarts" in argv:
-            return 0, "\n".join(self.times[u] for u in units), ""
-        return 0, "\n".join(f"LoadState={self.states.get(u, ('loaded', 'active'))[0]}\nActiveState={self.states.get(u, ('loaded', 'active'))[1]}\n"
-                            for u in units), ""
+        return 0, "\n".join(self.times.get(u) or show_block(1, 2, state=self.states.get(u, ("loaded", "active"))[1],
+                                                              load=self.states.get(u, ("loaded", "active"))[0]) for u in units), ""
 
 
 def host_of(systemd, files=None):
@@ -191,7 +189,7 @@ def test_a_damaged_plan_file_fails_the_serving_check_naming_what_is_wrong(tmp_pa
 
 def test_systemd_answering_fewer_blocks_than_units_is_an_error_not_a_guess():
     with pytest.raises(ValueError, match="1 blocks for 2 units"):
-        _boot_check.parse_unit_times(["a", "b"], show_block("a", 1, 2))
+        _boot_check.parse_unit_times(["a", "b"], show_block(1, 2))
 
 
 def test_swap_failed_units_and_oom_kills_since_the_boot():
@@ -245,8 +243,8 @@ def test_a_whole_boot_check_passes_and_the_report_has_a_row_per_check(tmp_path):
         plans = [plan(tmp_path, "first", first.server_address[1]),
                  plan(tmp_path, "second", second.server_address[1], start_after=["sparkfleet-vllm-first.service"], speculative="ngram")]
         write_plans(tmp_path, *plans)
-        systemd = Systemd({"sparkfleet-vllm-first.service": show_block("sparkfleet-vllm-first.service", 2_000_000, 40_000_000),
-                           "sparkfleet-vllm-second.service": show_block("sparkfleet-vllm-second.service", 41_000_000, 80_000_000)},
+        systemd = Systemd({"sparkfleet-vllm-first.service": show_block(2_000_000, 40_000_000),
+                           "sparkfleet-vllm-second.service": show_block(41_000_000, 80_000_000)},
                           states={"prometheus-node-exporter.service": ("not-found", "inactive")})
         result = _boot_check.check({**OPTIONS, "plan_dirs": [str(tmp_path), str(tmp_path / "absent")],
                                     "exporter_urls": [f"http://127.0.0.1:{first.server_address[1]}/metrics-exporter"]},
@@ -266,7 +264,7 @@ def test_a_drafter_that_drafts_nothing_and_an_endpoint_that_never_serves_fail_wi
     with vllm_routes(drafts_per_request=0) as server:
         plans = [plan(tmp_path, "second", server.server_address[1], speculative="ngram"), plan(tmp_path, "gone", 9)]
         write_plans(tmp_path, *plans)
-        systemd = Systemd({p["unit"]: show_block(p["unit"], 1, 2) for p in plans})
+        systemd = Systemd({p["unit"]: show_block(1, 2) for p in plans})
         host = host_of(systemd)
         # Past the boot's deadline already: the wait gives up at once.
         host = _boot_check.Host(run_command=host.run_command, read_text=host.read_text, wall=lambda: 1764000500.0, ticks_per_second=100)
