@@ -45,6 +45,7 @@ class Host:
     read_text: t.Callable[[str], str]
     wall: t.Callable[[], float] = time.time
     ticks_per_second: int = 100
+    pause: t.Callable[[float], None] = time.sleep
 
 
 def read_text(path: str) -> str:
@@ -146,6 +147,19 @@ def parse_unit_times(units: t.Sequence[str], out: str) -> dict[str, dict[str, t.
                        "n_restarts": numbers["NRestarts"], "began": numbers["InactiveExitTimestampMonotonic"],
                        "active_since": numbers["ActiveEnterTimestampMonotonic"]}
     return found
+
+
+# systemd's states on the way to another; the endpoint can answer before the unit's own readiness wait ends.
+CHANGING = ("activating", "deactivating", "reloading")
+
+
+def settled_unit_times(host: Host, units: t.Sequence[str], deadline: float) -> dict[str, dict[str, t.Any]]:
+    """The units' times once none is still changing state, or as they are at the deadline."""
+    while True:
+        times = unit_times(host.run_command, units)
+        if host.wall() >= deadline or not any(times[unit]["active_state"] in CHANGING for unit in units):
+            return times
+        host.pause(2)
 
 
 def unit_times(run_command: RunCommand, units: t.Sequence[str]) -> dict[str, dict[str, t.Any]]:
@@ -349,7 +363,7 @@ def check(params: t.Mapping[str, t.Any], host: Host, validate_only: bool = False
         served[plan["unit"]] = {**result, "came_up": result["ok"] or "warmup_reply" in result, "since_boot": round(host.wall() - boot, 1)}
     rows = [serving_row(served, params["serve_within"], damaged)]
     try:
-        times = unit_times(host.run_command, [plan["unit"] for plan in plans])
+        times = settled_unit_times(host, [plan["unit"] for plan in plans], deadline)
         rows += [order_row(plans, times), units_row(plans, times), restarts_row(plans, times, watchdog_actions(host.run_command, boot))]
     except ValueError as error:
         rows += [row(name, False, str(error)) for name in ("order", "units", "restarts")]

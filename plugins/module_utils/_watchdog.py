@@ -39,6 +39,8 @@ PROGRESS_COUNTERS = ("vllm:generation_tokens_total", "vllm:prompt_tokens_total",
 SLEEP_GAUGE = "vllm:engine_sleep_state"
 GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting", SLEEP_GAUGE)
 FAILING = ("down", "wedged", "unanswered")
+# An idle engine alternates between them (a probe moves the counters the next sample reads): one state for the journal.
+SERVING = ("progress", "answers")
 # A unit and a container name as the collection writes them: they reach systemctl, docker and file names.
 PLAN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@:-]{0,250}")
 ACTIONS = ("start", "restart", "give_up")
@@ -203,7 +205,8 @@ def assess(plan: t.Mapping[str, t.Any], memory: dict[str, t.Any], seen: t.Mappin
         memory["warm_hashes"] = [*memory["warm_hashes"], plan["config_hash"]][-8:]
     starting = seen.get("active_state") == "activating" or seen.get("job_pending")
     if now < memory["grace_until"]:
-        if not answered:
+        # An answer while systemd still stops the old container or starts the new one is not the new start serving.
+        if not answered or starting:
             return {**decision, "verdict": "grace", "why": f"started by the watchdog; judged after {int(memory['grace_until'] - now)} s more"}
         memory["grace_until"] = 0.0
     if seen.get("container") in DOWN_STATES and not starting:
@@ -258,6 +261,13 @@ def failing(plan: t.Mapping[str, t.Any], memory: dict[str, t.Any], seen: t.Mappi
     return {**decision, "action": action,
             "why": f"{why}; {action}ed ({len(recent) + 1} of {settings['budget']} in {settings['budget_window']} s), judged again after a "
                    f"{kind} grace of {seconds} s"}
+
+
+def worth_a_line(decision: t.Mapping[str, t.Any], previous: str | None) -> bool:
+    """Every action and failing sample, and each change of verdict but between the two serving ones."""
+    verdict = decision["verdict"]
+    return (decision["action"] != "none" or verdict in FAILING
+            or (verdict != previous and not (verdict in SERVING and previous in SERVING)))
 
 
 def journal_line(decision: t.Mapping[str, t.Any], now: float) -> str:

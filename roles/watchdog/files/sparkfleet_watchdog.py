@@ -30,7 +30,6 @@ from _diagnose import CONFIG_DIRS, collect_host_bundle, run_command  # noqa: E40
 from _watchdog import (  # noqa: E402
     CONFIG_PATH,
     DOWN_STATES,
-    FAILING,
     PLAN_NAME,
     SETTINGS,
     STATE_DIR,
@@ -41,6 +40,7 @@ from _watchdog import (  # noqa: E402
     parse_metrics,
     person_needed_path,
     plan_problems,
+    worth_a_line,
 )
 
 COMMAND_TIMEOUT = 30
@@ -224,7 +224,7 @@ def watch(plan, settings, memories, now):
     memories[plan["unit"]] = memory
     if decision["action"] != "none":
         act(decision, plan, settings, settings["state_dir"], memory, now)
-    if decision["action"] != "none" or decision["verdict"] in FAILING or decision["verdict"] != memory["verdict"]:
+    if worth_a_line(decision, memory["verdict"]):
         print(journal_line(decision, now), flush=True)
     memory["verdict"] = decision["verdict"]
     memories[plan["unit"]] = memory

@@ -275,3 +275,13 @@ def test_a_drafter_that_drafts_nothing_and_an_endpoint_that_never_serves_fail_wi
     assert failed["serving"].startswith("within 60 s of the boot: sparkfleet-vllm-gone.service not by")
     assert "draft tokens 0 -> 0" in failed["speculative"]
     assert any(reason.startswith("serving: ") for reason in result["reasons"])
+
+
+def test_a_unit_still_in_its_readiness_wait_is_waited_for_until_the_deadline():
+    answers = iter([show_block(1, 0, state="activating"), show_block(1, 5)])
+    clock = iter([100.0, 101.0, 102.0])
+    host = _boot_check.Host(run_command=lambda argv: (0, next(answers), ""), read_text=str, wall=lambda: next(clock), pause=lambda s: None)
+    assert _boot_check.settled_unit_times(host, ["a"], deadline=200.0)["a"]["active_state"] == "active"
+    stuck = _boot_check.Host(run_command=lambda argv: (0, show_block(1, 0, state="activating"), ""), read_text=str,
+                             wall=lambda: 300.0, pause=lambda s: None)
+    assert _boot_check.settled_unit_times(stuck, ["a"], deadline=200.0)["a"]["active_state"] == "activating"

@@ -19,6 +19,7 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._watchdog import (
     person_needed_path,
     plan_problems,
     watchdog_plan,
+    worth_a_line,
 )
 
 SETTINGS_DEFAULT = {"interval": 30, "failures": 3, "probe_timeout": 15, "probe_tokens": 4, "budget": 3, "budget_window": 21600,
@@ -132,6 +133,15 @@ def test_the_actions_are_read_back_from_the_journal_lines():
     assert [decision["action"] for decision in acted(lines)] == ["restart", "give_up"]
 
 
+def test_the_journal_gets_actions_failures_and_changes_but_not_an_idle_engine_alternating_between_counters_and_probes():
+    def line(verdict, action="none"):
+        return {"verdict": verdict, "action": action}
+
+    assert not worth_a_line(line("answers"), "progress") and not worth_a_line(line("progress"), "answers")
+    assert worth_a_line(line("progress"), "grace") and worth_a_line(line("wedged"), "wedged") and worth_a_line(line("down", "start"), "down")
+    assert not worth_a_line(line("grace"), "grace")
+
+
 def test_systemd_starting_the_unit_is_not_down():
     memory = new_memory()
     auto_restart = seen(container="exited", active_state="activating", sub_state="auto-restart")
@@ -205,6 +215,9 @@ def test_the_grace_ends_once_the_unit_serves_and_the_next_start_is_warm():
     wedge = seen(metrics=metrics(1.0), probe=TIMEOUT)
     samples(memory, [wedge] * 3)
     assert memory["grace_until"] > 0
+    # The old container answering while systemd still restarts the unit does not end the grace.
+    old = assess(PLAN, memory, seen(metrics=metrics(1.0), probe=OK, active_state="activating", job_pending=True), SETTINGS_DEFAULT, 1150.0)
+    assert old["verdict"] == "grace" and memory["grace_until"] > 0
     served = assess(PLAN, memory, seen(metrics=metrics(1.0), probe=OK), SETTINGS_DEFAULT, 1200.0)
     assert served["verdict"] == "answers" and memory["grace_until"] == 0.0 and memory["warm_hashes"] == ["h1"]
     decisions = samples(memory, [wedge] * 3, start=1300.0)
