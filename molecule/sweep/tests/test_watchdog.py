@@ -1,0 +1,201 @@
+"""The watchdog on the sweep's serving host, after the sweep (the files' order), with faults injected
+for real against the CPU vLLM: a stopped container under a fresh and then a stale maintenance flag,
+an engine core frozen with SIGSTOP while a request is in flight, and a unit down past the restart
+budget (the give-up file, a diagnostics bundle without a key, quiet until a planned relaunch hands
+it back). Short intervals through the role's variables; each detection time is printed for the
+closing note. Every process a test starts is stopped by its recorded id."""
+
+import gzip
+import json
+import re
+import shlex
+import time
+
+import pytest
+from serving_lab import KEY, status
+from site_runner import docker_host, playbook, site
+
+SERVE = "sparkfleet-molecule-sweep"
+UNIT = "sparkfleet-vllm-second.service"
+CONTAINER = "vllm-second"
+FLAG = "/run/sparkfleet/vllm-maintenance"
+GIVE_UP = f"/var/lib/sparkfleet/watchdog/{UNIT}.person-needed.json"
+# The engine core in a process of its own (vLLM's V1 multiprocessing), so it can be frozen alone; bound to the lab
+# host's own address too and drafting with n-grams, so the reboot test checks a LAN port and speculative counters.
+INSTANCE = {"name": "second", "model": "/models/tiny-llama-variant", "served_model_names": ["tiny-second"], "port": 8002, "api_key": KEY,
+            "speculative": {"method": "ngram", "num_speculative_tokens": 3, "options": {"prompt_lookup_max": 3}},
+            "env": {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}}
+WATCHDOG = {"watchdog_interval": 5, "watchdog_failures": 3, "watchdog_probe_timeout": 10, "watchdog_budget": 2,
+            "watchdog_budget_window": 3600, "watchdog_warm_grace": 300, "watchdog_maintenance_max_age": 60, "watchdog_bundle_time_limit": 20}
+# A CPU engine starting beside the other lanes took up to 415 s to pass its gate.
+SERVE_TIMEOUT = 600
+
+
+@pytest.fixture(scope="module")
+def host():
+    return docker_host(SERVE)
+
+
+@pytest.fixture(scope="module")
+def instances(host):
+    address = host.check_output("hostname -I").split()[0]
+    return {"vllm_instances": [{**INSTANCE, "bind_addresses": ["127.0.0.1", address]}]}
+
+
+@pytest.fixture(scope="module")
+def watched(host, instances):
+    # A LAN bind needs wait_online, so Docker starts once the address exists (seed 000's LAN-bind race).
+    result = site("--tags", "wait_online,vllm,watchdog", "-e", json.dumps(instances), "-e", json.dumps(WATCHDOG), limit=SERVE)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    assert host.service("sparkfleet-watchdog.service").is_running
+    wait_for(lambda: decisions(host, verdict="answers"), 120, "the watchdog judging the relaunched unit")
+    return host
+
+
+def decisions(host, since=0.0, **match):
+    """The watchdog's journal lines since a time, those matching every key given."""
+    lines = host.run("journalctl -u sparkfleet-watchdog.service -o cat --no-pager").stdout.splitlines()
+    parsed = [json.loads(line) for line in lines if line.startswith("{")]
+    return [line for line in parsed if line["time"] >= since and line.get("unit", UNIT) == UNIT
+            and all(line.get(key) == value for key, value in match.items())]
+
+
+def wait_for(condition, timeout, what):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = condition()
+        if found:
+            return found
+        time.sleep(2)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def settled(host):
+    """The unit active with no job queued (systemd done stopping the old container and starting the new) and serving."""
+    return (host.run(f"systemctl is-active {UNIT}").stdout.strip() == "active" and UNIT not in host.run("systemctl list-jobs --no-legend").stdout
+            and status(host, 8002, key=KEY) == "200")
+
+
+def serving(host, since):
+    """The instance serves again and the watchdog's latest decision says so (its grace over), ready for the next fault."""
+    wait_for(lambda: settled(host), SERVE_TIMEOUT, "the instance to serve again")
+    print(f"watchdog: the instance served again {now(host) - since:.1f} s after the fault")
+    wait_for(lambda: (found := decisions(host, since)) and found[-1]["verdict"] in ("answers", "progress"), 120, "the watchdog to see it serve")
+
+
+def now(host):
+    return float(host.check_output("date +%s.%N"))
+
+
+def test_a_stopped_container_waits_out_a_fresh_flag_and_is_started_once_the_flag_is_stale(watched):
+    host = watched
+    host.check_output(f"mkdir -p /run/sparkfleet && echo second > {FLAG}")
+    try:
+        stopped = now(host)
+        host.check_output(f"docker stop --time 30 {CONTAINER}")
+        wait_for(lambda: decisions(host, stopped, verdict="maintenance"), 60, "the watchdog to see the flag")
+        time.sleep(25)
+        assert not decisions(host, stopped, action="start"), "a fresh maintenance flag keeps the watchdog off the unit"
+        assert host.run(f"docker inspect --format '{{{{.State.Status}}}}' {CONTAINER}").stdout.strip() in ("exited", "")
+        aged = now(host)
+        host.check_output(f"touch -d '-5 minutes' {FLAG}")
+        start = wait_for(lambda: decisions(host, aged, action="start"), 120, "the watchdog to start the unit")[0]
+    finally:
+        host.run(f"rm -f {FLAG}")
+    assert "a maintenance flag" in start["why"] and "was ignored" in start["why"] and "failing sample 3 of 3" in start["why"]
+    print(f"\nwatchdog: stopped container started {start['time'] - aged:.1f} s after the flag went stale: {start['why']}")
+    serving(host, aged)
+
+
+def engine_core_pid(host):
+    """The engine core's process on the lab host (vLLM titles it VLLM::EngineCore)."""
+    table = host.check_output(f"docker top {CONTAINER} -eo pid,args")
+    found = [int(line.split()[0]) for line in table.splitlines()[1:] if re.search(r"EngineCore", line)]
+    assert len(found) == 1, table
+    return found[0]
+
+
+def test_an_engine_core_frozen_with_a_request_in_flight_is_restarted(watched):
+    host = watched
+    engine = engine_core_pid(host)
+    request = ("curl -s -m 300 -o /dev/null http://127.0.0.1:8002/v1/completions -H 'Content-Type: application/json' "
+               f"-H 'Authorization: Bearer {KEY}' -d '{{\"model\": \"tiny-second\", \"prompt\": \"one two\", \"max_tokens\": 200}}'")
+    frozen = now(host)
+    host.check_output(f"kill -STOP {engine}")
+    client = None
+    try:
+        client = int(host.check_output("sh -c " + shlex.quote(f"{request} >/dev/null 2>&1 & echo $!")))
+        assert status(host, 8002, "/health") == "200", "a frozen engine core still answers /health: liveness alone would miss it"
+        restart = wait_for(lambda: decisions(host, frozen, action="restart"), 180, "the watchdog to restart the wedged unit")[0]
+    finally:
+        host.run(f"kill -CONT {engine} 2>/dev/null" + (f"; kill {client} 2>/dev/null" if client else ""))
+    assert restart["verdict"] == "wedged" and "probe got no answer in 10 s while the container runs" in restart["why"]
+    print(f"\nwatchdog: frozen engine core restarted {restart['time'] - frozen:.1f} s after SIGSTOP: {restart['why']}")
+    serving(host, frozen)
+    assert engine_core_pid(host) != engine
+
+
+def test_past_the_budget_it_gives_up_with_a_bundle_and_a_planned_relaunch_hands_the_unit_back(watched, instances):
+    host = watched
+    stopped = now(host)
+    host.check_output(f"docker stop --time 30 {CONTAINER}")
+    give_up = wait_for(lambda: decisions(host, stopped, action="give_up"), 120, "the watchdog to give up")[0]
+    assert "2 restarts in the last 3600 s used the budget of 2: a person is needed" in give_up["why"]
+    print(f"\nwatchdog: gave up {give_up['time'] - stopped:.1f} s after the third fault: {give_up['why']}")
+    record = json.loads(host.file(GIVE_UP).content_string)
+    assert [sample["verdict"] for sample in record["evidence"]] == ["down"] * 3
+    bundle = record["bundle"]
+    assert bundle.startswith("/var/lib/sparkfleet/watchdog/bundles/") and host.file(bundle).mode == 0o600, record
+    members = host.check_output(f"tar -tzf {bundle}")
+    assert "MANIFEST.json" in members and "plans/" in members
+    assert host.run(f"tar -xzOf {bundle} | grep -c -F -e '{KEY}'").stdout.strip() == "0", "no key in the bundle"
+    time.sleep(20)
+    assert not decisions(host, give_up["time"] + 0.1, action="start"), "quiet once it gave up"
+    relaunch = site("--tags", "wait_online,vllm", "-e", json.dumps(instances), limit=SERVE)
+    assert relaunch.returncode == 0, (relaunch.stdout + relaunch.stderr)[-3000:]
+    assert not host.file(GIVE_UP).exists, "a planned relaunch hands the unit back"
+    wait_for(lambda: decisions(host, give_up["time"] + 0.1, verdict="handed_back"), 60, "the watchdog to take the unit back")
+    wait_for(lambda: decisions(host, give_up["time"] + 0.1, verdict="answers"), 120, "the watchdog to judge it serving")
+
+
+def test_the_diagnose_playbook_brings_the_bundles_without_a_key_to_the_controller(watched, tmp_path):
+    result = playbook("diagnose.yml", "-e", json.dumps({"diagnose_dir": str(tmp_path)}), limit=SERVE)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    bundles = list(tmp_path.rglob("*.tar.gz"))
+    # Its own, and the one the watchdog made when it gave up (the test before).
+    assert len(bundles) == 2 and len(list(tmp_path.rglob("watchdog/*.tar.gz"))) == 1, result.stdout[-2000:]
+    for bundle in bundles:
+        assert KEY.encode() not in gzip.decompress(bundle.read_bytes())
+
+
+def test_the_reboot_test_passes_after_the_lab_host_restarts(watched, tmp_path):
+    """The lab host's systemctl reboot ends its systemd and Docker starts it again (restart_policy always): the
+    kernel and its boot id stay, PID 1 is new, /run is empty, and everything must come back by itself."""
+    host = watched
+    install = site("--tags", "earlyoom", limit=SERVE)
+    assert install.returncode == 0, (install.stdout + install.stderr)[-3000:]
+    first_pid1 = host.check_output("cut -d ' ' -f 22 /proc/1/stat")
+    started = time.monotonic()
+    result = playbook("reboot_test.yml", "-e", json.dumps({"reboot_test_report_dir": str(tmp_path), "reboot_test_serve_within": SERVE_TIMEOUT}),
+                      limit=SERVE)
+    elapsed = time.monotonic() - started
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    assert f"REBOOT TEST PASS on {SERVE}" in result.stdout
+    assert host.check_output("cut -d ' ' -f 22 /proc/1/stat") != first_pid1
+    report = json.loads((tmp_path / SERVE / "report.json").read_text())
+    checks = {row["check"]: row for row in report["checks"]}
+    assert all(row["passed"] for row in checks.values()) and report["reasons"] == []
+    assert "answered 200" in checks["lan_port"]["detail"] and "draft tokens" in checks["speculative"]["detail"]
+    assert "earlyoom.service active" in checks["services"]["detail"] and "sparkfleet-watchdog.service active" in checks["services"]["detail"]
+    markdown = (tmp_path / SERVE / "report.md").read_text()
+    assert KEY not in markdown and KEY not in result.stdout
+    print(f"\nreboot_test.yml on the lab host, {elapsed:.0f} s in all, back after {report['reboot_seconds']:.0f} s:\n{markdown}")
+
+
+def test_the_watchdog_is_removed_with_its_files(watched):
+    host = watched
+    result = site("--tags", "watchdog", "-e", json.dumps({**WATCHDOG, "watchdog_state": "absent"}), limit=SERVE)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    assert not host.file("/etc/systemd/system/sparkfleet-watchdog.service").exists
+    assert not host.file("/var/lib/sparkfleet/watchdog").exists and not host.file("/opt/sparkfleet/watchdog").exists
+    assert host.run("systemctl is-active sparkfleet-watchdog.service").stdout.strip() != "active"
