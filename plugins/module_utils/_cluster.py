@@ -382,6 +382,8 @@ def cluster_nodes(cluster: t.Mapping[str, t.Any], reports: t.Mapping[str, t.Mapp
                 "network_env": env,
                 "fabric": {"interface": network["interface"], "mtu": cluster["mtu"],
                            "peers": [{"name": peer, "address": networks[peer]["address"]} for peer in cluster["nodes"] if peer != host]},
+                # Every rank's node and fast address, in rank order: the watchdog restarts them all together.
+                "nodes": [{"name": node, "rank": index, "address": networks[node]["address"]} for index, node in enumerate(cluster["nodes"])],
             },
         }
     return plan

@@ -725,6 +725,7 @@ def instance_plan(instance: t.Mapping[str, t.Any], start_after: list[str], optio
     plan["cluster"] = None if not cluster else {
         "rank": cluster["rank"], "head": cluster["rank"] == 0, "nnodes": cluster["nnodes"], "backend": cluster["backend"],
         "master_addr": cluster["master_addr"], "master_port": cluster["master_port"], "host_ip": cluster["host_ip"],
+        "nodes": list(cluster.get("nodes") or []),
     }
     readiness = ["/usr/bin/python3", options["readiness_script"], "--container", container, "--url", url,
                  "--env-file", files["env_path"], "--timeout", str(timeout), *[f"--served-name={n}" for n in plan["served_names"]]]

@@ -20,6 +20,7 @@ there without the collection: the standard library only. Nothing here does I/O.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import math
 import re
@@ -43,7 +44,16 @@ FAILING = ("down", "wedged", "unanswered")
 SERVING = ("progress", "answers")
 # A unit and a container name as the collection writes them: they reach systemctl, docker and file names.
 PLAN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@:-]{0,250}")
-ACTIONS = ("start", "restart", "give_up")
+ACTIONS = ("start", "restart", "restart_cluster", "give_up")
+# A cluster's ranks are restarted together from whichever node detects the failure, over SSH between its nodes: each
+# node's key may only run the daemon's peer command (stop or start a rank of a cluster on that node) from its peers.
+PEER_DIR = "/etc/sparkfleet/watchdog"
+PEER_KEY = "peer_ed25519"
+KNOWN_HOSTS = "known_hosts"
+PEER_COMMAND = f"/usr/bin/python3 {INSTALL_DIR}/{DAEMON_FILE} peer"
+KEY_COMMENT = "sparkfleet-watchdog@"
+ED25519_KEY = re.compile(r"ssh-ed25519 [A-Za-z0-9+/]{40,}={0,2}")
+HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,250}")
 
 # Each setting: (least, most, unit and why). The role passes them as watchdog_<name>.
 SETTINGS: dict[str, tuple[int, int, str]] = {
@@ -87,7 +97,72 @@ def plan_problems(plan: t.Any) -> list[str]:
         problems.append(f"url: {plan.get('url')!r} is not an http:// URL")
     if not isinstance(plan.get("env_path"), str) or not plan["env_path"].startswith("/"):
         problems.append(f"env_path: {plan.get('env_path')!r} is not an absolute path")
+    cluster = plan.get("cluster")
+    if cluster is not None:
+        nodes = cluster.get("nodes") if isinstance(cluster, dict) else None
+        if not isinstance(nodes, list) or not nodes or not all(node_usable(node) for node in nodes) or not address(cluster.get("host_ip")):
+            problems.append("cluster: no nodes with their rank and address (a plan of an older release: re-apply the cluster role)")
     return problems
+
+
+def address(text: t.Any) -> str | None:
+    try:
+        return str(ipaddress.ip_address(text)) if isinstance(text, str) else None
+    except ValueError:
+        return None
+
+
+def node_usable(node: t.Any) -> bool:
+    return (isinstance(node, dict) and isinstance(node.get("rank"), int) and not isinstance(node["rank"], bool)
+            and address(node.get("address")) is not None)
+
+
+def is_worker(plan: t.Mapping[str, t.Any]) -> bool:
+    """A cluster's rank other than the head: it serves no API, so only its container and unit are read."""
+    return isinstance(plan.get("cluster"), dict) and not plan["cluster"].get("head")
+
+
+def cluster_order(plan: t.Mapping[str, t.Any]) -> tuple[list[dict[str, t.Any]], list[dict[str, t.Any]]]:
+    """(stop order, start order) of every rank of the plan's cluster: all stopped, then started as the cluster role
+    starts them (native: the workers, then the head they wait for; Ray: the head, which the workers join)."""
+    nodes = sorted(plan["cluster"]["nodes"], key=lambda node: node["rank"])
+    head, workers = [node for node in nodes if node["rank"] == 0], [node for node in nodes if node["rank"] > 0]
+    return nodes, (workers + head if plan["cluster"].get("backend") == "native" else head + workers)
+
+
+def peer_request(text: t.Any, plans: t.Sequence[t.Mapping[str, t.Any]]) -> tuple[str, t.Mapping[str, t.Any]]:
+    """The verb and the plan of a peer's request (SSH's original command, ``stop UNIT`` or ``start UNIT``), for a
+    cluster rank planned on this host only; WatchdogError otherwise."""
+    words = text.split() if isinstance(text, str) else []
+    if len(words) != 2 or words[0] not in ("stop", "start"):
+        raise WatchdogError(f"refused {str(text)[:100]!r}: a peer may ask only 'stop UNIT' or 'start UNIT'")
+    found = [plan for plan in plans if plan["unit"] == words[1] and isinstance(plan.get("cluster"), dict)]
+    if not found:
+        raise WatchdogError(f"refused {words[0]} {words[1][:100]!r}: no cluster rank of that unit is planned on this host")
+    return words[0], found[0]
+
+
+def peer_access(host: str, peers: t.Any) -> dict[str, t.Any]:
+    """What a cluster node trusts of its peers: {errors} or {errors: [], authorized_keys: [{peer, line}], known_hosts}.
+    ``peers``: the other nodes, each {name, address (its fast address), user_key (its watchdog's public key),
+    host_key (its sshd's ed25519 host key)}, as the role read them."""
+    errors, authorized, known = [], [], []
+    for peer in peers if isinstance(peers, list) else [None]:
+        if not isinstance(peer, dict):
+            errors.append(f"{peer!r}: not a peer of {host}")
+            continue
+        name, where = peer.get("name"), address(peer.get("address"))
+        user_key = ED25519_KEY.match(peer.get("user_key") or "")
+        host_key = ED25519_KEY.match(peer.get("host_key") or "")
+        if not isinstance(name, str) or not HOST_NAME.fullmatch(name) or where is None or not user_key or not host_key:
+            errors.append(f"peer {name!r} of {host}: no usable name, fast address, watchdog key or ed25519 host key "
+                          "(the watchdog role reads them from every node of the cluster: keep them all in the play)")
+            continue
+        authorized.append({"peer": name, "line": f'restrict,from="{where}",command="{PEER_COMMAND}" {user_key.group(0)} {KEY_COMMENT}{name}'})
+        known.append(f"{where} {host_key.group(0)}")
+    if errors:
+        return {"errors": errors}
+    return {"errors": [], "authorized_keys": authorized, "known_hosts": "".join(f"{line}\n" for line in known)}
 
 
 def acted(lines: t.Iterable[str]) -> list[dict[str, t.Any]]:
@@ -215,6 +290,9 @@ def assess(plan: t.Mapping[str, t.Any], memory: dict[str, t.Any], seen: t.Mappin
     if starting and not answered:
         memory.update(failures=0, evidence=[])
         return {**decision, "verdict": "starting", "why": f"systemd is starting the unit ({seen.get('sub_state')})"}
+    if is_worker(plan):
+        memory.update(failures=0, evidence=[])
+        return {**decision, "verdict": "rank_runs", "why": "the worker rank's container runs; the cluster's progress is judged on its head"}
     if metrics is not None and metrics.get("sleeping", 0.0) > 0:
         memory.update(failures=0, evidence=[])
         return {**decision, "verdict": "sleeping", "why": "the engine sleeps (vllm:engine_sleep_state); a sleeping engine is not wedged"}
@@ -244,7 +322,8 @@ def failing(plan: t.Mapping[str, t.Any], memory: dict[str, t.Any], seen: t.Mappi
                                                 "container": seen.get("container"), "unit": f"{seen.get('active_state')}/{seen.get('sub_state')}"}][-settings["failures"]:]
     why = f"{why}; failing sample {memory['failures']} of {settings['failures']}"
     decision = {"unit": plan["unit"], "container": seen.get("container"), "verdict": verdict, "action": "none", "why": why}
-    if memory["failures"] < settings["failures"]:
+    # A worker acts one sample after the head: a failure both see is restarted once, by the head, which silences the others.
+    if memory["failures"] < settings["failures"] + (1 if is_worker(plan) else 0):
         return decision
     recent = [moment for moment in memory["restarts"] if moment > now - settings["budget_window"]]
     memory["restarts"] = recent
@@ -256,11 +335,15 @@ def failing(plan: t.Mapping[str, t.Any], memory: dict[str, t.Any], seen: t.Mappi
     memory["restarts"] = [*recent, round(now, 1)]
     seconds, kind = grace_seconds(plan, memory, settings)
     memory.update(failures=0, counters=None, evidence=[], grace_until=now + seconds)
-    # A unit systemd still holds active (its container gone under it) is restarted: a start would do nothing.
-    action = "start" if verdict == "down" and seen.get("active_state") != "active" else "restart"
+    # A unit systemd still holds active (its container gone under it) is restarted: a start would do nothing. A cluster's
+    # rank never recovers alone: every rank is restarted, in the cluster's order.
+    if plan.get("cluster"):
+        action = "restart_cluster"
+    else:
+        action = "start" if verdict == "down" and seen.get("active_state") != "active" else "restart"
     return {**decision, "action": action,
-            "why": f"{why}; {action}ed ({len(recent) + 1} of {settings['budget']} in {settings['budget_window']} s), judged again after a "
-                   f"{kind} grace of {seconds} s"}
+            "why": f"{why}; {'every rank restarted' if plan.get('cluster') else action + 'ed'} ({len(recent) + 1} of {settings['budget']} "
+                   f"in {settings['budget_window']} s), judged again after a {kind} grace of {seconds} s"}
 
 
 def worth_a_line(decision: t.Mapping[str, t.Any], previous: str | None) -> bool:
@@ -277,7 +360,7 @@ def journal_line(decision: t.Mapping[str, t.Any], now: float) -> str:
 
 def config_text(settings: t.Mapping[str, t.Any], plan_dirs: t.Sequence[str]) -> str:
     """The daemon's configuration file: the bounded settings and the folders of the plans it watches."""
-    return json.dumps({**{name: settings[name] for name in SETTINGS}, "plan_dirs": list(plan_dirs), "state_dir": STATE_DIR},
+    return json.dumps({**{name: settings[name] for name in SETTINGS}, "plan_dirs": list(plan_dirs), "state_dir": STATE_DIR, "peer_dir": PEER_DIR},
                       indent=2, sort_keys=True) + "\n"
 
 

@@ -11,6 +11,7 @@ which the journal keeps.
   sparkfleet_watchdog.py run [--config FILE] [--once]
   sparkfleet_watchdog.py clear UNIT      hand a unit the watchdog gave up on back to it
   sparkfleet_watchdog.py status          the state of every unit, as JSON
+  sparkfleet_watchdog.py peer            a cluster peer's request over SSH (SSH_ORIGINAL_COMMAND: stop|start UNIT)
 """
 
 import argparse
@@ -30,20 +31,29 @@ from _diagnose import CONFIG_DIRS, collect_host_bundle, run_command  # noqa: E40
 from _watchdog import (  # noqa: E402
     CONFIG_PATH,
     DOWN_STATES,
+    KNOWN_HOSTS,
+    PEER_DIR,
+    PEER_KEY,
     PLAN_NAME,
     SETTINGS,
     STATE_DIR,
+    WatchdogError,
     assess,
+    cluster_order,
+    is_worker,
     journal_line,
     needs_probe,
     new_memory,
     parse_metrics,
+    peer_request,
     person_needed_path,
     plan_problems,
     worth_a_line,
 )
 
 COMMAND_TIMEOUT = 30
+# Stopping a rank waits for its container to stop (the unit's own stop timeout is 90 s by default).
+STOP_TIMEOUT = 150
 # No proxy from the service's environment: a probe carries the instance's key, and every URL is the host's own.
 OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
@@ -74,9 +84,11 @@ def read_json(path, default):
         return default
 
 
-def watched_plans(plan_dirs):
-    """The plans of the single instances deployed on the host, in their start order by name; the cluster
-    ranks, not watched; and the files that are no plan the watchdog can act on, with why."""
+def watched_plans(plan_dirs, peer_dir):
+    """The plans of the instances and cluster ranks deployed on the host, in their start order by name; the
+    cluster ranks it cannot restart together (no SSH access to their peers yet), not watched; and the files
+    that are no plan the watchdog can act on, with why."""
+    peers_reachable = all(os.path.exists(os.path.join(peer_dir, name)) for name in (PEER_KEY, KNOWN_HOSTS))
     plans, skipped, refused = [], [], []
     for folder in plan_dirs:
         for path in sorted(glob.glob(os.path.join(folder, "*.json"))):
@@ -85,7 +97,7 @@ def watched_plans(plan_dirs):
             if problems:
                 refused.append(f"{path}: {'; '.join(problems)}")
                 continue
-            (skipped if plan.get("cluster") else plans).append(plan)
+            (skipped if plan.get("cluster") and not peers_reachable else plans).append(plan)
     return plans, skipped, refused
 
 
@@ -169,6 +181,8 @@ def act(decision, plan, settings, state_dir, memory, now):
         decision["result"] = run_command(["systemctl", "start", "--no-block", "--", unit], COMMAND_TIMEOUT)[0]
     elif decision["action"] == "restart":
         decision["result"] = run_command(["systemctl", "restart", "--no-block", "--", unit], COMMAND_TIMEOUT)[0]
+    elif decision["action"] == "restart_cluster":
+        decision["ranks"] = restart_cluster(plan, settings["peer_dir"])
     elif decision["action"] == "give_up":
         # The give-up file first: a bundle can take minutes, and the unit must stay given up whatever happens to it.
         record = {"unit": unit, "since": round(now, 1), "why": decision["why"], "evidence": memory["evidence"],
@@ -179,6 +193,82 @@ def act(decision, plan, settings, state_dir, memory, now):
         record["bundle"] = decision["bundle"] = collect_bundle(settings, state_dir, unit, now)
         if os.path.exists(path):
             write_json(path, record, 0o644)
+
+
+def restart_cluster(plan, peer_dir):
+    """Every rank stopped, then started in the cluster's order, this node's through systemctl and the others' through
+    their watchdog's peer command. This node's flag keeps its own watchdog quiet meanwhile; each peer raises its own."""
+    stops, starts = cluster_order(plan)
+    own, flag, steps = plan["cluster"]["host_ip"], plan.get("maintenance_flag"), []
+    raise_flag(flag, plan["unit"])
+    try:
+        for verb, nodes in (("stop", stops), ("start", starts)):
+            for node in nodes:
+                rc = rank_step(verb, plan) if node["address"] == own else peer_step(verb, node["address"], plan["unit"], peer_dir)
+                steps.append({"rank": node["rank"], "address": node["address"], "step": verb, "result": rc})
+    finally:
+        lower_flag(flag, plan["unit"])
+    return steps
+
+
+def rank_step(verb, plan):
+    unit = plan["unit"]
+    if verb == "stop":
+        return run_command(["systemctl", "stop", "--", unit], STOP_TIMEOUT)[0]
+    run_command(["systemctl", "reset-failed", "--", unit], COMMAND_TIMEOUT)
+    return run_command(["systemctl", "start", "--no-block", "--", unit], COMMAND_TIMEOUT)[0]
+
+
+def peer_step(verb, address, unit, peer_dir):
+    """The peer's watchdog runs the step (its key allows nothing else); only its host key is trusted."""
+    argv = ["ssh", "-i", os.path.join(peer_dir, PEER_KEY), "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes",
+            "-o", f"UserKnownHostsFile={os.path.join(peer_dir, KNOWN_HOSTS)}",
+            "-o", "GlobalKnownHostsFile=/dev/null", "-o", "StrictHostKeyChecking=yes", "-o", "ConnectTimeout=10", "-l", "root",
+            "--", address, f"{verb} {unit}"]
+    return run_command(argv, STOP_TIMEOUT + 30)[0]
+
+
+def raise_flag(flag, owner):
+    """The maintenance flag of the serving transaction, raised for a restart of the cluster (its content names the unit)."""
+    if flag and not os.path.exists(flag):
+        os.makedirs(os.path.dirname(flag), mode=0o755, exist_ok=True)
+        with open(flag, "w", encoding="utf-8") as stream:
+            stream.write(owner + "\n")
+
+
+def lower_flag(flag, owner):
+    """Only a flag this restart raised: a relaunch of the serving transaction keeps its own."""
+    try:
+        with open(flag, encoding="utf-8") as stream:
+            mine = stream.read().strip() == owner
+        if mine:
+            os.unlink(flag)
+    except (OSError, TypeError):
+        pass
+
+
+def peer(arguments):
+    """A cluster peer's step on this node's rank, as its watchdog asked over SSH (the key's forced command)."""
+    settings = read_json(arguments.config, None)
+    if not isinstance(settings, dict) or not isinstance(settings.get("plan_dirs"), list):
+        print(f"{arguments.config}: no watchdog configuration", file=sys.stderr)
+        return 2
+    settings.setdefault("peer_dir", PEER_DIR)
+    plans, _skipped, _refused = watched_plans(settings["plan_dirs"], settings["peer_dir"])
+    try:
+        verb, plan = peer_request(os.environ.get("SSH_ORIGINAL_COMMAND"), plans)
+    except WatchdogError as error:
+        print(str(error), file=sys.stderr)
+        return 2
+    flag = plan.get("maintenance_flag")
+    if verb == "stop":
+        raise_flag(flag, plan["unit"])
+    rc = rank_step(verb, plan)
+    if verb == "start":
+        lower_flag(flag, plan["unit"])
+    print(json.dumps({"sparkfleet_watchdog": 1, "time": round(time.time(), 1), "unit": plan["unit"], "verdict": "peer", "action": f"peer_{verb}",
+                      "why": f"a peer restarting the cluster asked to {verb} this rank", "result": rc}, sort_keys=True), flush=True)
+    return 0 if rc == 0 else 1
 
 
 def collect_bundle(settings, state_dir, unit, now):
@@ -193,7 +283,7 @@ def collect_bundle(settings, state_dir, unit, now):
 
 
 def sample(settings, state, now):
-    plans, _skipped, _refused = watched_plans(settings["plan_dirs"])
+    plans, _skipped, _refused = watched_plans(settings["plan_dirs"], settings["peer_dir"])
     memories = state.setdefault("units", {})
     for plan in plans:
         try:
@@ -211,13 +301,14 @@ def watch(plan, settings, memories, now):
     memory = {**new_memory(), **memories.get(plan["unit"], {})}
     container = container_state(plan["container"])
     active, sub, pending = unit_state(plan["unit"])
-    metrics = read_metrics(plan, min(10, settings["probe_timeout"])) if container not in DOWN_STATES else None
+    # A worker rank serves no API: its container and unit are all there is to read.
+    metrics = read_metrics(plan, min(10, settings["probe_timeout"])) if container not in DOWN_STATES and not is_worker(plan) else None
     seen = {
         "person_needed": os.path.exists(person_needed_path(settings["state_dir"], plan["unit"])),
         "flag_age": flag_age(plan, now), "container": container, "active_state": active, "sub_state": sub, "job_pending": pending,
         "metrics": metrics, "probe": None,
     }
-    if container == "running" and not seen["person_needed"] and needs_probe(memory, metrics):
+    if container == "running" and not seen["person_needed"] and not is_worker(plan) and needs_probe(memory, metrics):
         seen["probe"] = probe(plan, settings)
     decision = assess(plan, memory, seen, settings, now)
     # Kept before acting: an action that raises must not leave the unit's budget and give-up unrecorded.
@@ -242,12 +333,14 @@ def run(arguments):
         print(f"{arguments.config}: {'; '.join(problems)}; re-apply the watchdog role", file=sys.stderr)
         return 2
     settings.setdefault("state_dir", STATE_DIR)
+    settings.setdefault("peer_dir", PEER_DIR)
     state = read_json(os.path.join(settings["state_dir"], "state.json"), {})
     state = state if isinstance(state, dict) and isinstance(state.get("units", {}), dict) else {}
-    plans, skipped, refused = watched_plans(settings["plan_dirs"])
+    plans, skipped, refused = watched_plans(settings["plan_dirs"], settings["peer_dir"])
     print(json.dumps({"sparkfleet_watchdog": 1, "time": round(time.time(), 1), "verdict": "started", "action": "none",
                       "why": f"watching {', '.join(p['unit'] for p in plans) or 'no unit yet'} every {settings['interval']} s"
-                             + (f"; not watched: the cluster ranks {', '.join(p['unit'] for p in skipped)}" if skipped else "")
+                             + (f"; not watched: the cluster ranks {', '.join(p['unit'] for p in skipped)} (no SSH access to their peers: "
+                                f"the watchdog role sets it up with every node of the cluster in the play)" if skipped else "")
                              + (f"; not plans it can act on: {' | '.join(refused)}" if refused else "")},
                      sort_keys=True), flush=True)
     while True:
@@ -288,8 +381,9 @@ def main(argv=None):
     clear_parser = commands.add_parser("clear", parents=[common])
     clear_parser.add_argument("unit")
     commands.add_parser("status", parents=[common])
+    commands.add_parser("peer", parents=[common])
     arguments = parser.parse_args(argv)
-    return {"run": run, "clear": clear, "status": status}[arguments.command](arguments)
+    return {"run": run, "clear": clear, "status": status, "peer": peer}[arguments.command](arguments)
 
 
 if __name__ == "__main__":

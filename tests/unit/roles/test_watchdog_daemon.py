@@ -37,7 +37,12 @@ elif tool == "systemctl" and args[0] == "show":
 elif tool == "systemctl" and args[0] in ("start", "restart"):
     state.update(container="running", active="activating", sub="start-post")
     (here / "host.json").write_text(json.dumps(state))
+elif tool == "systemctl" and args[0] == "stop":
+    state.update(container="exited", active="inactive", sub="dead")
+    (here / "host.json").write_text(json.dumps(state))
 elif tool == "systemctl" and args[0] == "reset-failed":
+    pass
+elif tool == "ssh":
     pass
 else:
     sys.stderr.write(tool + ": not replayed: " + " ".join(args) + "\\n")
@@ -94,7 +99,7 @@ def host(tmp_path, instance):
             shutil.copy(ROOT / source, installed)
     tools = tmp_path / "bin"
     tools.mkdir()
-    for tool in ("docker", "systemctl"):
+    for tool in ("docker", "systemctl", "ssh"):
         (tools / tool).write_text(STAND_IN)
         (tools / tool).chmod(0o755)
     plans = tmp_path / "plans"
@@ -105,7 +110,8 @@ def host(tmp_path, instance):
             "health_timeout": 5, "maintenance_flag": str(tmp_path / "run" / "vllm-maintenance"), "cluster": None}
     (plans / "llm.json").write_text(json.dumps(plan))
     settings = {"interval": 5, "failures": 3, "probe_timeout": 1, "probe_tokens": 4, "budget": 1, "budget_window": 3600, "warm_grace": 30,
-                "maintenance_max_age": 60, "bundle_time_limit": 5, "plan_dirs": [str(plans)], "state_dir": str(tmp_path / "state")}
+                "maintenance_max_age": 60, "bundle_time_limit": 5, "plan_dirs": [str(plans)], "state_dir": str(tmp_path / "state"),
+                "peer_dir": str(tmp_path / "peer")}
     (tmp_path / "watchdog.json").write_text(json.dumps(settings))
     set_host(tmp_path, container="running", active="active", sub="running")
     return tmp_path
@@ -127,7 +133,70 @@ def sample(host, *extra):
 
 def actions(host):
     log = host / "bin" / "calls.log"
-    return [line for line in (log.read_text().splitlines() if log.exists() else []) if line.startswith("systemctl") and "show" not in line]
+    return [line for line in (log.read_text().splitlines() if log.exists() else [])
+            if line.startswith(("systemctl", "ssh")) and "show" not in line]
+
+
+RANK_UNIT = "sparkfleet-cluster-tp2.service"
+
+
+def as_cluster_head(host, peers=True):
+    """The host runs rank 0 of a two-node cluster (native backend); its peer at 10.0.0.2 runs rank 1."""
+    plan = json.loads((host / "plans" / "llm.json").read_text())
+    (host / "plans" / "llm.json").unlink()
+    plan.update(name="tp2", unit=RANK_UNIT, container="vllm-cluster-tp2", cluster={
+        "rank": 0, "head": True, "nnodes": 2, "backend": "native", "master_addr": "10.0.0.1", "master_port": 29501, "host_ip": "10.0.0.1",
+        "nodes": [{"name": "spark-2", "rank": 1, "address": "10.0.0.2"}, {"name": "spark-1", "rank": 0, "address": "10.0.0.1"}]})
+    (host / "plans" / "tp2.json").write_text(json.dumps(plan))
+    if peers:
+        (host / "peer").mkdir()
+        for name in ("peer_ed25519", "known_hosts"):
+            (host / "peer" / name).write_text("recorded\n")
+
+
+def ssh_to(host, step):
+    return (f"ssh -i {host / 'peer' / 'peer_ed25519'} -o BatchMode=yes -o IdentitiesOnly=yes -o UserKnownHostsFile={host / 'peer' / 'known_hosts'} "
+            f"-o GlobalKnownHostsFile=/dev/null -o StrictHostKeyChecking=yes -o ConnectTimeout=10 -l root -- 10.0.0.2 {step} {RANK_UNIT}")
+
+
+def test_a_cluster_rank_down_restarts_every_rank_stopped_first_then_the_workers_before_the_head(host):
+    as_cluster_head(host)
+    set_host(host, container="exited", active="failed", sub="failed")
+    decisions = [line for _ in range(3) for line in sample(host) if line.get("unit") == RANK_UNIT]
+    assert [d["verdict"] for d in decisions] == ["down"] * 3 and decisions[-1]["action"] == "restart_cluster"
+    assert "every rank restarted (1 of 1 in 3600 s)" in decisions[-1]["why"]
+    assert actions(host) == [f"systemctl stop -- {RANK_UNIT}", ssh_to(host, "stop"), ssh_to(host, "start"),
+                             f"systemctl reset-failed -- {RANK_UNIT}", f"systemctl start --no-block -- {RANK_UNIT}"]
+    assert [(step["rank"], step["step"], step["result"]) for step in decisions[-1]["ranks"]] == [
+        (0, "stop", 0), (1, "stop", 0), (1, "start", 0), (0, "start", 0)]
+    assert not (host / "run" / "vllm-maintenance").exists(), "the restart's own flag is lowered once every rank is started"
+
+
+def test_a_cluster_rank_is_not_watched_without_ssh_access_to_its_peers(host):
+    as_cluster_head(host, peers=False)
+    set_host(host, container="exited", active="failed", sub="failed")
+    lines = [line for _ in range(3) for line in sample(host)]
+    assert "not watched: the cluster ranks sparkfleet-cluster-tp2.service" in lines[0]["why"]
+    assert not [line for line in lines if line.get("unit") == RANK_UNIT] and actions(host) == []
+
+
+def test_a_peer_may_only_stop_or_start_a_cluster_rank_planned_here(host):
+    as_cluster_head(host)
+    flag = host / "run" / "vllm-maintenance"
+
+    def peer(command):
+        environment = {**os.environ, "PATH": f"{host / 'bin'}:{os.environ['PATH']}", "SSH_ORIGINAL_COMMAND": command}
+        return subprocess.run(["/usr/bin/python3", str(host / "opt" / "sparkfleet_watchdog.py"), "peer", "--config", str(host / "watchdog.json")],
+                              capture_output=True, text=True, env=environment, timeout=60, check=False)
+
+    stopped = peer(f"stop {RANK_UNIT}")
+    assert stopped.returncode == 0 and flag.read_text() == RANK_UNIT + "\n", stopped.stderr
+    started = peer(f"start {RANK_UNIT}")
+    assert started.returncode == 0 and not flag.exists()
+    for refused in ("rm -rf /", f"restart {RANK_UNIT}", "stop sparkfleet-vllm-llm.service", f"stop {RANK_UNIT} now"):
+        answer = peer(refused)
+        assert answer.returncode == 2 and answer.stderr.startswith("refused"), refused
+    assert actions(host) == [f"systemctl stop -- {RANK_UNIT}", f"systemctl reset-failed -- {RANK_UNIT}", f"systemctl start --no-block -- {RANK_UNIT}"]
 
 
 def test_an_exited_container_is_started_through_its_unit_at_the_third_sample(host):

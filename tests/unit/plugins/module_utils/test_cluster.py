@@ -108,7 +108,9 @@ def test_the_worker_runs_headless_on_the_host_network_and_the_head_serves():
     installed = [helper["path"] for helper in worker["helpers"]]
     assert "/usr/local/libexec/sparkfleet/cluster_fabric_wait.py" in installed, "the node installs the wait its unit runs"
     assert w["cluster"] == {"rank": 1, "head": False, "nnodes": 2, "backend": "native", "master_addr": "192.168.100.11",
-                            "master_port": 29501, "host_ip": "192.168.100.12"}
+                            "master_port": 29501, "host_ip": "192.168.100.12",
+                            "nodes": [{"name": "spark-1", "rank": 0, "address": "192.168.100.11"},
+                                      {"name": "spark-2", "rank": 1, "address": "192.168.100.12"}]}
     env = worker["env_files"]["qwen"]
     assert "VLLM_HOST_IP=192.168.100.12\n" in env and "VLLM_CPU_OMP_THREADS_BIND=1\n" in env and f"VLLM_API_KEY={KEY}\n" in env
     assert h["config_hash"] != w["config_hash"]

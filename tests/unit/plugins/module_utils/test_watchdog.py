@@ -9,13 +9,17 @@ import pytest
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._watchdog import (
     SETTINGS,
+    WatchdogError,
     acted,
     assess,
+    cluster_order,
     counters_moved,
     journal_line,
     needs_probe,
     new_memory,
     parse_metrics,
+    peer_access,
+    peer_request,
     person_needed_path,
     plan_problems,
     watchdog_plan,
@@ -284,3 +288,69 @@ def test_bad_settings_are_refused_naming_the_variable_and_the_fix(changes, plan_
 
 def test_every_setting_has_bounds_the_role_documents():
     assert set(SETTINGS) == {name for name in SETTINGS_DEFAULT}
+
+
+NODES = [{"name": "spark-1", "rank": 0, "address": "10.0.0.1"}, {"name": "spark-3", "rank": 2, "address": "10.0.0.3"},
+         {"name": "spark-2", "rank": 1, "address": "10.0.0.2"}]
+
+
+def rank_plan(rank, backend="native"):
+    return {**PLAN, "unit": "sparkfleet-cluster-tp.service", "url": "http://127.0.0.1:8000", "env_path": "/etc/sparkfleet/cluster/tp.env",
+            "cluster": {"rank": rank, "head": rank == 0, "backend": backend, "host_ip": NODES[rank]["address"], "nodes": NODES}}
+
+
+@pytest.mark.parametrize(("backend", "starts"), [("native", [1, 2, 0]), ("ray", [0, 1, 2])])
+def test_every_rank_stops_then_starts_in_the_order_the_cluster_role_uses(backend, starts):
+    stops, started = cluster_order(rank_plan(0, backend))
+    assert [node["rank"] for node in stops] == [0, 1, 2] and [node["rank"] for node in started] == starts
+
+
+def test_a_worker_rank_is_judged_by_its_container_and_acts_one_sample_after_the_head():
+    memory = new_memory()
+    worker = rank_plan(1)
+    assert assess(worker, memory, seen(), SETTINGS_DEFAULT, 1000.0)["verdict"] == "rank_runs"
+    down = seen(container="exited", active_state="failed", sub_state="failed")
+    decisions = [assess(worker, memory, down, SETTINGS_DEFAULT, 1000.0 + 30 * index) for index in range(4)]
+    assert [d["action"] for d in decisions] == ["none", "none", "none", "restart_cluster"]
+    memory = new_memory()
+    head = [assess(rank_plan(0), memory, down, SETTINGS_DEFAULT, 1000.0 + 30 * index) for index in range(3)]
+    assert head[-1]["action"] == "restart_cluster" and "every rank restarted" in head[-1]["why"]
+
+
+def test_a_cluster_plan_without_its_nodes_is_not_acted_on():
+    plan = rank_plan(0)
+    assert plan_problems(plan) == []
+    for cluster in ({**plan["cluster"], "nodes": []}, {**plan["cluster"], "nodes": [{"rank": "0", "address": "10.0.0.1"}]},
+                    {**plan["cluster"], "host_ip": "spark-1"}, "head"):
+        assert plan_problems({**plan, "cluster": cluster})[0].startswith("cluster: no nodes"), cluster
+
+
+def test_a_peer_request_names_a_verb_and_a_rank_planned_here():
+    plans = [rank_plan(1), {**PLAN, "cluster": None}]
+    verb, plan = peer_request("stop sparkfleet-cluster-tp.service", plans)
+    assert verb == "stop" and plan is plans[0]
+    for text in (None, "", "stop", "restart sparkfleet-cluster-tp.service", "stop sparkfleet-vllm-llm.service", "start a b"):
+        with pytest.raises(WatchdogError, match="^refused"):
+            peer_request(text, plans)
+
+
+USER_KEY = "ssh-ed25519 " + "A" * 68
+HOST_KEY = "ssh-ed25519 " + "B" * 68
+
+
+def test_each_peer_may_run_only_the_peer_command_from_its_own_address_and_only_its_host_key_is_trusted():
+    access = peer_access("spark-1", [{"name": "spark-2", "address": "10.0.0.2", "user_key": USER_KEY + " sparkfleet-watchdog@spark-2\n",
+                                      "host_key": HOST_KEY + " root@spark-2\n"}])
+    assert access["errors"] == []
+    assert access["authorized_keys"] == [{"peer": "spark-2", "line": (
+        'restrict,from="10.0.0.2",command="/usr/bin/python3 /opt/sparkfleet/watchdog/sparkfleet_watchdog.py peer" '
+        f"{USER_KEY} sparkfleet-watchdog@spark-2")}]
+    assert access["known_hosts"] == f"10.0.0.2 {HOST_KEY}\n"
+
+
+@pytest.mark.parametrize("change", [{"name": "spark-2 x"}, {"address": "spark-2"}, {"user_key": "ssh-rsa AAAA"},
+                                    {"user_key": USER_KEY[:20]}, {"host_key": None}, {"name": 'a",command="sh'}])
+def test_a_peer_whose_name_address_or_keys_are_not_usable_is_refused(change):
+    peer = {"name": "spark-2", "address": "10.0.0.2", "user_key": USER_KEY, "host_key": HOST_KEY, **change}
+    access = peer_access("spark-1", [peer])
+    assert "authorized_keys" not in access and access["errors"][0].startswith("peer ")
