@@ -162,7 +162,7 @@ def test_a_role_is_in_the_run_exactly_when_ansible_would_run_its_tasks(run_tags,
     assert tag_in_run("swap", run_tags, skip_tags) == ansible_runs("swap", run_tags, skip_tags)
 
 
-SITE_TAGS = ["driver_guard", "headless", "swap", "earlyoom", "wait_online", "exporter_dropins", "vllm", "cluster", "gateway", "always"]
+SITE_TAGS = ["driver_guard", "headless", "swap", "earlyoom", "wait_online", "exporter_dropins", "vllm", "cluster", "gateway", "watchdog", "always"]
 
 
 @pytest.mark.parametrize(("run_tags", "skip_tags", "checked"), [
