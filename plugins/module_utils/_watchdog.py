@@ -131,38 +131,70 @@ def cluster_order(plan: t.Mapping[str, t.Any]) -> tuple[list[dict[str, t.Any]], 
 
 
 def peer_request(text: t.Any, plans: t.Sequence[t.Mapping[str, t.Any]]) -> tuple[str, t.Mapping[str, t.Any]]:
-    """The verb and the plan of a peer's request (SSH's original command, ``stop UNIT`` or ``start UNIT``), for a
-    cluster rank planned on this host only; WatchdogError otherwise."""
+    """The verb and the plan of a peer's request (SSH's original command: ``stop UNIT`` or ``start UNIT`` from the head
+    restarting the cluster, ``restart UNIT`` from a worker asking the head to), for a cluster rank planned on this host
+    only, and ``restart`` on the head only; WatchdogError otherwise."""
     words = text.split() if isinstance(text, str) else []
-    if len(words) != 2 or words[0] not in ("stop", "start"):
-        raise WatchdogError(f"refused {str(text)[:100]!r}: a peer may ask only 'stop UNIT' or 'start UNIT'")
+    if len(words) != 2 or words[0] not in ("stop", "start", "restart"):
+        raise WatchdogError(f"refused {str(text)[:100]!r}: a peer may ask only 'stop UNIT', 'start UNIT' or 'restart UNIT'")
     found = [plan for plan in plans if plan["unit"] == words[1] and isinstance(plan.get("cluster"), dict)]
     if not found:
         raise WatchdogError(f"refused {words[0]} {words[1][:100]!r}: no cluster rank of that unit is planned on this host")
+    if words[0] == "restart" and is_worker(found[0]):
+        raise WatchdogError(f"refused restart {words[1]!r}: only the cluster's head restarts every rank")
     return words[0], found[0]
 
 
-def peer_access(host: str, peers: t.Any) -> dict[str, t.Any]:
-    """What a cluster node trusts of its peers: {errors} or {errors: [], authorized_keys: [{peer, line}], known_hosts}.
-    ``peers``: the other nodes, each {name, address (its fast address), user_key (its watchdog's public key),
-    host_key (its sshd's ed25519 host key)}, as the role read them."""
-    errors, authorized, known = [], [], []
-    for peer in peers if isinstance(peers, list) else [None]:
-        if not isinstance(peer, dict):
-            errors.append(f"{peer!r}: not a peer of {host}")
-            continue
-        name, where = peer.get("name"), address(peer.get("address"))
-        user_key = ED25519_KEY.match(peer.get("user_key") or "")
-        host_key = ED25519_KEY.match(peer.get("host_key") or "")
-        if not isinstance(name, str) or not HOST_NAME.fullmatch(name) or where is None or not user_key or not host_key:
-            errors.append(f"peer {name!r} of {host}: no usable name, fast address, watchdog key or ed25519 host key "
-                          "(the watchdog role reads them from every node of the cluster: keep them all in the play)")
-            continue
-        authorized.append({"peer": name, "line": f'restrict,from="{where}",command="{PEER_COMMAND}" {user_key.group(0)} {KEY_COMMENT}{name}'})
-        known.append(f"{where} {host_key.group(0)}")
+def head_address(plan: t.Mapping[str, t.Any]) -> str:
+    return next(node["address"] for node in plan["cluster"]["nodes"] if node["rank"] == 0)
+
+
+def recently_restarted(last: t.Any, now: float, settings: t.Mapping[str, t.Any]) -> bool:
+    """A restart of every rank within the time a failure takes to be decided again is the same failure's: a worker's
+    request arriving just after the head's own restart (or the other way round) does not restart the cluster twice."""
+    return isinstance(last, (int, float)) and now - last < settings["interval"] * (settings["failures"] + 2) + 30
+
+
+def peer_access(host: str, reports: t.Any) -> dict[str, t.Any]:
+    """What a node trusts of the other nodes of its clusters: {errors} or {errors: [], authorized_keys: [{peer, line}],
+    known_hosts, peers}. ``reports``: per host of the play, the cluster ranks deployed there (the daemon's ``ranks``:
+    unit, host_ip, nodes), its watchdog's public key and its sshd's ed25519 host key. A peer is the host whose own
+    rank of the same unit sits at the node's address: the deployed ranks, as the daemon reads them, decide."""
+    if not isinstance(reports, dict) or not isinstance(reports.get(host), dict):
+        return {"errors": [f"{host}: no report of its cluster ranks (the watchdog role reads every node's)"]}
+    errors, found = [], {}
+    for rank in reports[host].get("ranks") or []:
+        for node in rank["nodes"]:
+            if node["address"] == rank["host_ip"]:
+                continue
+            peers = [name for name, report in reports.items() if isinstance(report, dict) and any(
+                other["unit"] == rank["unit"] and other["host_ip"] == node["address"] for other in report.get("ranks") or [])]
+            if len(peers) != 1:
+                errors.append(f"cluster rank {rank['unit']} on {host}: no host of the play runs its rank {node['rank']} at "
+                              f"{node['address']}; keep every node of the cluster in the play (and re-apply the cluster role first)")
+                continue
+            report = reports[peers[0]]
+            user_key, host_key = ED25519_KEY.match(report.get("user_key") or ""), ED25519_KEY.match(report.get("host_key") or "")
+            if not HOST_NAME.fullmatch(peers[0]) or not user_key or not host_key:
+                errors.append(f"peer {peers[0]!r} of {host}: no usable name, watchdog key or ed25519 host key")
+                continue
+            found[peers[0]] = (node["address"], user_key.group(0), host_key.group(0))
     if errors:
         return {"errors": errors}
-    return {"errors": [], "authorized_keys": authorized, "known_hosts": "".join(f"{line}\n" for line in known)}
+    return {
+        "errors": [],
+        "peers": sorted(found),
+        "authorized_keys": [{"peer": name, "line": f'restrict,from="{where}",command="{PEER_COMMAND}" {user_key} {KEY_COMMENT}{name}'}
+                            for name, (where, user_key, _host_key) in sorted(found.items())],
+        "known_hosts": "".join(f"{where} {host_key}\n" for where, _user_key, host_key in sorted(found.values())),
+    }
+
+
+def deployed_ranks(plans: t.Sequence[t.Mapping[str, t.Any]]) -> list[dict[str, t.Any]]:
+    """The cluster ranks among a host's plans, as the role's peer exchange reads them (the daemon's ``ranks``)."""
+    return [{"unit": plan["unit"], "host_ip": plan["cluster"]["host_ip"],
+             "nodes": [{"rank": node["rank"], "address": node["address"]} for node in plan["cluster"]["nodes"]]}
+            for plan in plans if isinstance(plan.get("cluster"), dict)]
 
 
 def acted(lines: t.Iterable[str]) -> list[dict[str, t.Any]]:
@@ -322,8 +354,7 @@ def failing(plan: t.Mapping[str, t.Any], memory: dict[str, t.Any], seen: t.Mappi
                                                 "container": seen.get("container"), "unit": f"{seen.get('active_state')}/{seen.get('sub_state')}"}][-settings["failures"]:]
     why = f"{why}; failing sample {memory['failures']} of {settings['failures']}"
     decision = {"unit": plan["unit"], "container": seen.get("container"), "verdict": verdict, "action": "none", "why": why}
-    # A worker acts one sample after the head: a failure both see is restarted once, by the head, which silences the others.
-    if memory["failures"] < settings["failures"] + (1 if is_worker(plan) else 0):
+    if memory["failures"] < settings["failures"]:
         return decision
     recent = [moment for moment in memory["restarts"] if moment > now - settings["budget_window"]]
     memory["restarts"] = recent
@@ -336,7 +367,7 @@ def failing(plan: t.Mapping[str, t.Any], memory: dict[str, t.Any], seen: t.Mappi
     seconds, kind = grace_seconds(plan, memory, settings)
     memory.update(failures=0, counters=None, evidence=[], grace_until=now + seconds)
     # A unit systemd still holds active (its container gone under it) is restarted: a start would do nothing. A cluster's
-    # rank never recovers alone: every rank is restarted, in the cluster's order.
+    # rank never recovers alone: every rank is restarted, in the cluster's order, by the head (a worker asks it to).
     if plan.get("cluster"):
         action = "restart_cluster"
     else:
@@ -409,5 +440,9 @@ def watchdog_plan(settings: t.Mapping[str, t.Any], plan_dirs: t.Any, serving_dir
         "config": {"path": CONFIG_PATH, "mode": "0644", "content": config_text(settings, plan_dirs)},
         "unit": {"path": unit_path, "mode": "0644", "content": unit_text()},
         "service": SERVICE,
-        "removed": [unit_path, CONFIG_PATH, INSTALL_DIR, STATE_DIR],
+        "peer_dir": PEER_DIR,
+        "peer_key": f"{PEER_DIR}/{PEER_KEY}",
+        "known_hosts": f"{PEER_DIR}/{KNOWN_HOSTS}",
+        "key_comment": KEY_COMMENT,
+        "removed": [unit_path, CONFIG_PATH, INSTALL_DIR, STATE_DIR, PEER_DIR],
     }

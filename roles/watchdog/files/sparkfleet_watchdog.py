@@ -12,9 +12,11 @@ which the journal keeps.
   sparkfleet_watchdog.py clear UNIT      hand a unit the watchdog gave up on back to it
   sparkfleet_watchdog.py status          the state of every unit, as JSON
   sparkfleet_watchdog.py peer            a cluster peer's request over SSH (SSH_ORIGINAL_COMMAND: stop|start UNIT)
+  sparkfleet_watchdog.py ranks           the cluster ranks deployed here with their nodes, as JSON (the role's key exchange)
 """
 
 import argparse
+import fcntl
 import glob
 import http.client
 import json
@@ -40,6 +42,8 @@ from _watchdog import (  # noqa: E402
     WatchdogError,
     assess,
     cluster_order,
+    deployed_ranks,
+    head_address,
     is_worker,
     journal_line,
     needs_probe,
@@ -48,6 +52,7 @@ from _watchdog import (  # noqa: E402
     peer_request,
     person_needed_path,
     plan_problems,
+    recently_restarted,
     worth_a_line,
 )
 
@@ -182,7 +187,7 @@ def act(decision, plan, settings, state_dir, memory, now):
     elif decision["action"] == "restart":
         decision["result"] = run_command(["systemctl", "restart", "--no-block", "--", unit], COMMAND_TIMEOUT)[0]
     elif decision["action"] == "restart_cluster":
-        decision["ranks"] = restart_cluster(plan, settings["peer_dir"])
+        decision["ranks"] = coordinate(plan, settings) if not is_worker(plan) else ask_head(plan, settings)
     elif decision["action"] == "give_up":
         # The give-up file first: a bundle can take minutes, and the unit must stay given up whatever happens to it.
         record = {"unit": unit, "since": round(now, 1), "why": decision["why"], "evidence": memory["evidence"],
@@ -195,6 +200,33 @@ def act(decision, plan, settings, state_dir, memory, now):
             write_json(path, record, 0o644)
 
 
+def coordinate(plan, settings):
+    """Every rank restarted once: the head's own decision and a worker's request share one lock, and a restart finished
+    moments ago is not repeated."""
+    os.makedirs(settings["state_dir"], mode=0o700, exist_ok=True)
+    stamp = os.path.join(settings["state_dir"], f"{plan['unit']}.restarted.json")
+    with open(os.path.join(settings["state_dir"], f"{plan['unit']}.restart.lock"), "a", encoding="utf-8") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return [{"step": "restart", "skipped": "a restart of every rank is under way"}]
+        last = read_json(stamp, {}).get("time")
+        if recently_restarted(last, time.time(), settings):
+            return [{"step": "restart", "skipped": f"every rank was restarted {time.time() - last:.0f} s ago"}]
+        steps = restart_cluster(plan, settings["peer_dir"])
+        write_json(stamp, {"time": round(time.time(), 1)})
+        return steps
+
+
+def ask_head(plan, settings):
+    """A worker's failure: the head restarts every rank (its reply lists the steps it took)."""
+    rc, out = peer_step("restart", head_address(plan), plan["unit"], settings["peer_dir"], timeout=2 * STOP_TIMEOUT + 60)
+    try:
+        return json.loads(out)["ranks"]
+    except (ValueError, KeyError, TypeError):
+        return [{"rank": 0, "address": head_address(plan), "step": "restart", "result": rc}]
+
+
 def restart_cluster(plan, peer_dir):
     """Every rank stopped, then started in the cluster's order, this node's through systemctl and the others' through
     their watchdog's peer command. This node's flag keeps its own watchdog quiet meanwhile; each peer raises its own."""
@@ -204,7 +236,7 @@ def restart_cluster(plan, peer_dir):
     try:
         for verb, nodes in (("stop", stops), ("start", starts)):
             for node in nodes:
-                rc = rank_step(verb, plan) if node["address"] == own else peer_step(verb, node["address"], plan["unit"], peer_dir)
+                rc = rank_step(verb, plan) if node["address"] == own else peer_step(verb, node["address"], plan["unit"], peer_dir)[0]
                 steps.append({"rank": node["rank"], "address": node["address"], "step": verb, "result": rc})
     finally:
         lower_flag(flag, plan["unit"])
@@ -219,13 +251,14 @@ def rank_step(verb, plan):
     return run_command(["systemctl", "start", "--no-block", "--", unit], COMMAND_TIMEOUT)[0]
 
 
-def peer_step(verb, address, unit, peer_dir):
+def peer_step(verb, address, unit, peer_dir, timeout=STOP_TIMEOUT + 30):
     """The peer's watchdog runs the step (its key allows nothing else); only its host key is trusted."""
     argv = ["ssh", "-i", os.path.join(peer_dir, PEER_KEY), "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes",
             "-o", f"UserKnownHostsFile={os.path.join(peer_dir, KNOWN_HOSTS)}",
             "-o", "GlobalKnownHostsFile=/dev/null", "-o", "StrictHostKeyChecking=yes", "-o", "ConnectTimeout=10", "-l", "root",
             "--", address, f"{verb} {unit}"]
-    return run_command(argv, STOP_TIMEOUT + 30)[0]
+    rc, out, _err = run_command(argv, timeout)
+    return rc, out
 
 
 def raise_flag(flag, owner):
@@ -260,15 +293,30 @@ def peer(arguments):
     except WatchdogError as error:
         print(str(error), file=sys.stderr)
         return 2
+    if verb == "restart":
+        settings.setdefault("state_dir", STATE_DIR)
+        steps = coordinate(plan, settings)
+        print(json.dumps({"ranks": steps}, sort_keys=True), flush=True)
+        return 0 if all(step.get("result", 0) == 0 for step in steps) else 1
     flag = plan.get("maintenance_flag")
     if verb == "stop":
         raise_flag(flag, plan["unit"])
     rc = rank_step(verb, plan)
     if verb == "start":
         lower_flag(flag, plan["unit"])
-    print(json.dumps({"sparkfleet_watchdog": 1, "time": round(time.time(), 1), "unit": plan["unit"], "verdict": "peer", "action": f"peer_{verb}",
-                      "why": f"a peer restarting the cluster asked to {verb} this rank", "result": rc}, sort_keys=True), flush=True)
+    print(json.dumps({"unit": plan["unit"], "step": verb, "result": rc}, sort_keys=True), flush=True)
     return 0 if rc == 0 else 1
+
+
+def ranks(arguments):
+    settings = read_json(arguments.config, None)
+    if not isinstance(settings, dict) or not isinstance(settings.get("plan_dirs"), list):
+        print(f"{arguments.config}: no watchdog configuration", file=sys.stderr)
+        return 2
+    # Every deployed rank, whether or not its peers are reachable yet: this is what makes them reachable.
+    plans, skipped, _refused = watched_plans(settings["plan_dirs"], settings.get("peer_dir", PEER_DIR))
+    print(json.dumps({"ranks": deployed_ranks(plans + skipped)}, sort_keys=True))
+    return 0
 
 
 def collect_bundle(settings, state_dir, unit, now):
@@ -382,8 +430,9 @@ def main(argv=None):
     clear_parser.add_argument("unit")
     commands.add_parser("status", parents=[common])
     commands.add_parser("peer", parents=[common])
+    commands.add_parser("ranks", parents=[common])
     arguments = parser.parse_args(argv)
-    return {"run": run, "clear": clear, "status": status, "peer": peer}[arguments.command](arguments)
+    return {"run": run, "clear": clear, "status": status, "peer": peer, "ranks": ranks}[arguments.command](arguments)
 
 
 if __name__ == "__main__":

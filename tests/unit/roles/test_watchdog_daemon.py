@@ -140,12 +140,13 @@ def actions(host):
 RANK_UNIT = "sparkfleet-cluster-tp2.service"
 
 
-def as_cluster_head(host, peers=True):
-    """The host runs rank 0 of a two-node cluster (native backend); its peer at 10.0.0.2 runs rank 1."""
+def as_cluster_head(host, peers=True, rank=0):
+    """The host runs rank 0 of a two-node cluster (native backend); its peer at 10.0.0.2 runs rank 1 (or the other way round)."""
     plan = json.loads((host / "plans" / "llm.json").read_text())
     (host / "plans" / "llm.json").unlink()
     plan.update(name="tp2", unit=RANK_UNIT, container="vllm-cluster-tp2", cluster={
-        "rank": 0, "head": True, "nnodes": 2, "backend": "native", "master_addr": "10.0.0.1", "master_port": 29501, "host_ip": "10.0.0.1",
+        "rank": rank, "head": rank == 0, "nnodes": 2, "backend": "native", "master_addr": "10.0.0.1", "master_port": 29501,
+        "host_ip": "10.0.0.2" if rank else "10.0.0.1",
         "nodes": [{"name": "spark-2", "rank": 1, "address": "10.0.0.2"}, {"name": "spark-1", "rank": 0, "address": "10.0.0.1"}]})
     (host / "plans" / "tp2.json").write_text(json.dumps(plan))
     if peers:
@@ -154,9 +155,29 @@ def as_cluster_head(host, peers=True):
             (host / "peer" / name).write_text("recorded\n")
 
 
-def ssh_to(host, step):
+def ssh_to(host, step, address="10.0.0.2"):
     return (f"ssh -i {host / 'peer' / 'peer_ed25519'} -o BatchMode=yes -o IdentitiesOnly=yes -o UserKnownHostsFile={host / 'peer' / 'known_hosts'} "
-            f"-o GlobalKnownHostsFile=/dev/null -o StrictHostKeyChecking=yes -o ConnectTimeout=10 -l root -- 10.0.0.2 {step} {RANK_UNIT}")
+            f"-o GlobalKnownHostsFile=/dev/null -o StrictHostKeyChecking=yes -o ConnectTimeout=10 -l root -- {address} {step} {RANK_UNIT}")
+
+
+def test_a_worker_ranks_failure_asks_the_head_to_restart_every_rank(host):
+    as_cluster_head(host, rank=1)
+    set_host(host, container="exited", active="failed", sub="failed")
+    decisions = [line for _ in range(3) for line in sample(host) if line.get("unit") == RANK_UNIT]
+    assert decisions[-1]["action"] == "restart_cluster" and actions(host) == [ssh_to(host, "restart", "10.0.0.1")]
+    # The stand-in's ssh answers nothing: the step is recorded as asked.
+    assert decisions[-1]["ranks"] == [{"rank": 0, "address": "10.0.0.1", "step": "restart", "result": 0}]
+
+
+def test_the_head_restarts_every_rank_once_when_asked_twice(host):
+    as_cluster_head(host)
+    environment = {**os.environ, "PATH": f"{host / 'bin'}:{os.environ['PATH']}", "SSH_ORIGINAL_COMMAND": f"restart {RANK_UNIT}"}
+    command = ["/usr/bin/python3", str(host / "opt" / "sparkfleet_watchdog.py"), "peer", "--config", str(host / "watchdog.json")]
+    first = subprocess.run(command, capture_output=True, text=True, env=environment, timeout=60, check=False)
+    assert first.returncode == 0 and [step["step"] for step in json.loads(first.stdout)["ranks"]] == ["stop", "stop", "start", "start"]
+    again = subprocess.run(command, capture_output=True, text=True, env=environment, timeout=60, check=False)
+    assert json.loads(again.stdout)["ranks"][0]["skipped"].startswith("every rank was restarted 0 s ago")
+    assert len(actions(host)) == 5
 
 
 def test_a_cluster_rank_down_restarts_every_rank_stopped_first_then_the_workers_before_the_head(host):
@@ -193,7 +214,7 @@ def test_a_peer_may_only_stop_or_start_a_cluster_rank_planned_here(host):
     assert stopped.returncode == 0 and flag.read_text() == RANK_UNIT + "\n", stopped.stderr
     started = peer(f"start {RANK_UNIT}")
     assert started.returncode == 0 and not flag.exists()
-    for refused in ("rm -rf /", f"restart {RANK_UNIT}", "stop sparkfleet-vllm-llm.service", f"stop {RANK_UNIT} now"):
+    for refused in ("rm -rf /", f"kill {RANK_UNIT}", "stop sparkfleet-vllm-llm.service", f"stop {RANK_UNIT} now"):
         answer = peer(refused)
         assert answer.returncode == 2 and answer.stderr.startswith("refused"), refused
     assert actions(host) == [f"systemctl stop -- {RANK_UNIT}", f"systemctl reset-failed -- {RANK_UNIT}", f"systemctl start --no-block -- {RANK_UNIT}"]

@@ -14,6 +14,7 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._watchdog import (
     assess,
     cluster_order,
     counters_moved,
+    deployed_ranks,
     journal_line,
     needs_probe,
     new_memory,
@@ -22,6 +23,7 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._watchdog import (
     peer_request,
     person_needed_path,
     plan_problems,
+    recently_restarted,
     watchdog_plan,
     worth_a_line,
 )
@@ -296,7 +298,7 @@ NODES = [{"name": "spark-1", "rank": 0, "address": "10.0.0.1"}, {"name": "spark-
 
 def rank_plan(rank, backend="native"):
     return {**PLAN, "unit": "sparkfleet-cluster-tp.service", "url": "http://127.0.0.1:8000", "env_path": "/etc/sparkfleet/cluster/tp.env",
-            "cluster": {"rank": rank, "head": rank == 0, "backend": backend, "host_ip": NODES[rank]["address"], "nodes": NODES}}
+            "cluster": {"rank": rank, "head": rank == 0, "backend": backend, "host_ip": next(n["address"] for n in NODES if n["rank"] == rank), "nodes": NODES}}
 
 
 @pytest.mark.parametrize(("backend", "starts"), [("native", [1, 2, 0]), ("ray", [0, 1, 2])])
@@ -305,13 +307,13 @@ def test_every_rank_stops_then_starts_in_the_order_the_cluster_role_uses(backend
     assert [node["rank"] for node in stops] == [0, 1, 2] and [node["rank"] for node in started] == starts
 
 
-def test_a_worker_rank_is_judged_by_its_container_and_acts_one_sample_after_the_head():
+def test_a_worker_rank_is_judged_by_its_container_and_its_failure_restarts_every_rank():
     memory = new_memory()
     worker = rank_plan(1)
     assert assess(worker, memory, seen(), SETTINGS_DEFAULT, 1000.0)["verdict"] == "rank_runs"
     down = seen(container="exited", active_state="failed", sub_state="failed")
-    decisions = [assess(worker, memory, down, SETTINGS_DEFAULT, 1000.0 + 30 * index) for index in range(4)]
-    assert [d["action"] for d in decisions] == ["none", "none", "none", "restart_cluster"]
+    decisions = [assess(worker, memory, down, SETTINGS_DEFAULT, 1000.0 + 30 * index) for index in range(3)]
+    assert [d["action"] for d in decisions] == ["none", "none", "restart_cluster"]
     memory = new_memory()
     head = [assess(rank_plan(0), memory, down, SETTINGS_DEFAULT, 1000.0 + 30 * index) for index in range(3)]
     assert head[-1]["action"] == "restart_cluster" and "every rank restarted" in head[-1]["why"]
@@ -329,28 +331,51 @@ def test_a_peer_request_names_a_verb_and_a_rank_planned_here():
     plans = [rank_plan(1), {**PLAN, "cluster": None}]
     verb, plan = peer_request("stop sparkfleet-cluster-tp.service", plans)
     assert verb == "stop" and plan is plans[0]
-    for text in (None, "", "stop", "restart sparkfleet-cluster-tp.service", "stop sparkfleet-vllm-llm.service", "start a b"):
+    for text in (None, "", "stop", "kill sparkfleet-cluster-tp.service", "stop sparkfleet-vllm-llm.service", "start a b"):
         with pytest.raises(WatchdogError, match="^refused"):
             peer_request(text, plans)
+    with pytest.raises(WatchdogError, match="only the cluster's head restarts every rank"):
+        peer_request("restart sparkfleet-cluster-tp.service", plans)
+    assert peer_request("restart sparkfleet-cluster-tp.service", [rank_plan(0)])[0] == "restart"
+
+
+def test_a_restart_of_every_rank_moments_ago_is_the_same_failures():
+    # interval 30 x (3 failures + 2) + 30 s.
+    assert recently_restarted(1000.0, 1179.0, SETTINGS_DEFAULT) and not recently_restarted(1000.0, 1181.0, SETTINGS_DEFAULT)
+    assert not recently_restarted(None, 1000.0, SETTINGS_DEFAULT)
 
 
 USER_KEY = "ssh-ed25519 " + "A" * 68
 HOST_KEY = "ssh-ed25519 " + "B" * 68
 
 
+def reports(**changes):
+    """Three nodes of one cluster as the role reads them: each one's deployed rank, its watchdog's key and its host key."""
+    found = {}
+    for node in NODES:
+        found[node["name"]] = {"ranks": deployed_ranks([{**rank_plan(node["rank"])}]), "user_key": f"ssh-ed25519 {'A' * 67}{node['rank']} c",
+                               "host_key": f"ssh-ed25519 {'B' * 67}{node['rank']} root@{node['name']}\n", **changes.get(node["name"], {})}
+    return found
+
+
 def test_each_peer_may_run_only_the_peer_command_from_its_own_address_and_only_its_host_key_is_trusted():
-    access = peer_access("spark-1", [{"name": "spark-2", "address": "10.0.0.2", "user_key": USER_KEY + " sparkfleet-watchdog@spark-2\n",
-                                      "host_key": HOST_KEY + " root@spark-2\n"}])
-    assert access["errors"] == []
-    assert access["authorized_keys"] == [{"peer": "spark-2", "line": (
+    access = peer_access("spark-1", reports())
+    assert access["errors"] == [] and access["peers"] == ["spark-2", "spark-3"]
+    assert access["authorized_keys"][0] == {"peer": "spark-2", "line": (
         'restrict,from="10.0.0.2",command="/usr/bin/python3 /opt/sparkfleet/watchdog/sparkfleet_watchdog.py peer" '
-        f"{USER_KEY} sparkfleet-watchdog@spark-2")}]
-    assert access["known_hosts"] == f"10.0.0.2 {HOST_KEY}\n"
+        f"ssh-ed25519 {'A' * 67}1 sparkfleet-watchdog@spark-2")}
+    assert access["known_hosts"] == f"10.0.0.2 ssh-ed25519 {'B' * 67}1\n10.0.0.3 ssh-ed25519 {'B' * 67}2\n"
+    assert peer_access("spark-9", {"spark-9": {"ranks": [], "user_key": "", "host_key": ""}}) == {
+        "errors": [], "peers": [], "authorized_keys": [], "known_hosts": ""}
 
 
-@pytest.mark.parametrize("change", [{"name": "spark-2 x"}, {"address": "spark-2"}, {"user_key": "ssh-rsa AAAA"},
-                                    {"user_key": USER_KEY[:20]}, {"host_key": None}, {"name": 'a",command="sh'}])
-def test_a_peer_whose_name_address_or_keys_are_not_usable_is_refused(change):
-    peer = {"name": "spark-2", "address": "10.0.0.2", "user_key": USER_KEY, "host_key": HOST_KEY, **change}
-    access = peer_access("spark-1", [peer])
-    assert "authorized_keys" not in access and access["errors"][0].startswith("peer ")
+@pytest.mark.parametrize(("changes", "fragment"), [
+    ({"spark-3": {"ranks": []}}, "no host of the play runs its rank 2 at 10.0.0.3; keep every node of the cluster in the play"),
+    ({"spark-2": {"user_key": "ssh-rsa AAAA"}}, "peer 'spark-2' of spark-1: no usable name, watchdog key or ed25519 host key"),
+    ({"spark-2": {"host_key": ""}}, "peer 'spark-2' of spark-1: no usable"),
+])
+def test_a_peer_missing_from_the_play_or_without_usable_keys_is_refused(changes, fragment):
+    found = reports(**changes)
+    access = peer_access("spark-1", found)
+    assert "authorized_keys" not in access and any(fragment in error for error in access["errors"]), access
+    assert peer_access("spark-1", {k: v for k, v in found.items() if k != "spark-1"})["errors"][0].startswith("spark-1: no report")
