@@ -4,9 +4,13 @@
 
 from __future__ import annotations
 
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._watchdog import watchdog_plan
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._watchdog import peer_access, watchdog_plan
+
+
+def watchdog_peer_access(reports, host):
+    return peer_access(host, reports)
 
 
 class FilterModule:
     def filters(self):
-        return {"watchdog_plan": watchdog_plan}
+        return {"watchdog_plan": watchdog_plan, "watchdog_peer_access": watchdog_peer_access}

@@ -1,0 +1,105 @@
+"""The watchdog on the lab cluster, after the cluster's and the gateway's tests (the files' order): the
+nodes' watchdogs exchange keys that may only stop, start or (on the head) restart a rank, and a killed
+worker rank, seen by both nodes at once, makes the head restart every rank once in the cluster's order
+(the worker, then the head), after which the cluster serves again. Detection and recovery times are
+printed for the closing note."""
+
+import json
+import time
+
+import pytest
+from site_runner import docker_host, site
+
+HEAD, WORKER = "sparkfleet-molecule-node-1", "sparkfleet-molecule-node-2"
+UNIT, CONTAINER = "sparkfleet-cluster-lab-tp2.service", "vllm-cluster-lab-tp2"
+WATCHDOG = {"watchdog_interval": 5, "watchdog_failures": 3, "watchdog_probe_timeout": 10, "watchdog_budget": 3,
+            "watchdog_budget_window": 3600, "watchdog_warm_grace": 300, "watchdog_maintenance_max_age": 60, "watchdog_bundle_time_limit": 20}
+PEER_KEY = "/etc/sparkfleet/watchdog/peer_ed25519"
+# A CPU cluster starting beside the other lanes takes minutes to pass its gate.
+SERVE_TIMEOUT = 600
+
+
+@pytest.fixture(scope="module")
+def nodes():
+    result = site("--tags", "watchdog", "-e", json.dumps(WATCHDOG))
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    head, worker = docker_host(HEAD), docker_host(WORKER)
+    for host in (head, worker):
+        assert host.service("sparkfleet-watchdog.service").is_running
+    wait_for(lambda: decisions(head, verdict="answers") or decisions(head, verdict="progress"), 120, "the head's watchdog judging the head")
+    return head, worker
+
+
+def decisions(host, since=0.0, **match):
+    lines = host.run("journalctl -u sparkfleet-watchdog.service -o cat --no-pager").stdout.splitlines()
+    parsed = [json.loads(line) for line in lines if line.startswith("{")]
+    return [line for line in parsed if line["time"] >= since and line.get("unit", UNIT) == UNIT
+            and all(line.get(key) == value for key, value in match.items())]
+
+
+def wait_for(condition, timeout, what):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = condition()
+        if found:
+            return found
+        time.sleep(2)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def now(host):
+    return float(host.check_output("date +%s.%N"))
+
+
+def address(host):
+    return host.interface("eth0").addresses[0]
+
+
+def chat_answers(head):
+    body = json.dumps({"model": "tiny-tp2", "messages": [{"role": "user", "content": "Say hello"}], "max_tokens": 8, "temperature": 0})
+    key = head.check_output("sed -n 's/^VLLM_API_KEY=//p' /etc/sparkfleet/cluster/lab-tp2.env")
+    result = head.run(f"curl -s -m 30 -H 'Authorization: Bearer {key}' -H 'Content-Type: application/json' -d '{body}' "
+                      "http://127.0.0.1:8010/v1/chat/completions")
+    return '"choices"' in result.stdout
+
+
+def test_each_nodes_key_may_only_stop_or_start_a_rank_and_only_from_its_peer(nodes):
+    head, worker = nodes
+    lines = worker.file("/root/.ssh/authorized_keys").content_string.splitlines()
+    entry = [line for line in lines if line.endswith(f"sparkfleet-watchdog@{HEAD}")]
+    assert len(entry) == 1 and entry[0].startswith(f'restrict,from="{address(head)}",command="/usr/bin/python3 ')
+    assert worker.file("/root/.ssh/authorized_keys").mode == 0o600 and head.file(PEER_KEY).mode == 0o600
+    ssh = (f"ssh -i {PEER_KEY} -o BatchMode=yes -o IdentitiesOnly=yes -o UserKnownHostsFile=/etc/sparkfleet/watchdog/known_hosts "
+           f"-o StrictHostKeyChecking=yes -l root {address(worker)}")
+    refused = head.run(f"{ssh} cat /etc/shadow")
+    assert refused.rc == 2 and refused.stderr.startswith("refused 'cat /etc/shadow'"), (refused.rc, refused.stdout, refused.stderr)
+    assert "root:" not in refused.stdout
+
+
+def restarts(head, worker, since):
+    return [(name, line) for name, host in (("head", head), ("worker", worker)) for line in decisions(host, since, action="restart_cluster")]
+
+
+def test_a_killed_worker_rank_restarts_every_rank_once_and_the_cluster_serves_again(nodes):
+    head, worker = nodes
+    assert chat_answers(head)
+    killed = now(worker)
+    worker.check_output(f"docker kill {CONTAINER}")
+    name, first = wait_for(lambda: restarts(head, worker, killed), 180, "a watchdog to restart the cluster")[0]
+    print(f"\nwatchdog: the {name}'s watchdog acted {first['time'] - killed:.1f} s after the worker's rank was killed: {first['why']}")
+    wait_for(lambda: chat_answers(head), SERVE_TIMEOUT, "the cluster to serve again")
+    print(f"watchdog: the cluster served again {now(head) - killed:.1f} s after the kill")
+    # The head restarts every rank, whether its own decision or the worker's request came first; the other is skipped.
+    steps = [step for _name, line in restarts(head, worker, killed) for step in line["ranks"]]
+    print("watchdog: the restarts' steps: " + json.dumps(steps))
+    assert [(step["rank"], step["step"], step["result"]) for step in steps if "skipped" not in step] == [
+        (0, "stop", 0), (1, "stop", 0), (1, "start", 0), (0, "start", 0)], steps
+
+
+def test_removing_the_watchdog_removes_the_peers_keys(nodes):
+    head, worker = nodes
+    result = site("--tags", "watchdog", "-e", json.dumps({**WATCHDOG, "watchdog_state": "absent"}))
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    for host in (head, worker):
+        assert "sparkfleet-watchdog@" not in host.file("/root/.ssh/authorized_keys").content_string
+        assert not host.file("/etc/sparkfleet/watchdog").exists
