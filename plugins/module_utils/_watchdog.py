@@ -350,8 +350,9 @@ def failing(plan: t.Mapping[str, t.Any], memory: dict[str, t.Any], seen: t.Mappi
             now: float, verdict: str, why: str) -> dict[str, t.Any]:
     """A failing sample: counted, and acted on at the ``failures``-th in a row within the budget."""
     memory["failures"] += 1
-    memory["evidence"] = [*memory["evidence"], {"time": round(now, 1), "verdict": verdict, "why": why, "probe": seen.get("probe"),
-                                                "container": seen.get("container"), "unit": f"{seen.get('active_state')}/{seen.get('sub_state')}"}][-settings["failures"]:]
+    sample = {"time": round(now, 1), "verdict": verdict, "why": why, "probe": seen.get("probe"), "container": seen.get("container"),
+              "unit": f"{seen.get('active_state')}/{seen.get('sub_state')}"}
+    memory["evidence"] = [*memory["evidence"], sample][-settings["failures"]:]
     why = f"{why}; failing sample {memory['failures']} of {settings['failures']}"
     decision = {"unit": plan["unit"], "container": seen.get("container"), "verdict": verdict, "action": "none", "why": why}
     if memory["failures"] < settings["failures"]:

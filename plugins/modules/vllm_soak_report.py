@@ -26,7 +26,9 @@ options:
     type: str
     required: true
   soak:
-    description: The registered result of M(sparkfleet.vllm.vllm_soak), run with O(sparkfleet.vllm.vllm_soak#module:fail_on_verdict=false) so a FAIL is reported too.
+    description:
+      - The registered result of M(sparkfleet.vllm.vllm_soak), run with
+        O(sparkfleet.vllm.vllm_soak#module:fail_on_verdict=false) so a FAIL is reported too.
     type: dict
     required: true
   plot:

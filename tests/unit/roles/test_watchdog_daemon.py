@@ -131,6 +131,14 @@ def sample(host, *extra):
     return [json.loads(line) for line in completed.stdout.splitlines()] if not extra else completed.stdout
 
 
+def samples(host, count):
+    """The journal lines of ``count`` samples in a row."""
+    lines = []
+    for _sample in range(count):
+        lines += sample(host)
+    return lines
+
+
 def actions(host):
     log = host / "bin" / "calls.log"
     return [line for line in (log.read_text().splitlines() if log.exists() else [])
@@ -163,7 +171,7 @@ def ssh_to(host, step, address="10.0.0.2"):
 def test_a_worker_ranks_failure_asks_the_head_to_restart_every_rank(host):
     as_cluster_head(host, rank=1)
     set_host(host, container="exited", active="failed", sub="failed")
-    decisions = [line for _ in range(3) for line in sample(host) if line.get("unit") == RANK_UNIT]
+    decisions = [line for line in samples(host, 3) if line.get("unit") == RANK_UNIT]
     assert decisions[-1]["action"] == "restart_cluster" and actions(host) == [ssh_to(host, "restart", "10.0.0.1")]
     # The stand-in's ssh answers nothing: the step is recorded as asked.
     assert decisions[-1]["ranks"] == [{"rank": 0, "address": "10.0.0.1", "step": "restart", "result": 0}]
@@ -183,7 +191,7 @@ def test_the_head_restarts_every_rank_once_when_asked_twice(host):
 def test_a_cluster_rank_down_restarts_every_rank_stopped_first_then_the_workers_before_the_head(host):
     as_cluster_head(host)
     set_host(host, container="exited", active="failed", sub="failed")
-    decisions = [line for _ in range(3) for line in sample(host) if line.get("unit") == RANK_UNIT]
+    decisions = [line for line in samples(host, 3) if line.get("unit") == RANK_UNIT]
     assert [d["verdict"] for d in decisions] == ["down"] * 3 and decisions[-1]["action"] == "restart_cluster"
     assert "every rank restarted (1 of 1 in 3600 s)" in decisions[-1]["why"]
     assert actions(host) == [f"systemctl stop -- {RANK_UNIT}", ssh_to(host, "stop"), ssh_to(host, "start"),
@@ -196,7 +204,7 @@ def test_a_cluster_rank_down_restarts_every_rank_stopped_first_then_the_workers_
 def test_a_cluster_rank_is_not_watched_without_ssh_access_to_its_peers(host):
     as_cluster_head(host, peers=False)
     set_host(host, container="exited", active="failed", sub="failed")
-    lines = [line for _ in range(3) for line in sample(host)]
+    lines = samples(host, 3)
     assert "not watched: the cluster ranks sparkfleet-cluster-tp2.service" in lines[0]["why"]
     assert not [line for line in lines if line.get("unit") == RANK_UNIT] and actions(host) == []
 
@@ -222,7 +230,7 @@ def test_a_peer_may_only_stop_or_start_a_cluster_rank_planned_here(host):
 
 def test_an_exited_container_is_started_through_its_unit_at_the_third_sample(host):
     set_host(host, container="exited", active="inactive", sub="dead")
-    lines = [line for _ in range(3) for line in sample(host)]
+    lines = samples(host, 3)
     assert lines[0]["verdict"] == "started" and f"watching {UNIT} every 5 s" in lines[0]["why"]
     decisions = [line for line in lines if line.get("unit") == UNIT]
     assert [d["verdict"] for d in decisions] == ["down"] * 3 and decisions[-1]["action"] == "start"
@@ -236,20 +244,20 @@ def test_a_fresh_maintenance_flag_keeps_it_quiet(host):
     set_host(host, container="exited", active="inactive", sub="dead")
     (host / "run").mkdir()
     (host / "run" / "vllm-maintenance").write_text("llm\n")
-    decisions = [line for _ in range(4) for line in sample(host) if line.get("unit") == UNIT]
+    decisions = [line for line in samples(host, 4) if line.get("unit") == UNIT]
     assert [d["verdict"] for d in decisions] == ["maintenance"] and actions(host) == []
 
 
 def test_a_hanging_completion_while_the_counters_stand_still_restarts_the_unit(host):
     Instance.hang = True
-    decisions = [line for _ in range(3) for line in sample(host) if line.get("unit") == UNIT]
+    decisions = [line for line in samples(host, 3) if line.get("unit") == UNIT]
     assert [d["verdict"] for d in decisions] == ["wedged"] * 3
     assert decisions[0]["why"].startswith("the counters did not move (1 requests running by the last gauge) and a 4-token probe got no answer in 1 s")
     assert actions(host) == [f"systemctl restart --no-block -- {UNIT}"]
 
 
 def test_a_healthy_unit_writes_one_line_and_then_nothing(host):
-    decisions = [line for _ in range(3) for line in sample(host) if line.get("unit") == UNIT]
+    decisions = [line for line in samples(host, 3) if line.get("unit") == UNIT]
     assert [d["verdict"] for d in decisions] == ["answers"], "a steady verdict is written once"
     # Moving counters read as progress: still serving, so no new line.
     Instance.generated = 20.0
@@ -260,13 +268,12 @@ def test_a_healthy_unit_writes_one_line_and_then_nothing(host):
 
 def test_past_the_budget_it_gives_up_writes_the_evidence_and_is_handed_back_by_clear(host):
     set_host(host, container="exited", active="failed", sub="failed")
-    for _ in range(3):
-        sample(host)
+    samples(host, 3)
     set_host(host, container="exited", active="failed", sub="failed")
     state = json.loads((host / "state" / "state.json").read_text())
     state["units"][UNIT]["grace_until"] = 0
     (host / "state" / "state.json").write_text(json.dumps(state))
-    decisions = [line for _ in range(3) for line in sample(host) if line.get("unit") == UNIT]
+    decisions = [line for line in samples(host, 3) if line.get("unit") == UNIT]
     assert decisions[-1]["action"] == "give_up" and "used the budget of 1: a person is needed" in decisions[-1]["why"]
     given_up = host / "state" / f"{UNIT}.person-needed.json"
     record = json.loads(given_up.read_text())

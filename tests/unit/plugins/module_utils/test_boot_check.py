@@ -104,8 +104,11 @@ class Systemd:
         if argv[0] == "journalctl":
             return 0, self.kernel if "--dmesg" in argv else self.watchdog, ""
         units = argv[argv.index("--") + 1:]
-        return 0, "\n".join(self.times.get(u) or show_block(1, 2, state=self.states.get(u, ("loaded", "active"))[1],
-                                                              load=self.states.get(u, ("loaded", "active"))[0]) for u in units), ""
+        blocks = []
+        for unit in units:
+            load, active = self.states.get(unit, ("loaded", "active"))
+            blocks.append(self.times.get(unit) or show_block(1, 2, state=active, load=load))
+        return 0, "\n".join(blocks), ""
 
 
 def host_of(systemd, files=None):
@@ -250,8 +253,8 @@ def test_a_whole_boot_check_passes_and_the_report_has_a_row_per_check(tmp_path):
                                     "exporter_urls": [f"http://127.0.0.1:{first.server_address[1]}/metrics-exporter"]},
                                    host_of(systemd))
     assert result["ok"] and result["passed"], result["reasons"]
-    assert [row["check"] for row in result["checks"]] == ["serving", "order", "units", "restarts", "lan_port", "warm_up", "speculative", "services",
-                                                           "exporters", "failed_units", "swap", "oom_kills"]
+    assert [row["check"] for row in result["checks"]] == [
+        "serving", "order", "units", "restarts", "lan_port", "warm_up", "speculative", "services", "exporters", "failed_units", "swap", "oom_kills"]
     rows = {row["check"]: row["detail"] for row in result["checks"]}
     assert rows["speculative"] == "sparkfleet-vllm-second.service: draft tokens 3 -> 6"
     assert rows["warm_up"] == "sparkfleet-vllm-first.service: 'hello'; sparkfleet-vllm-second.service: 'hello'"

@@ -41,7 +41,7 @@ vllm:generation_tokens_total{engine="0",model_name="tiny"} 120.0
 vllm:prompt_tokens_total{engine="0",model_name="tiny"} 300.0
 vllm:iteration_tokens_total_count{engine="0",model_name="tiny"} 42.0
 vllm:iteration_tokens_total_sum{engine="0",model_name="tiny"} 420.0
-# HELP vllm:engine_sleep_state Engine sleep state; awake = 0 means engine is sleeping; awake = 1 means engine is awake; weights_offloaded = 1 means sleep level 1; discard_all = 1 means sleep level 2.
+# HELP vllm:engine_sleep_state Engine sleep state; awake = 0 means engine is sleeping; awake = 1 means engine is awake; ...
 # TYPE vllm:engine_sleep_state gauge
 vllm:engine_sleep_state{engine="0",model_name="tiny",sleep_state="awake"} 1.0
 vllm:engine_sleep_state{engine="0",model_name="tiny",sleep_state="weights_offloaded"} 0.0
@@ -63,8 +63,8 @@ TIMEOUT = {"outcome": "timeout", "seconds": 15.0, "detail": "timed out"}
 OK = {"outcome": "ok", "seconds": 0.04, "detail": ""}
 
 
-def samples(memory, observations, start=1000.0, settings=SETTINGS_DEFAULT):
-    return [assess(PLAN, memory, observation, settings, start + 30 * index) for index, observation in enumerate(observations)]
+def samples(memory, observations, start=1000.0, settings=None):
+    return [assess(PLAN, memory, observation, settings or SETTINGS_DEFAULT, start + 30 * index) for index, observation in enumerate(observations)]
 
 
 def test_the_metrics_page_parses_to_the_summed_counters_and_gauges():
@@ -289,7 +289,7 @@ def test_bad_settings_are_refused_naming_the_variable_and_the_fix(changes, plan_
 
 
 def test_every_setting_has_bounds_the_role_documents():
-    assert set(SETTINGS) == {name for name in SETTINGS_DEFAULT}
+    assert set(SETTINGS) == set(SETTINGS_DEFAULT)
 
 
 NODES = [{"name": "spark-1", "rank": 0, "address": "10.0.0.1"}, {"name": "spark-3", "rank": 2, "address": "10.0.0.3"},
