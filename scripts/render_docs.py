@@ -1,12 +1,15 @@
 """Regenerate the documentation that is generated from data: the README's instance key table,
-a page per hardware class (docs/hardware/) and per catalog entry (docs/catalog/), and the
-catalog table of docs/catalog.md. tests/unit/roles/test_role_contracts.py checks they are current."""
+a page per hardware class (docs/hardware/) and per catalog entry (docs/catalog/), the
+catalog table of docs/catalog.md and each role's README for Galaxy (roles/<role>/README.md, from
+its argument spec). tests/unit/roles/test_role_contracts.py checks they are current."""
 
 import pathlib
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / ".cache" / "collections"))
+
+from role_readme import role_readme  # noqa: E402  (beside this script)
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._hardware_classes import CLASSES, class_page  # noqa: E402
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._model_catalog import (  # noqa: E402
@@ -32,3 +35,5 @@ for folder, names, render in (("hardware", CLASSES, class_page), ("catalog", CAT
         (target / f"{name}.md").write_text(render(name))
 catalog_doc = ROOT / "docs" / "catalog.md"
 catalog_doc.write_text(between(catalog_doc.read_text(), "catalog table", catalog_table_markdown()))
+for role_dir in sorted(path for path in (ROOT / "roles").iterdir() if (path / "meta" / "argument_specs.yml").exists()):
+    (role_dir / "README.md").write_text(role_readme(role_dir))

@@ -1,11 +1,15 @@
 """Each role's argument spec matches its defaults, and the README documents every variable."""
 
 import pathlib
+import sys
 
 import pytest
 import yaml
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(ROOT / "scripts"))
+from role_readme import role_readme  # noqa: E402
+
 ROLES = sorted(path.name for path in (ROOT / "roles").iterdir() if (path / "meta" / "argument_specs.yml").exists())
 
 
@@ -58,3 +62,12 @@ def test_generated_documentation_is_current():
         assert pages == set(names), f"docs/{folder} {stale}"
         for name in names:
             assert (ROOT / "docs" / folder / f"{name}.md").read_text() == render(name), f"docs/{folder}/{name}.md {stale}"
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_each_role_has_a_galaxy_readme_generated_from_its_argument_spec(role):
+    """Every variable with its default, the requirements and an example play, as Galaxy shows a role."""
+    page = (ROOT / "roles" / role / "README.md").read_text()
+    assert page == role_readme(ROOT / "roles" / role), f"roles/{role}/README.md is stale: run python scripts/render_docs.py"
+    for name in spec_options(role):
+        assert f"| `{name}` |" in page
