@@ -58,7 +58,8 @@ def role_readme(role_dir):
         "## Requirements", "",
         f"- ansible-core {galaxy['min_ansible_version']} or later on the controller, with the collection installed "
         "(`ansible-galaxy collection install sparkfleet.vllm`): the role runs the collection's modules and filters.",
-        f"- Managed hosts: {platforms}, with systemd, reached with `become: true`.",
+        f"- Managed hosts: {platforms}, with systemd and Python 3.10 or later (the preflight refuses an older one), reached "
+        "with `become: true`.",
         "",
         "## Role variables", "",
     ]

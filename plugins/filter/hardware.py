@@ -10,7 +10,7 @@ import json
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._hardware_classes import resolve_class
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_facts import packages_to_install
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._memory import host_settings_problems
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._preflight import image_checks, preflight
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._preflight import host_python_problem, image_checks, preflight
 
 
 def hardware_class(name, overrides=None):
@@ -44,4 +44,5 @@ def vllm_image_problems(inspect, ref, facts=None):
 class FilterModule:
     def filters(self):
         return {"hardware_class": hardware_class, "spark_preflight": spark_preflight, "vllm_image_problems": vllm_image_problems,
-                "host_settings_problems": host_settings_problems, "packages_to_install": packages_to_install}
+                "host_settings_problems": host_settings_problems, "packages_to_install": packages_to_install,
+                "host_python_problem": host_python_problem}

@@ -25,6 +25,24 @@ _CUDA_REQUIREMENT = re.compile(r"cuda>=(\d+\.\d+)")
 _CUDA_VERSION = re.compile(r"^(\d+\.\d+)")
 
 
+# The modules use Python 3.10 (zip(strict=...), X | Y types at run time); DGX OS ships 3.12, Debian 12 3.11.
+HOST_PYTHON_FLOOR = (3, 10)
+
+
+def host_python_problem(version_text: t.Any) -> str:
+    """Why the host's Python cannot run the collection's modules ('' when it can), from ``python3 -c`` printing major.minor."""
+    found = re.fullmatch(r"\s*(\d+)\.(\d+)\s*", version_text) if isinstance(version_text, str) else None
+    floor = ".".join(map(str, HOST_PYTHON_FLOOR))
+    if not found:
+        shown = repr(version_text[:80]) if isinstance(version_text, str) else repr(version_text)
+        return (f"the host's Python version could not be read ({shown}): the collection's modules need "
+                f"Python {floor} or later as python3, or set ansible_python_interpreter to one")
+    if (int(found[1]), int(found[2])) < HOST_PYTHON_FLOOR:
+        return (f"the host's Python is {found[1]}.{found[2]}; the collection's modules need {floor} or later (DGX OS ships 3.12): "
+                "install a newer python3, or set ansible_python_interpreter to one")
+    return ""
+
+
 def check(name: str, ok: bool, detail: str, remedy: str | None = None, remedies: t.Collection[str] = (),
           warn_only: bool = False) -> dict[str, t.Any]:
     if ok:

@@ -8,7 +8,7 @@ import pytest
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._hardware_classes import resolve_class
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_facts import summarise
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._preflight import image_checks, preflight
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._preflight import host_python_problem, image_checks, preflight
 
 FIXTURES = pathlib.Path(__file__).resolve().parents[2] / "fixtures" / "hardware"
 GIB = 2**30
@@ -167,3 +167,14 @@ def test_the_filter_passes_the_role_settings_through():
     text = spark_preflight(gb10(), "dgx_spark", {}, [], [], 0, "900", [], ["/dev/nvidia*"])
     assert "need 900.00 GiB" in next(c["detail"] for c in text["checks"] if c["name"] == "free disk")
     assert spark_preflight(gb10(), "dgx_spark", {}, [], [], 0, None, [], [])["reasons"][0].startswith("preflight_device_nodes: []")
+
+
+@pytest.mark.parametrize(("printed", "problem"), [
+    ("3.12\n", ""), ("3.10", ""), ("4.0\r\n", ""),
+    ("3.9\n", "the host's Python is 3.9; the collection's modules need 3.10 or later (DGX OS ships 3.12): install a newer python3, "
+              "or set ansible_python_interpreter to one"),
+    ("/bin/sh: 1: python3: not found\n", "the host's Python version could not be read ('/bin/sh: 1: python3: not found\\n')"),
+    (None, "the host's Python version could not be read (None)"),
+])
+def test_a_host_python_older_than_the_modules_need_is_named_with_the_fix(printed, problem):
+    assert host_python_problem(printed).startswith(problem) and bool(host_python_problem(printed)) == bool(problem)
