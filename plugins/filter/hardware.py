@@ -34,11 +34,14 @@ def spark_preflight(facts, hardware_class_name, overrides=None, instances=None, 
                      float(missing_weights_gib or 0), min_free_disk_gib, remedies or [], device_nodes)
 
 
-def vllm_image_problems(inspect, ref, facts=None):
+def vllm_image_problems(inspect, ref, facts=None, hardware_class_name=None, overrides=None, level="fail"):
+    """The image's failing checks (``level`` fail) or what it leaves unknown (``level`` warn), against the host and the
+    CUDA floor of its hardware class."""
     if not facts or not inspect:
         return []
-    return [f"{check['name']}: {check['detail']}" for check in image_checks([{"ref": ref, "inspect": inspect}], facts)
-            if check["status"] == "fail"]
+    resolved = resolve_class(hardware_class_name, overrides) if hardware_class_name else {"values": {}}
+    checks = image_checks([{"ref": ref, "inspect": inspect}], facts, resolved["values"].get("min_image_cuda"))
+    return [f"{check['name']}: {check['detail']}" for check in checks if check["status"] == level]
 
 
 class FilterModule:

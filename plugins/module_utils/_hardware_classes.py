@@ -20,6 +20,10 @@ GB10_ENV_SOURCE = (
     "that OOM-kill the box; VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1 makes vLLM estimate rather than capture CUDA "
     "graphs while profiling (the Founders Edition's num_gpu_blocks=0 OOM)"
 )
+GB10_CUDA_SOURCE = (
+    "seed 004: FlashInfer's just-in-time compilation for sm_121 needs CUDA 12.9 or newer, so a container pinned to CUDA 12.8 "
+    "fails at load time; use the CUDA 13 build"
+)
 GB10_LEFT_OUT = {
     "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True": "seed 002's A/B on a Founders Edition: OOM crash at 0.85 "
     "(exit 255). Seed 000 ran it at 0.55 on a shared box without harm; add it to vllm_env only at low utilisation",
@@ -42,6 +46,7 @@ CLASSES: dict[str, dict[str, t.Any]] = {
         "free_memory_baseline_gib": 99.0,
         "shm_size_ceiling_gib": 64,
         "driver_branch": "580",
+        "min_image_cuda": "12.9",
         "production": True,
         "drop_caches": True,
         "power_wedge_check": False,
@@ -49,6 +54,7 @@ CLASSES: dict[str, dict[str, t.Any]] = {
         "env": {"MAX_JOBS": "2", "FLASHINFER_NVCC_THREADS": "1", "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS": "1"},
         "left_out_env": GB10_LEFT_OUT,
         "sources": {
+            "min_image_cuda": GB10_CUDA_SOURCE,
             "pool_gib": "seed 002 and 004: 121.69 GiB CUDA-visible of the 128 GB; /proc/meminfo MemTotal says the same",
             "gmu_ceiling": "seed 002: 0.85 validated on a clean boot; 0.90 fails vLLM's request_memory() check with ~99 GiB free",
             "max_num_batched_tokens": "seed 001: swept 4096/8192/32768; 32768 keeps p99 ITL low, 4096 buys 7-14 % on dense "
@@ -74,6 +80,7 @@ CLASSES: dict[str, dict[str, t.Any]] = {
         "free_memory_baseline_gib": 103.0,
         "shm_size_ceiling_gib": 64,
         "driver_branch": "580",
+        "min_image_cuda": "12.9",
         "production": True,
         "drop_caches": True,
         "power_wedge_check": True,
@@ -81,6 +88,7 @@ CLASSES: dict[str, dict[str, t.Any]] = {
         "env": {"MAX_JOBS": "2", "FLASHINFER_NVCC_THREADS": "1", "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS": "1"},
         "left_out_env": GB10_LEFT_OUT,
         "sources": {
+            "min_image_cuda": GB10_CUDA_SOURCE,
             "pool_gib": "seed 002: the same GB10 SoC, 121.69 GiB CUDA-visible",
             "gmu_ceiling": "seed 002's node table: 0.87 on the GX10 (0.90 fails: 106.0 GiB free < 109.46 desired)",
             "max_num_batched_tokens": "seed 001 (same SoC as the Spark)",
@@ -106,6 +114,7 @@ CLASSES: dict[str, dict[str, t.Any]] = {
         "free_memory_baseline_gib": None,
         "shm_size_ceiling_gib": 32,
         "driver_branch": None,
+        "min_image_cuda": None,
         "production": True,
         "drop_caches": False,
         "power_wedge_check": False,
@@ -116,6 +125,7 @@ CLASSES: dict[str, dict[str, t.Any]] = {
             "allocator settings apply",
         },
         "sources": {
+            "min_image_cuda": "the notes name no floor for sm_120",
             "pool_gib": "seed 001: a 96 GB card; the total nvidia-smi reports on the host is used whenever it is known",
             "gmu_ceiling": "seed 001: 0.92 verified safe for Gemma 4 under 8k prompts at 64 concurrent; higher can OOM "
             "after the KV cache is allocated",
@@ -137,6 +147,7 @@ CLASSES: dict[str, dict[str, t.Any]] = {
         "free_memory_baseline_gib": None,
         "shm_size_ceiling_gib": 16,
         "driver_branch": None,
+        "min_image_cuda": None,
         "production": True,
         "drop_caches": False,
         "power_wedge_check": False,
@@ -146,6 +157,7 @@ CLASSES: dict[str, dict[str, t.Any]] = {
             "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True": "no seed measured it on a discrete card",
         },
         "sources": {
+            "min_image_cuda": "the notes name no floor for sm_120",
             "pool_gib": "seed 001: 32,607 MiB",
             "gmu_ceiling": "seed 001: 0.92; usage peaked at 31,092 of 32,607 MiB with MTP",
             "max_num_batched_tokens": "seed 001: the stock 32768 does not start the 26B-A4B at full context on 32 GB; "
@@ -166,6 +178,7 @@ CLASSES: dict[str, dict[str, t.Any]] = {
         "free_memory_baseline_gib": None,
         "shm_size_ceiling_gib": 2,
         "driver_branch": None,
+        "min_image_cuda": None,
         "production": False,
         "drop_caches": False,
         "power_wedge_check": False,
@@ -173,6 +186,7 @@ CLASSES: dict[str, dict[str, t.Any]] = {
         "env": {},
         "left_out_env": {},
         "sources": {
+            "min_image_cuda": "the CPU build needs no CUDA",
             "gmu_ceiling": "the lab's instances take 0.1 each; the CPU build sizes its KV cache by block count",
             "production": "eager mode is how the CPU build starts fast; no CUDA graphs exist to lose",
             "drop_caches": "a container cannot write /proc/sys/vm/drop_caches",
@@ -188,6 +202,7 @@ FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
     "shm_size_ceiling_gib": ((int, float), "largest /dev/shm a container may ask for"),
     "pool_gib": ((float, int, type(None)), "memory the GPU sees, when the host cannot report it"),
     "driver_branch": ((str, type(None)), "the NVIDIA driver branch the host must run"),
+    "min_image_cuda": ((str, type(None)), "the oldest CUDA release a vLLM image may be built for"),
     "production": ((bool,), "warn about debugging settings such as enforce_eager"),
     "drop_caches": ((bool,), "drop the page cache right before each launch"),
     "power_wedge_check": ((bool,), "judge the clock and power under load against the power-delivery wedge"),
@@ -214,6 +229,7 @@ WITHIN_POOL = {
     "shm_size_ceiling_gib": "the /dev/shm a container may ask for comes out of the pool",
 }
 DRIVER_BRANCH = re.compile(r"\d{3}")
+CUDA_RELEASE = re.compile(r"\d{2}\.\d{1,2}")
 
 
 def resolve_class(name: t.Any, overrides: t.Any = None) -> dict[str, t.Any]:
@@ -260,6 +276,10 @@ def range_problems(name: str, values: t.Mapping[str, t.Any], overrides: t.Mappin
     if branch is not None and not DRIVER_BRANCH.fullmatch(branch):
         errors.append(f"sparkfleet_hardware_overrides.driver_branch: {branch!r} is not a driver branch; give its three-digit "
                       "major version such as '580', or null for any")
+    cuda = values["min_image_cuda"]
+    if cuda is not None and not CUDA_RELEASE.fullmatch(cuda):
+        errors.append(f"sparkfleet_hardware_overrides.min_image_cuda: {cuda!r} is not a CUDA release; give one such as '12.9', "
+                      "or null for no floor")
     return errors
 
 

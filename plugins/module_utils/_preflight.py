@@ -68,8 +68,10 @@ def image_cuda(inspect: t.Mapping[str, t.Any]) -> str | None:
     return version.group(1) if version else None
 
 
-def image_checks(images: t.Sequence[t.Mapping[str, t.Any]], facts: t.Mapping[str, t.Any]) -> list[dict[str, t.Any]]:
-    """Each image (``{"ref", "inspect"}``, inspect None when not pulled yet) against the host."""
+def image_checks(images: t.Sequence[t.Mapping[str, t.Any]], facts: t.Mapping[str, t.Any],
+                 min_cuda: str | None = None) -> list[dict[str, t.Any]]:
+    """Each image (``{"ref", "inspect"}``, inspect None when not pulled yet) against the host, and against the class's
+    CUDA floor (``min_cuda``): an image built for an older CUDA fails, one that declares no CUDA release is reported."""
     checks = []
     host_arch = ARCHITECTURES.get(facts["architecture"], facts["architecture"])
     branch = facts["gpu"]["driver_branch"]
@@ -84,6 +86,15 @@ def image_checks(images: t.Sequence[t.Mapping[str, t.Any]], facts: t.Mapping[str
             checks.append(check(name, False, f"built for {arch}, the host is {facts['architecture']}; pull the {host_arch} image"))
             continue
         cuda = image_cuda(inspect)
+        if min_cuda and not cuda:
+            checks.append(check(f"{name} CUDA", False, f"declares no CUDA release (no NVIDIA_REQUIRE_CUDA, CUDA_VERSION or "
+                                f"com.nvidia.cuda label), so it is not known to be built for CUDA {min_cuda} or newer, which "
+                                "this class needs; check the image's build before trusting it", warn_only=True))
+        elif min_cuda and version_tuple(cuda) < version_tuple(min_cuda):
+            checks.append(check(f"{name} CUDA", False, f"built for CUDA {cuda}; this class needs CUDA {min_cuda} or newer "
+                                "(seed 004: FlashInfer's JIT for GB10's sm_121 fails at load time on 12.8). Pin an image built "
+                                "for CUDA 13 (cu130)"))
+            continue
         if not cuda or not branch:
             checks.append(check(name, True, f"{arch or 'unknown'} image; " + ("needs CUDA " + cuda if cuda else "declares no CUDA release")
                                 + ("" if branch else ", the host has no NVIDIA driver")))
@@ -177,7 +188,7 @@ def preflight(facts: t.Mapping[str, t.Any], hardware_class: str, hardware: t.Map
     if hardware["power_wedge_check"]:
         power = facts["power"]
         checks.append(check("power delivery", not power["wedge_suspected"], power["reason"]))
-    checks += image_checks(images, facts)
+    checks += image_checks(images, facts, hardware.get("min_image_cuda"))
     failures = [f"{c['name']}: {c['detail']}" for c in checks if c["status"] == "fail"]
     return {"ok": not failures, "checks": checks, "reasons": failures,
             "warnings": [f"{c['name']}: {c['detail']}" for c in checks if c["status"] == "warn"],

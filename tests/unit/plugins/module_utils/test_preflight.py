@@ -143,6 +143,33 @@ def test_a_pulled_image_is_judged_before_any_launch():
     assert vllm_image_problems({"Architecture": "arm64", "Config": {}}, "vllm@sha256:1", gb10()) == []
 
 
+def test_an_image_below_the_classs_cuda_floor_fails_and_one_declaring_none_is_reported():
+    from ansible_collections.sparkfleet.vllm.plugins.filter.hardware import vllm_image_problems
+
+    cu128 = {"Architecture": "arm64", "Config": {"Env": ["CUDA_VERSION=12.8.1"]}}
+    silent = {"Architecture": "arm64", "Config": {"Env": ["PATH=/usr/bin"]}}
+    cu130 = {"Architecture": "arm64", "Config": {"Env": ["CUDA_VERSION=13.0.1"]}}
+    checks = image_checks([{"ref": "old", "inspect": cu128}, {"ref": "silent", "inspect": silent}, {"ref": "new", "inspect": cu130}],
+                          gb10(), "12.9")
+    assert [(c["name"], c["status"]) for c in checks] == [("image old CUDA", "fail"), ("image silent CUDA", "warn"),
+                                                         ("image silent", "pass"), ("image new", "pass")]
+    assert "built for CUDA 12.8; this class needs CUDA 12.9 or newer (seed 004" in checks[0]["detail"]
+    assert "declares no CUDA release" in checks[1]["detail"]
+    assert vllm_image_problems(cu128, "vllm@sha256:1", gb10(), "dgx_spark")[0].startswith("image vllm@sha256:1 CUDA: built for CUDA 12.8")
+    assert vllm_image_problems(cu128, "vllm@sha256:1", gb10(), "rtx_pro_6000") == [], "no floor in the notes for sm_120"
+    assert vllm_image_problems(silent, "vllm@sha256:1", gb10(), "asus_gx10") == []
+    assert "declares no CUDA release" in vllm_image_problems(silent, "vllm@sha256:1", gb10(), "asus_gx10", None, "warn")[0]
+    assert vllm_image_problems(cu128, "vllm@sha256:1", gb10(), "dgx_spark", {"min_image_cuda": "12.8"}) == []
+
+
+@pytest.mark.parametrize(("floor", "refused"), [("13", True), ("12.9.1", True), (None, False), ("13.0", False)])
+def test_the_cuda_floor_override_is_a_cuda_release(floor, refused):
+    from ansible_collections.sparkfleet.vllm.plugins.module_utils._hardware_classes import resolve_class
+
+    errors = resolve_class("dgx_spark", {"min_image_cuda": floor})["errors"]
+    assert bool(errors) == refused and (not refused or errors[0].startswith("sparkfleet_hardware_overrides.min_image_cuda:"))
+
+
 @pytest.mark.parametrize(("min_free_disk_gib", "device_nodes", "expected"), [
     pytest.param(-5, None, "preflight_min_free_disk_gib: -5 is out of range; give a number above 0 and at most 65536 GiB (0 or less "
                  "would pass a full disk); or null for the hardware class's figure", id="disk-check-off"),
