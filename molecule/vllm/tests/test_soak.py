@@ -74,7 +74,9 @@ def test_a_container_killed_mid_soak_fails_it_and_the_instance_serves_again(serv
         killer.join()
         back = wait_serving(serve)
     assert killed == [0], "the test could not kill the container"
-    assert result.returncode != 0 and "SOAK FAIL on " + SERVE in result.stdout, result.stdout[-4000:]
+    # A failed task's message goes to stderr where the environment asks it to (molecule's verifier does).
+    output = result.stdout + result.stderr
+    assert result.returncode != 0 and "SOAK FAIL on " + SERVE in output, output[-4000:]
     found, markdown = report(tmp_path, "lab-killed")
     assert found["passed"] is False and "**SOAK FAIL**" in markdown
     reasons = found["reasons"]
