@@ -151,8 +151,8 @@ def test_an_image_below_the_classs_cuda_floor_fails_and_one_declaring_none_is_re
     cu130 = {"Architecture": "arm64", "Config": {"Env": ["CUDA_VERSION=13.0.1"]}}
     checks = image_checks([{"ref": "old", "inspect": cu128}, {"ref": "silent", "inspect": silent}, {"ref": "new", "inspect": cu130}],
                           gb10(), "12.9")
-    assert [(c["name"], c["status"]) for c in checks] == [("image old CUDA", "fail"), ("image silent CUDA", "warn"),
-                                                         ("image silent", "pass"), ("image new", "pass")]
+    assert [(c["name"], c["status"]) for c in checks] == [
+        ("image old CUDA", "fail"), ("image silent CUDA", "warn"), ("image silent", "pass"), ("image new", "pass")]
     assert "built for CUDA 12.8; this class needs CUDA 12.9 or newer (seed 004" in checks[0]["detail"]
     assert "declares no CUDA release" in checks[1]["detail"]
     assert vllm_image_problems(cu128, "vllm@sha256:1", gb10(), "dgx_spark")[0].startswith("image vllm@sha256:1 CUDA: built for CUDA 12.8")
