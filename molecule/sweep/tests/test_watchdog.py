@@ -143,7 +143,9 @@ def test_past_the_budget_it_gives_up_with_a_bundle_and_a_planned_relaunch_hands_
     assert "2 restarts in the last 3600 s used the budget of 2: a person is needed" in give_up["why"]
     print(f"\nwatchdog: gave up {give_up['time'] - stopped:.1f} s after the third fault: {give_up['why']}")
     record = json.loads(host.file(GIVE_UP).content_string)
-    assert [sample["verdict"] for sample in record["evidence"]] == ["down"] * 3
+    # The first failing sample may catch the container while docker stops it: running, the server no longer answering.
+    verdicts = [sample["verdict"] for sample in record["evidence"]]
+    assert len(verdicts) == 3 and verdicts[-1] == "down" and set(verdicts) <= {"down", "unanswered"}, verdicts
     bundle = record["bundle"]
     assert bundle.startswith("/var/lib/sparkfleet/watchdog/bundles/") and host.file(bundle).mode == 0o600, record
     members = host.check_output(f"tar -tzf {bundle}")
