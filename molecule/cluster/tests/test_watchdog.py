@@ -5,10 +5,10 @@ worker rank, seen by both nodes at once, makes the head restart every rank once 
 printed for the closing note."""
 
 import json
-import time
 
 import pytest
 from site_runner import docker_host, site
+from watchdog_journal import journal_decisions, now, wait_for
 
 HEAD, WORKER = "sparkfleet-molecule-node-1", "sparkfleet-molecule-node-2"
 UNIT, CONTAINER = "sparkfleet-cluster-lab-tp2.service", "vllm-cluster-lab-tp2"
@@ -31,24 +31,7 @@ def nodes():
 
 
 def decisions(host, since=0.0, **match):
-    lines = host.run("journalctl -u sparkfleet-watchdog.service -o cat --no-pager").stdout.splitlines()
-    parsed = [json.loads(line) for line in lines if line.startswith("{")]
-    return [line for line in parsed if line["time"] >= since and line.get("unit", UNIT) == UNIT
-            and all(line.get(key) == value for key, value in match.items())]
-
-
-def wait_for(condition, timeout, what):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = condition()
-        if found:
-            return found
-        time.sleep(2)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-
-
-def now(host):
-    return float(host.check_output("date +%s.%N"))
+    return journal_decisions(host, UNIT, since, **match)
 
 
 def address(host):

@@ -14,6 +14,7 @@ import time
 import pytest
 from serving_lab import KEY, status
 from site_runner import docker_host, playbook, site
+from watchdog_journal import journal_decisions, now, wait_for
 
 SERVE = "sparkfleet-molecule-sweep"
 UNIT = "sparkfleet-vllm-second.service"
@@ -53,21 +54,7 @@ def watched(host, instances):
 
 
 def decisions(host, since=0.0, **match):
-    """The watchdog's journal lines since a time, those matching every key given."""
-    lines = host.run("journalctl -u sparkfleet-watchdog.service -o cat --no-pager").stdout.splitlines()
-    parsed = [json.loads(line) for line in lines if line.startswith("{")]
-    return [line for line in parsed if line["time"] >= since and line.get("unit", UNIT) == UNIT
-            and all(line.get(key) == value for key, value in match.items())]
-
-
-def wait_for(condition, timeout, what):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = condition()
-        if found:
-            return found
-        time.sleep(2)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+    return journal_decisions(host, UNIT, since, **match)
 
 
 def settled(host):
@@ -81,10 +68,6 @@ def serving(host, since):
     wait_for(lambda: settled(host), SERVE_TIMEOUT, "the instance to serve again")
     print(f"watchdog: the instance served again {now(host) - since:.1f} s after the fault")
     wait_for(lambda: (found := decisions(host, since)) and found[-1]["verdict"] in ("answers", "progress"), 120, "the watchdog to see it serve")
-
-
-def now(host):
-    return float(host.check_output("date +%s.%N"))
 
 
 def test_a_stopped_container_waits_out_a_fresh_flag_and_is_started_once_the_flag_is_stale(watched):

@@ -1,0 +1,27 @@
+"""Reading the watchdog's decisions on a lab host, for the scenarios that inject faults."""
+
+import json
+import time
+
+
+def journal_decisions(host, unit, since=0.0, **match):
+    """The watchdog's journal lines since a time about ``unit`` (or no unit), those matching every key given."""
+    lines = host.run("journalctl -u sparkfleet-watchdog.service -o cat --no-pager").stdout.splitlines()
+    parsed = [json.loads(line) for line in lines if line.startswith("{")]
+    return [line for line in parsed if line["time"] >= since and line.get("unit", unit) == unit
+            and all(line.get(key) == value for key, value in match.items())]
+
+
+def wait_for(condition, timeout, what):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = condition()
+        if found:
+            return found
+        time.sleep(2)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def now(host):
+    """The lab host's clock, which the journal's times are on."""
+    return float(host.check_output("date +%s.%N"))
