@@ -321,22 +321,18 @@ def journal_counts(job: Job, host: Host, since: float) -> tuple[dict[str, t.Any]
     if why:
         errors["kernel"] = why
     found = kernel_findings(kernel or [])
-    earlyoom: list[str] = []
-    if unit_known(host.run_command, job.systemctl, params["earlyoom_unit"]):
-        lines, why = journal_lines(host.run_command, job.journalctl, since, ["--unit", params["earlyoom_unit"]])
+    read: dict[str, list[t.Any]] = {}
+    for journal, unit, pick, counted in (("earlyoom", params["earlyoom_unit"], earlyoom_kills, "earlyoom kill"),
+                                         ("watchdog", params["watchdog_unit"], acted, "watchdog action")):
+        read[journal] = []
+        if not unit_known(host.run_command, job.systemctl, unit):
+            notes.append(f"{unit} is not installed: no {counted} to count")
+            continue
+        lines, why = journal_lines(host.run_command, job.journalctl, since, ["--unit", unit])
         if why:
-            errors["earlyoom"] = why
-        earlyoom = earlyoom_kills(lines or [])
-    else:
-        notes.append(f"{params['earlyoom_unit']} is not installed: no earlyoom kill to count")
-    actions: list[dict[str, t.Any]] = []
-    if unit_known(host.run_command, job.systemctl, params["watchdog_unit"]):
-        lines, why = journal_lines(host.run_command, job.journalctl, since, ["--unit", params["watchdog_unit"]])
-        if why:
-            errors["watchdog"] = why
-        actions = acted(lines or [])
-    else:
-        notes.append(f"{params['watchdog_unit']} is not installed: no watchdog action to count")
+            errors[journal] = why
+        read[journal] = pick(lines or [])
+    earlyoom, actions = read["earlyoom"], read["watchdog"]
     counts = {
         "oom_kills": len(found["oom_kills"]), "earlyoom_kills": len(earlyoom), "nvrm_no_memory": len(found["nvrm_no_memory"]),
         "watchdog_actions": len(actions), "journal_errors": errors,
