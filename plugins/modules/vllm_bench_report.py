@@ -87,6 +87,7 @@ import json
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._files import write_changed
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._plots import load_pyplot
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_bench import markdown_table, report_problems
 
 
@@ -118,18 +119,6 @@ def workload_line(metrics):
             f"({workload['requests_over_prompt_bound']} longer)"
         )
     return line + ".\n\n"
-
-
-def load_pyplot():
-    """matplotlib's pyplot, or None without matplotlib; imported only for a plot, since the import alone takes seconds."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        from matplotlib import pyplot
-    except ImportError:
-        return None
-    return pyplot
 
 
 def plot_png(pyplot, title, runs):

@@ -88,19 +88,8 @@ import json
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._files import write_changed
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._plots import load_pyplot
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._soak import markdown_report, report_data, report_problems
-
-
-def load_pyplot():
-    """matplotlib's pyplot, or None without matplotlib; imported only for a plot, since the import alone takes seconds."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        from matplotlib import pyplot
-    except ImportError:
-        return None
-    return pyplot
 
 
 def series(samples, key):
