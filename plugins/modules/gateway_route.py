@@ -107,13 +107,12 @@ import os
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._files import write_atomically
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._gateway import (
-    DEFAULT_SETTINGS,
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._gateway import DEFAULT_SETTINGS, gateway_files
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._gateway_routes import (
     UNIT,
     after_request,
     drain_problems,
     drained_file,
-    gateway_files,
     in_rotation,
     kept_out,
     plan_file,

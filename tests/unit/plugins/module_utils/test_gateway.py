@@ -10,18 +10,21 @@ from plan_options import plan_options
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._gateway import (
     DEFAULT_SETTINGS,
     GATEWAY_SETTINGS,
-    SCHEMA_VERSION,
     backend_reports,
+    drain_requests,
+    gateway_plan,
+)
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._gateway_routes import (
+    SCHEMA_VERSION,
     config_document,
     drain_problems,
-    drain_requests,
     drained_file,
-    gateway_plan,
     kept_out,
     plan_file,
     read_drained,
     read_plan,
     render_config,
+    watchdog_route,
 )
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._serving_unit import plan_problem
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._settings import bounds_table
@@ -206,6 +209,20 @@ def test_a_drain_that_empties_a_group_is_refused_unless_forced():
         "gateway drain: 'spark-1/other' is not a backend of this gateway (known: gx10-1, gx10-1/chat, spark-1, spark-1/chat); name "
         "an inventory host, or host/instance"]
     assert drain_problems(plan, [], ["spark-1"], ["spark-1"], False) == ["gateway drain: spark-1 asked to be drained and undrained at once"]
+
+
+def test_a_watchdog_drains_its_unit_never_the_last_replica_and_undrains_only_by_name():
+    plan = plan_for()
+    assert watchdog_route(plan, [], "drain", "gx10-1/chat") == (["gx10-1/chat"], {"result": "drained", "why": "gx10-1/chat out of rotation"})
+    refused, reply = watchdog_route(plan, ["gx10-1/chat"], "drain", "spark-1/chat")
+    assert refused is None and reply["result"] == "refused" and "leaves model group(s) code, fast with nothing to route to" in reply["why"]
+    assert watchdog_route(plan, ["gx10-1"], "drain", "gx10-1/chat")[0] is None, "an operator's drain of the host covers it"
+    assert watchdog_route(plan, ["gx10-1"], "drain", "gx10-1/chat")[1]["result"] == "already_drained"
+    assert watchdog_route(plan, [], "drain", "gx10-1/other") == (None, {"result": "not_routed", "why": "gx10-1/other is no backend of this gateway"})
+    assert watchdog_route(plan, ["gx10-1/chat", "spark-1"], "undrain", "gx10-1/chat") == (
+        ["spark-1"], {"result": "undrained", "why": "gx10-1/chat back in rotation"})
+    assert watchdog_route(plan, ["gx10-1"], "undrain", "gx10-1/chat")[1]["result"] == "not_drained", "the operator's host drain stays"
+    assert watchdog_route(plan, ["gx10-1", "gx10-1/chat"], "undrain", "gx10-1/chat")[1]["why"].endswith("though its host gx10-1 stays drained")
 
 
 def test_a_drain_reaches_the_gateways_routing_to_the_node_each_with_its_own_backends():
