@@ -4,13 +4,26 @@
 
 from __future__ import annotations
 
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._watchdog import peer_access, watchdog_plan
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._gateway import DEFAULT_SETTINGS as GATEWAY_DEFAULTS
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._watchdog import has_peers, host_addresses, peer_access, watchdog_plan
+
+
+def watchdog_plan_filter(settings, plan_dirs, serving_dirs, node, gateway_config_dir):
+    """``gateway_config_dir``: the host's gateway's folder, None when the inventory leaves it at the gateway role's
+    default, "" when the host runs no gateway."""
+    folder = GATEWAY_DEFAULTS["config_dir"] if gateway_config_dir is None else gateway_config_dir
+    return watchdog_plan(settings, plan_dirs, serving_dirs, node, folder)
 
 
 def watchdog_peer_access(reports, host):
     return peer_access(host, reports)
 
 
+def watchdog_has_peers(deployed, host):
+    return has_peers(host, deployed)
+
+
 class FilterModule:
     def filters(self):
-        return {"watchdog_plan": watchdog_plan, "watchdog_peer_access": watchdog_peer_access}
+        return {"watchdog_plan": watchdog_plan_filter, "watchdog_peer_access": watchdog_peer_access,
+                "watchdog_host_addresses": host_addresses, "watchdog_has_peers": watchdog_has_peers}

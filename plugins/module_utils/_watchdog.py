@@ -25,6 +25,7 @@ import json
 import math
 import re
 import typing as t
+import urllib.parse
 
 SERVICE = "sparkfleet-watchdog.service"
 INSTALL_DIR = "/opt/sparkfleet/watchdog"
@@ -33,7 +34,7 @@ CONFIG_PATH = "/etc/sparkfleet/watchdog.json"
 STATE_DIR = "/var/lib/sparkfleet/watchdog"
 # The files the daemon runs and imports, and their sources in the collection.
 HELPERS = ((DAEMON_FILE, f"roles/watchdog/files/{DAEMON_FILE}"), ("_watchdog.py", "plugins/module_utils/_watchdog.py"),
-           ("_diagnose.py", "plugins/module_utils/_diagnose.py"))
+           ("_diagnose.py", "plugins/module_utils/_diagnose.py"), ("_gateway_routes.py", "plugins/module_utils/_gateway_routes.py"))
 DOWN_STATES = frozenset({"exited", "created", "dead", "missing"})
 # Counters that move with every engine step: prefill and decode tokens and the steps themselves.
 PROGRESS_COUNTERS = ("vllm:generation_tokens_total", "vllm:prompt_tokens_total", "vllm:iteration_tokens_total_count")
@@ -45,12 +46,20 @@ SERVING = ("progress", "answers")
 # A unit and a container name as the collection writes them: they reach systemctl, docker and file names.
 PLAN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@:-]{0,250}")
 ACTIONS = ("start", "restart", "restart_cluster", "give_up")
-# A cluster's ranks are restarted together from whichever node detects the failure, over SSH between its nodes: each
-# node's key may only run the daemon's peer command (stop or start a rank of a cluster on that node) from its peers.
+# A cluster's ranks are restarted together from whichever node detects the failure, and a unit behind a gateway is
+# drained there before the watchdog acts on it, over SSH between the hosts: each host's key may only run the daemon's
+# peer command on another, from the host's own addresses, as what it is there (--cluster: stop or start a rank of a
+# cluster on that node, restart one on its head; --backend: drain or undrain its own units at the gateway).
 PEER_DIR = "/etc/sparkfleet/watchdog"
 PEER_KEY = "peer_ed25519"
 KNOWN_HOSTS = "known_hosts"
+# The gateways routing to the host's units and where its watchdog reaches each ("local": the host's own).
+GATEWAYS_FILE = "gateways.json"
+# The gateways where the watchdog drained a unit, to undrain it there once it serves again.
+DRAINS_FILE = "gateway-drains.json"
 PEER_COMMAND = f"/usr/bin/python3 {INSTALL_DIR}/{DAEMON_FILE} peer"
+CLUSTER_VERBS = ("stop", "start", "restart")
+ROUTE_VERBS = ("drain", "undrain")
 KEY_COMMENT = "sparkfleet-watchdog@"
 ED25519_KEY = re.compile(r"ssh-ed25519 [A-Za-z0-9+/]{40,}={0,2}")
 HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,250}")
@@ -130,13 +139,22 @@ def cluster_order(plan: t.Mapping[str, t.Any]) -> tuple[list[dict[str, t.Any]], 
     return nodes, (workers + head if plan["cluster"].get("backend") == "native" else head + workers)
 
 
-def peer_request(text: t.Any, plans: t.Sequence[t.Mapping[str, t.Any]]) -> tuple[str, t.Mapping[str, t.Any]]:
-    """The verb and the plan of a peer's request (SSH's original command: ``stop UNIT`` or ``start UNIT`` from the head
-    restarting the cluster, ``restart UNIT`` from a worker asking the head to), for a cluster rank planned on this host
-    only, and ``restart`` on the head only; WatchdogError otherwise."""
+def peer_request(text: t.Any, plans: t.Sequence[t.Mapping[str, t.Any]], requester: str = "", may: t.Collection[str] = ("cluster",)
+                 ) -> tuple[str, t.Any]:
+    """The verb and its object of a peer's request (SSH's original command), as the key's forced command lets the
+    requester ask (``may``): ``cluster``: ``stop UNIT`` or ``start UNIT`` from the head restarting the cluster,
+    ``restart UNIT`` from a worker asking the head to, for a cluster rank planned on this host (the object: its plan);
+    ``backend``: ``drain NAME`` or ``undrain NAME`` at this host's gateway, of the requester's own units only
+    (``requester/instance``, the object: that name). WatchdogError otherwise."""
     words = text.split() if isinstance(text, str) else []
-    if len(words) != 2 or words[0] not in ("stop", "start", "restart"):
-        raise WatchdogError(f"refused {str(text)[:100]!r}: a peer may ask only 'stop UNIT', 'start UNIT' or 'restart UNIT'")
+    verbs = [*(CLUSTER_VERBS if "cluster" in may else ()), *(ROUTE_VERBS if "backend" in may else ())]
+    if len(words) != 2 or words[0] not in verbs:
+        raise WatchdogError(f"refused {str(text)[:100]!r}: this peer may ask only {', '.join(repr(verb + ' ' + ('NAME' if verb in ROUTE_VERBS else 'UNIT')) for verb in verbs)}")
+    if words[0] in ROUTE_VERBS:
+        host, _slash, instance = words[1].partition("/")
+        if host != requester or not HOST_NAME.fullmatch(host) or not PLAN_NAME.fullmatch(instance):
+            raise WatchdogError(f"refused {words[0]} {words[1][:100]!r}: a backend may drain or undrain only its own units ({requester}/INSTANCE)")
+        return words[0], words[1]
     found = [plan for plan in plans if plan["unit"] == words[1] and isinstance(plan.get("cluster"), dict)]
     if not found:
         raise WatchdogError(f"refused {words[0]} {words[1][:100]!r}: no cluster rank of that unit is planned on this host")
@@ -155,15 +173,64 @@ def recently_restarted(last: t.Any, now: float, settings: t.Mapping[str, t.Any])
     return isinstance(last, (int, float)) and now - last < settings["interval"] * (settings["failures"] + 2) + 30
 
 
+def host_addresses(facts: t.Any) -> list[dict[str, t.Any]]:
+    """The host's IPv4 addresses with their prefix lengths, from Ansible's network facts, the default route's first;
+    loopback left out."""
+    facts = facts if isinstance(facts, dict) else {}
+    entries = [facts.get("default_ipv4") or {}]
+    for name in facts.get("interfaces") or []:
+        interface = facts.get(str(name).replace("-", "_")) or {}
+        entries += [interface.get("ipv4") or {}, *(interface.get("ipv4_secondaries") or [])]
+    found: list[dict[str, t.Any]] = []
+    for entry in entries:
+        text, prefix = address(entry.get("address")), str(entry.get("prefix", "32"))
+        if text and not ipaddress.ip_address(text).is_loopback and text not in [known["address"] for known in found]:
+            found.append({"address": text, "prefix": int(prefix) if prefix.isdigit() and int(prefix) <= 32 else 32})
+    return found
+
+
+def routed_backends(plan: t.Any) -> dict[str, list[str]]:
+    """Per backend host of a deployed gateway plan, the hosts its deployments' URLs name (where the gateway reaches it)."""
+    backends: dict[str, list[str]] = {}
+    deployments = plan.get("deployments") if isinstance(plan, dict) else None
+    for deployment in deployments if isinstance(deployments, list) else []:
+        if isinstance(deployment, dict) and isinstance(deployment.get("node"), str):
+            where = urllib.parse.urlsplit(str(deployment.get("api_base") or "")).hostname or ""
+            known = backends.setdefault(deployment["node"], [])
+            if where not in known:
+                known.append(where)
+    return backends
+
+
+def gateway_address(gateway: t.Sequence[t.Mapping[str, t.Any]], backend_hosts: t.Sequence[str]) -> str | None:
+    """Where a backend reaches its gateway: the gateway's address on the network where the gateway reaches the backend,
+    else the gateway's first address (its default route's)."""
+    for host in backend_hosts:
+        if address(host):
+            for entry in gateway:
+                if ipaddress.ip_address(host) in ipaddress.ip_network(f"{entry['address']}/{entry['prefix']}", strict=False):
+                    return entry["address"]
+    return gateway[0]["address"] if gateway else None
+
+
 def peer_access(host: str, reports: t.Any) -> dict[str, t.Any]:
-    """What a node trusts of the other nodes of its clusters: {errors} or {errors: [], authorized_keys: [{peer, line}],
-    known_hosts, peers}. ``reports``: per host of the play, the cluster ranks deployed there (the daemon's ``ranks``:
-    unit, host_ip, nodes), its watchdog's public key and its sshd's ed25519 host key. A peer is the host whose own
-    rank of the same unit sits at the node's address: the deployed ranks, as the daemon reads them, decide."""
+    """What a host trusts of the others: {errors} or {errors: [], authorized_keys: [{peer, line}], known_hosts, peers,
+    gateways}. ``reports``: per host of the play, the cluster ranks deployed there (the daemon's ``ranks``: unit,
+    host_ip, nodes), the backends of the gateway deployed there (``gateway``: routed_backends, or None), its
+    addresses (host_addresses), its watchdog's public key and its sshd's ed25519 host key. A cluster peer is the host
+    whose own rank of the same unit sits at the node's address; a backend is a host the deployed gateway plan routes
+    to: the deployed plans, as the daemon reads them, decide. ``gateways``: where this host's watchdog drains its units."""
     if not isinstance(reports, dict) or not isinstance(reports.get(host), dict):
         return {"errors": [f"{host}: no report of its cluster ranks (the watchdog role reads every node's)"]}
-    errors, found = [], {}
-    for rank in reports[host].get("ranks") or []:
+    own = reports[host]
+    errors: list[str] = []
+    # Per other host: what it may ask here (may), from which of its addresses (sources), where this host dials it (dials).
+    links: dict[str, dict[str, set[str]]] = {}
+
+    def link(name: str) -> dict[str, set[str]]:
+        return links.setdefault(name, {"may": set(), "sources": set(), "dials": set()})
+
+    for rank in own.get("ranks") or []:
         for node in rank["nodes"]:
             if node["address"] == rank["host_ip"]:
                 continue
@@ -173,21 +240,74 @@ def peer_access(host: str, reports: t.Any) -> dict[str, t.Any]:
                 errors.append(f"cluster rank {rank['unit']} on {host}: no host of the play runs its rank {node['rank']} at "
                               f"{node['address']}; keep every node of the cluster in the play (and re-apply the cluster role first)")
                 continue
-            report = reports[peers[0]]
-            user_key, host_key = ED25519_KEY.match(report.get("user_key") or ""), ED25519_KEY.match(report.get("host_key") or "")
-            if not HOST_NAME.fullmatch(peers[0]) or not user_key or not host_key:
-                errors.append(f"peer {peers[0]!r} of {host}: no usable name, watchdog key or ed25519 host key")
-                continue
-            found[peers[0]] = (node["address"], user_key.group(0), host_key.group(0))
+            entry = link(peers[0])
+            entry["may"].add("cluster")
+            entry["sources"].add(node["address"])
+            entry["dials"].add(node["address"])
+    for backend in (own.get("gateway") or {}):
+        if backend == host:
+            continue
+        if not isinstance(reports.get(backend), dict):
+            errors.append(f"the gateway on {host} routes to {backend}, which is not in the play: keep the gateway and its backends in "
+                          "the play (as site.yml runs them), so each backend's watchdog may drain its own units there")
+            continue
+        entry = link(backend)
+        entry["may"].add("backend")
+        entry["sources"].update(found["address"] for found in reports[backend].get("addresses") or [])
+    gateways = []
+    for name, report in sorted(reports.items()):
+        routed = (report.get("gateway") or {}).get(host) if isinstance(report, dict) else None
+        if routed is None:
+            continue
+        if name == host:
+            gateways.append({"name": name, "address": "local"})
+            continue
+        where = gateway_address(report.get("addresses") or [], routed)
+        if where is None:
+            errors.append(f"the gateway on {name} routes to {host} and has no IPv4 address in its facts for {host}'s watchdog to reach")
+            continue
+        link(name)["dials"].add(where)
+        gateways.append({"name": name, "address": where})
+    lines, known_hosts = [], []
+    for name, entry in sorted(links.items()):
+        report = reports[name]
+        user_key, host_key = ED25519_KEY.match(report.get("user_key") or ""), ED25519_KEY.match(report.get("host_key") or "")
+        if not HOST_NAME.fullmatch(name) or not user_key or not host_key or (entry["may"] and not entry["sources"]):
+            errors.append(f"peer {name!r} of {host}: no usable name, watchdog key, ed25519 host key or address")
+            continue
+        if entry["may"]:
+            flags = "".join(f" --{what}" for what in sorted(entry["may"]))
+            lines.append({"peer": name, "line": f'restrict,from="{",".join(sorted(entry["sources"]))}",command="{PEER_COMMAND} --from {name}{flags}" '
+                                                f"{user_key.group(0)} {KEY_COMMENT}{name}"})
+        known_hosts += [f"{where} {host_key.group(0)}\n" for where in sorted(entry["dials"])]
     if errors:
         return {"errors": errors}
-    return {
-        "errors": [],
-        "peers": sorted(found),
-        "authorized_keys": [{"peer": name, "line": f'restrict,from="{where}",command="{PEER_COMMAND}" {user_key} {KEY_COMMENT}{name}'}
-                            for name, (where, user_key, _host_key) in sorted(found.items())],
-        "known_hosts": "".join(f"{where} {host_key}\n" for where, _user_key, host_key in sorted(found.values())),
-    }
+    return {"errors": [], "peers": [line["peer"] for line in lines], "authorized_keys": lines, "known_hosts": "".join(sorted(known_hosts)),
+            "gateways": gateways}
+
+
+def has_peers(host: str, deployed: t.Any) -> bool:
+    """Whether the host calls another's watchdog or is called by one, from what each host of the play has deployed (the
+    daemon's ``ranks``): a cluster rank, a gateway routing to another host, or another host's gateway routing to it."""
+    deployed = deployed if isinstance(deployed, dict) else {}
+    own = deployed.get(host) if isinstance(deployed.get(host), dict) else {}
+    return bool(own.get("ranks")) or any(name != host for name in own.get("gateway") or {}) or any(
+        isinstance(report, dict) and host in (report.get("gateway") or {}) for name, report in deployed.items() if name != host)
+
+
+def drained_names(value: t.Any) -> dict[str, list[str]]:
+    """The watchdog's record of its drains (DRAINS_FILE): per unit, the gateways it drained it at."""
+    units = value.get("units") if isinstance(value, dict) else None
+    return {unit: [name for name in names if isinstance(name, str)] for unit, names in units.items()
+            if isinstance(unit, str) and isinstance(names, list)} if isinstance(units, dict) else {}
+
+
+def usable_gateways(value: t.Any) -> list[dict[str, str]]:
+    """The entries of GATEWAYS_FILE the daemon may dial: a host name and an IP address, or local."""
+    entries = value.get("gateways") if isinstance(value, dict) else None
+    return [{"name": entry["name"], "address": entry["address"]} for entry in entries or []
+            if isinstance(entry, dict) and isinstance(entry.get("name"), str) and HOST_NAME.fullmatch(entry["name"])
+            and (entry.get("address") == "local" or address(entry.get("address")))] if isinstance(entries, list) else []
 
 
 def deployed_ranks(plans: t.Sequence[t.Mapping[str, t.Any]]) -> list[dict[str, t.Any]]:
@@ -390,10 +510,11 @@ def journal_line(decision: t.Mapping[str, t.Any], now: float) -> str:
     return json.dumps({"sparkfleet_watchdog": 1, "time": round(now, 1), **decision}, sort_keys=True, default=str)
 
 
-def config_text(settings: t.Mapping[str, t.Any], plan_dirs: t.Sequence[str]) -> str:
-    """The daemon's configuration file: the bounded settings and the folders of the plans it watches."""
-    return json.dumps({**{name: settings[name] for name in SETTINGS}, "plan_dirs": list(plan_dirs), "state_dir": STATE_DIR, "peer_dir": PEER_DIR},
-                      indent=2, sort_keys=True) + "\n"
+def config_text(settings: t.Mapping[str, t.Any], plan_dirs: t.Sequence[str], node: str, gateway_config_dir: str) -> str:
+    """The daemon's configuration file: the bounded settings, the folders of the plans it watches, the host's name as
+    gateways know it, and the host's own gateway's folder ("" without one)."""
+    return json.dumps({**{name: settings[name] for name in SETTINGS}, "plan_dirs": list(plan_dirs), "state_dir": STATE_DIR, "peer_dir": PEER_DIR,
+                       "node": node, "gateway_config_dir": gateway_config_dir}, indent=2, sort_keys=True) + "\n"
 
 
 def unit_text() -> str:
@@ -419,13 +540,23 @@ def unit_text() -> str:
     ])
 
 
-def watchdog_plan(settings: t.Mapping[str, t.Any], plan_dirs: t.Any, serving_dirs: t.Sequence[t.Any] = ()) -> dict[str, t.Any]:
+def absolute_folder(path: t.Any) -> bool:
+    return isinstance(path, str) and path.startswith("/") and ".." not in path.split("/") and "\n" not in path
+
+
+def watchdog_plan(settings: t.Mapping[str, t.Any], plan_dirs: t.Any, serving_dirs: t.Sequence[t.Any], node: t.Any,
+                  gateway_config_dir: t.Any) -> dict[str, t.Any]:
     """What the role writes and removes: {errors} or {errors: [], folders, helpers, config, unit, service, removed}.
     ``serving_dirs`` are the serving roles' configuration folders where the inventory sets them: a
-    watchdog looking elsewhere would watch nothing, silently."""
+    watchdog looking elsewhere would watch nothing, silently. ``node``: the host's inventory name (the name
+    gateways route to it by); ``gateway_config_dir``: the host's own gateway's folder, "" when it runs none."""
     errors = settings_problems(settings)
-    if not isinstance(plan_dirs, list) or not plan_dirs or not all(
-            isinstance(path, str) and path.startswith("/") and ".." not in path.split("/") and "\n" not in path for path in plan_dirs):
+    if not isinstance(node, str) or not HOST_NAME.fullmatch(node):
+        errors.append(f"the host's inventory name {node!r} is not a name the watchdog's peer command can carry: letters, digits, "
+                      "dots, dashes and underscores")
+    if gateway_config_dir and not absolute_folder(gateway_config_dir):
+        errors.append(f"gateway_config_dir is {gateway_config_dir!r}: give the gateway's absolute folder")
+    if not isinstance(plan_dirs, list) or not plan_dirs or not all(absolute_folder(path) for path in plan_dirs):
         errors.append(f"watchdog_plan_dirs is {plan_dirs!r}: give a list of absolute folders holding the plans of the units to watch "
                       "(the vllm role's vllm_config_dir, the cluster role's cluster_config_dir)")
     else:
@@ -436,14 +567,14 @@ def watchdog_plan(settings: t.Mapping[str, t.Any], plan_dirs: t.Any, serving_dir
     unit_path = f"/etc/systemd/system/{SERVICE}"
     return {
         "errors": [],
-        "folders": [{"path": INSTALL_DIR, "mode": "0755"}, {"path": STATE_DIR, "mode": "0700"}],
+        "folders": [{"path": INSTALL_DIR, "mode": "0755"}, {"path": STATE_DIR, "mode": "0700"}, {"path": PEER_DIR, "mode": "0700"}],
         "helpers": [{"path": f"{INSTALL_DIR}/{name}", "mode": "0644", "source": source} for name, source in HELPERS],
-        "config": {"path": CONFIG_PATH, "mode": "0644", "content": config_text(settings, plan_dirs)},
+        "config": {"path": CONFIG_PATH, "mode": "0644", "content": config_text(settings, plan_dirs, node, gateway_config_dir or "")},
         "unit": {"path": unit_path, "mode": "0644", "content": unit_text()},
         "service": SERVICE,
-        "peer_dir": PEER_DIR,
         "peer_key": f"{PEER_DIR}/{PEER_KEY}",
         "known_hosts": f"{PEER_DIR}/{KNOWN_HOSTS}",
+        "gateways": f"{PEER_DIR}/{GATEWAYS_FILE}",
         "key_comment": KEY_COMMENT,
         "removed": [unit_path, CONFIG_PATH, INSTALL_DIR, STATE_DIR, PEER_DIR],
     }

@@ -11,8 +11,11 @@ which the journal keeps.
   sparkfleet_watchdog.py run [--config FILE] [--once]
   sparkfleet_watchdog.py clear UNIT      hand a unit the watchdog gave up on back to it
   sparkfleet_watchdog.py status          the state of every unit, as JSON
-  sparkfleet_watchdog.py peer            a cluster peer's request over SSH (SSH_ORIGINAL_COMMAND: stop|start UNIT)
-  sparkfleet_watchdog.py ranks           the cluster ranks deployed here with their nodes, as JSON (the role's key exchange)
+  sparkfleet_watchdog.py peer --from HOST [--cluster] [--backend]
+                                         another host's request over SSH (SSH_ORIGINAL_COMMAND): a cluster peer's
+                                         stop|start|restart UNIT, a gateway backend's drain|undrain HOST/INSTANCE
+  sparkfleet_watchdog.py ranks           the cluster ranks and the gateway's backends deployed here, as JSON (the
+                                         role's key exchange)
 """
 
 import argparse
@@ -30,19 +33,25 @@ import urllib.request
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _diagnose import CONFIG_DIRS, collect_host_bundle, run_command  # noqa: E402
+from _gateway_routes import ROUTING_FILES, drained_file, read_drained, read_plan, render_config, watchdog_route  # noqa: E402
+from _gateway_routes import UNIT as GATEWAY_UNIT  # noqa: E402
 from _watchdog import (  # noqa: E402
     CONFIG_PATH,
     DOWN_STATES,
+    DRAINS_FILE,
+    GATEWAYS_FILE,
     KNOWN_HOSTS,
     PEER_DIR,
     PEER_KEY,
     PLAN_NAME,
+    SERVING,
     SETTINGS,
     STATE_DIR,
     WatchdogError,
     assess,
     cluster_order,
     deployed_ranks,
+    drained_names,
     head_address,
     is_worker,
     journal_line,
@@ -53,24 +62,31 @@ from _watchdog import (  # noqa: E402
     person_needed_path,
     plan_problems,
     recently_restarted,
+    routed_backends,
+    usable_gateways,
     worth_a_line,
 )
 
 COMMAND_TIMEOUT = 30
 # Stopping a rank waits for its container to stop (the unit's own stop timeout is 90 s by default).
 STOP_TIMEOUT = 150
+# A gateway's restart after a drain: the old LiteLLM stops (30 s), the new one starts.
+GATEWAY_RESTART_TIMEOUT = 120
 # No proxy from the service's environment: a probe carries the instance's key, and every URL is the host's own.
 OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 def write_json(path, value, mode=0o600):
+    write_text(path, json.dumps(value, indent=2, sort_keys=True) + "\n", mode)
+
+
+def write_text(path, text, mode):
     folder = os.path.dirname(path)
     os.makedirs(folder, mode=0o700, exist_ok=True)
     handle, temporary = tempfile.mkstemp(dir=folder, prefix=".watchdog-")
     try:
         with os.fdopen(handle, "w", encoding="utf-8") as stream:
-            json.dump(value, stream, indent=2, sort_keys=True)
-            stream.write("\n")
+            stream.write(text)
             stream.flush()
             os.fsync(stream.fileno())
         os.chmod(temporary, mode)
@@ -87,6 +103,14 @@ def read_json(path, default):
             return json.load(stream)
     except (OSError, ValueError):
         return default
+
+
+def read_text(path):
+    try:
+        with open(path, encoding="utf-8") as stream:
+            return stream.read()
+    except FileNotFoundError:
+        return None
 
 
 def watched_plans(plan_dirs, peer_dir):
@@ -181,13 +205,16 @@ def flag_age(plan, now):
 
 def act(decision, plan, settings, state_dir, memory, now):
     unit = plan["unit"]
+    # A cluster is drained by its head, whichever node decided (coordinate).
+    if decision["action"] in ("start", "restart", "give_up"):
+        decision["gateway"] = drain(plan, settings)
     if decision["action"] == "start":
         run_command(["systemctl", "reset-failed", "--", unit], COMMAND_TIMEOUT)
         decision["result"] = run_command(["systemctl", "start", "--no-block", "--", unit], COMMAND_TIMEOUT)[0]
     elif decision["action"] == "restart":
         decision["result"] = run_command(["systemctl", "restart", "--no-block", "--", unit], COMMAND_TIMEOUT)[0]
     elif decision["action"] == "restart_cluster":
-        decision["ranks"] = coordinate(plan, settings) if not is_worker(plan) else ask_head(plan, settings)
+        decision.update(coordinate(plan, settings) if not is_worker(plan) else ask_head(plan, settings))
     elif decision["action"] == "give_up":
         # The give-up file first: a bundle can take minutes, and the unit must stay given up whatever happens to it.
         record = {"unit": unit, "since": round(now, 1), "why": decision["why"], "evidence": memory["evidence"],
@@ -201,30 +228,32 @@ def act(decision, plan, settings, state_dir, memory, now):
 
 
 def coordinate(plan, settings):
-    """Every rank restarted once: the head's own decision and a worker's request share one lock, and a restart finished
-    moments ago is not repeated."""
+    """Every rank restarted once, the cluster drained at its gateways first: the head's own decision and a worker's request
+    share one lock, and a restart finished moments ago is not repeated. {ranks: the steps, gateway: the drains}."""
     os.makedirs(settings["state_dir"], mode=0o700, exist_ok=True)
     stamp = os.path.join(settings["state_dir"], f"{plan['unit']}.restarted.json")
     with open(os.path.join(settings["state_dir"], f"{plan['unit']}.restart.lock"), "a", encoding="utf-8") as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            return [{"step": "restart", "skipped": "a restart of every rank is under way"}]
+            return {"ranks": [{"step": "restart", "skipped": "a restart of every rank is under way"}], "gateway": []}
         last = read_json(stamp, {}).get("time")
         if recently_restarted(last, time.time(), settings):
-            return [{"step": "restart", "skipped": f"every rank was restarted {time.time() - last:.0f} s ago"}]
+            return {"ranks": [{"step": "restart", "skipped": f"every rank was restarted {time.time() - last:.0f} s ago"}], "gateway": []}
+        drains = drain(plan, settings)
         steps = restart_cluster(plan, settings["peer_dir"])
         write_json(stamp, {"time": round(time.time(), 1)})
-        return steps
+        return {"ranks": steps, "gateway": drains}
 
 
 def ask_head(plan, settings):
-    """A worker's failure: the head restarts every rank (its reply lists the steps it took)."""
-    rc, out = peer_step("restart", head_address(plan), plan["unit"], settings["peer_dir"], timeout=2 * STOP_TIMEOUT + 60)
+    """A worker's failure: the head drains the cluster and restarts every rank (its reply lists what it did)."""
+    rc, out = peer_call(head_address(plan), f"restart {plan['unit']}", settings["peer_dir"], 2 * STOP_TIMEOUT + GATEWAY_RESTART_TIMEOUT + 60)
     try:
-        return json.loads(out)["ranks"]
+        reply = json.loads(out)
+        return {"ranks": reply["ranks"], "gateway": reply.get("gateway") or []}
     except (ValueError, KeyError, TypeError):
-        return [{"rank": 0, "address": head_address(plan), "step": "restart", "result": rc}]
+        return {"ranks": [{"rank": 0, "address": head_address(plan), "step": "restart", "result": rc}], "gateway": []}
 
 
 def restart_cluster(plan, peer_dir):
@@ -236,7 +265,7 @@ def restart_cluster(plan, peer_dir):
     try:
         for verb, nodes in (("stop", stops), ("start", starts)):
             for node in nodes:
-                rc = rank_step(verb, plan) if node["address"] == own else peer_step(verb, node["address"], plan["unit"], peer_dir)[0]
+                rc = rank_step(verb, plan) if node["address"] == own else peer_call(node["address"], f"{verb} {plan['unit']}", peer_dir)[0]
                 steps.append({"rank": node["rank"], "address": node["address"], "step": verb, "result": rc})
     finally:
         lower_flag(flag, plan["unit"])
@@ -251,14 +280,97 @@ def rank_step(verb, plan):
     return run_command(["systemctl", "start", "--no-block", "--", unit], COMMAND_TIMEOUT)[0]
 
 
-def peer_step(verb, address, unit, peer_dir, timeout=STOP_TIMEOUT + 30):
-    """The peer's watchdog runs the step (its key allows nothing else); only its host key is trusted."""
+def peer_call(address, command, peer_dir, timeout=STOP_TIMEOUT + 30):
+    """The other host's watchdog runs the command (this host's key allows nothing else there); only its host key is trusted."""
     argv = ["ssh", "-i", os.path.join(peer_dir, PEER_KEY), "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes",
             "-o", f"UserKnownHostsFile={os.path.join(peer_dir, KNOWN_HOSTS)}",
             "-o", "GlobalKnownHostsFile=/dev/null", "-o", "StrictHostKeyChecking=yes", "-o", "ConnectTimeout=10", "-l", "root",
-            "--", address, f"{verb} {unit}"]
+            "--", address, command]
     rc, out, _err = run_command(argv, timeout)
     return rc, out
+
+
+def route_here(settings, verb, name):
+    """A drain or undrain of one backend unit at this host's gateway (its own watchdog's, or a backend's over SSH): the
+    routing rewritten and LiteLLM restarted, which reads it at start only. One at a time: backends may ask at once."""
+    folder = settings.get("gateway_config_dir")
+    if not folder:
+        return {"result": "no_gateway", "why": "this host runs no gateway"}
+    paths = {key: os.path.join(folder, path) for key, path in ROUTING_FILES.items()}
+    try:
+        with open(os.path.join(folder, ".watchdog-route.lock"), "a", encoding="utf-8") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            text = read_text(paths["plan"])
+            plan, problem = read_plan(text, paths["plan"]) if text is not None else (None, f"no gateway plan at {paths['plan']}")
+            drained, problem = read_drained(read_text(paths["drained"]), paths["drained"]) if plan else ([], problem)
+            if problem:
+                return {"result": "error", "why": problem}
+            after, reply = watchdog_route(plan, drained, verb, name)
+            if after is not None:
+                write_text(paths["drained"], drained_file(after), 0o600)
+                write_text(paths["config"], render_config(plan, after), 0o600)
+                reply["gateway_restart"] = run_command(["systemctl", "restart", "--", GATEWAY_UNIT], GATEWAY_RESTART_TIMEOUT)[0]
+            return reply
+    except (OSError, UnicodeDecodeError) as error:
+        return {"result": "error", "why": f"{folder}: {error}"}
+
+
+def at_gateways(plan, settings, verb, only=None):
+    """The unit drained or undrained at each gateway routing to the host (the role's GATEWAYS_FILE), or at ``only``."""
+    name, replies = f"{settings.get('node')}/{plan.get('name')}", []
+    for gateway in usable_gateways(read_json(os.path.join(settings["peer_dir"], GATEWAYS_FILE), {})):
+        if only is not None and gateway["name"] not in only:
+            continue
+        if gateway["address"] == "local":
+            reply = route_here(settings, verb, name)
+        else:
+            rc, out = peer_call(gateway["address"], f"{verb} {name}", settings["peer_dir"], GATEWAY_RESTART_TIMEOUT + 30)
+            reply = read_reply(out) or {"result": "unreachable", "why": f"the gateway's watchdog did not answer (ssh exit {rc})"}
+        replies.append({"gateway": gateway["name"], "name": name, **reply})
+    return replies
+
+
+def read_reply(text):
+    try:
+        reply = json.loads(text)
+    except (TypeError, ValueError):
+        return None
+    return reply if isinstance(reply, dict) and isinstance(reply.get("result"), str) else None
+
+
+def drain(plan, settings):
+    """Before the watchdog acts on a unit: drained at every gateway routing to it, and where it was, recorded."""
+    replies = at_gateways(plan, settings, "drain")
+    record_drains(settings, plan["unit"], add=[reply["gateway"] for reply in replies if reply["result"] == "drained"])
+    return replies
+
+
+def undrain(plan, settings, now):
+    """A unit the watchdog drained, serving again: undrained where it was drained; kept for the next sample where the
+    gateway could not be reached."""
+    gateways = drained_names(read_json(os.path.join(settings["state_dir"], DRAINS_FILE), {})).get(plan["unit"])
+    if not gateways:
+        return
+    replies = at_gateways(plan, settings, "undrain", only=gateways)
+    answered = {reply["gateway"] for reply in replies if reply["result"] not in ("unreachable", "error")}
+    gone = set(gateways) - {reply["gateway"] for reply in replies}
+    record_drains(settings, plan["unit"], remove=answered | gone)
+    print(journal_line({"unit": plan["unit"], "verdict": "serving", "action": "undrain", "gateway": replies,
+                        "why": "the unit the watchdog drained serves again" + (f"; no longer routed by {', '.join(sorted(gone))}" if gone else "")},
+                       now), flush=True)
+
+
+def record_drains(settings, unit, add=(), remove=()):
+    """The record of the watchdog's drains, shared by its loop and its peer command (a head restarting its cluster)."""
+    if not add and not remove:
+        return
+    path = os.path.join(settings["state_dir"], DRAINS_FILE)
+    os.makedirs(settings["state_dir"], mode=0o700, exist_ok=True)
+    with open(path + ".lock", "a", encoding="utf-8") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        units = drained_names(read_json(path, {}))
+        units[unit] = sorted((set(units.get(unit, [])) | set(add)) - set(remove))
+        write_json(path, {"units": {name: gateways for name, gateways in units.items() if gateways}})
 
 
 def raise_flag(flag, owner):
@@ -281,23 +393,30 @@ def lower_flag(flag, owner):
 
 
 def peer(arguments):
-    """A cluster peer's step on this node's rank, as its watchdog asked over SSH (the key's forced command)."""
+    """Another host's request over SSH, as the key's forced command lets it ask: a cluster peer's step on this node's rank,
+    a backend's drain or undrain of its own unit at this host's gateway."""
     settings = read_json(arguments.config, None)
     if not isinstance(settings, dict) or not isinstance(settings.get("plan_dirs"), list):
         print(f"{arguments.config}: no watchdog configuration", file=sys.stderr)
         return 2
     settings.setdefault("peer_dir", PEER_DIR)
+    settings.setdefault("state_dir", STATE_DIR)
     plans, _skipped, _refused = watched_plans(settings["plan_dirs"], settings["peer_dir"])
+    may = [what for what in ("cluster", "backend") if getattr(arguments, what)]
     try:
-        verb, plan = peer_request(os.environ.get("SSH_ORIGINAL_COMMAND"), plans)
+        verb, target = peer_request(os.environ.get("SSH_ORIGINAL_COMMAND"), plans, arguments.requester, may)
     except WatchdogError as error:
         print(str(error), file=sys.stderr)
         return 2
+    if verb in ("drain", "undrain"):
+        reply = route_here(settings, verb, target)
+        print(json.dumps(reply, sort_keys=True), flush=True)
+        return 0 if reply["result"] != "error" else 1
+    plan = target
     if verb == "restart":
-        settings.setdefault("state_dir", STATE_DIR)
-        steps = coordinate(plan, settings)
-        print(json.dumps({"ranks": steps}, sort_keys=True), flush=True)
-        return 0 if all(step.get("result", 0) == 0 for step in steps) else 1
+        done = coordinate(plan, settings)
+        print(json.dumps(done, sort_keys=True), flush=True)
+        return 0 if all(step.get("result", 0) == 0 for step in done["ranks"]) else 1
     flag = plan.get("maintenance_flag")
     if verb == "stop":
         raise_flag(flag, plan["unit"])
@@ -315,7 +434,9 @@ def ranks(arguments):
         return 2
     # Every deployed rank, whether or not its peers are reachable yet: this is what makes them reachable.
     plans, skipped, _refused = watched_plans(settings["plan_dirs"], settings.get("peer_dir", PEER_DIR))
-    print(json.dumps({"ranks": deployed_ranks(plans + skipped)}, sort_keys=True))
+    folder = settings.get("gateway_config_dir")
+    gateway = routed_backends(read_json(os.path.join(folder, ROUTING_FILES["plan"]), None)) if folder else None
+    print(json.dumps({"ranks": deployed_ranks(plans + skipped), "gateway": gateway}, sort_keys=True))
     return 0
 
 
@@ -367,6 +488,8 @@ def watch(plan, settings, memories, now):
         print(journal_line(decision, now), flush=True)
     memory["verdict"] = decision["verdict"]
     memories[plan["unit"]] = memory
+    if decision["verdict"] in SERVING:
+        undrain(plan, settings, now)
 
 
 def run(arguments):
@@ -429,7 +552,11 @@ def main(argv=None):
     clear_parser = commands.add_parser("clear", parents=[common])
     clear_parser.add_argument("unit")
     commands.add_parser("status", parents=[common])
-    commands.add_parser("peer", parents=[common])
+    peer_parser = commands.add_parser("peer", parents=[common])
+    # Set by the key's forced command (the watchdog role), never by the requester: who asks, and what it may ask.
+    peer_parser.add_argument("--from", dest="requester", required=True)
+    peer_parser.add_argument("--cluster", action="store_true", help="a node of a cluster this host serves: its ranks' steps")
+    peer_parser.add_argument("--backend", action="store_true", help="a backend of this host's gateway: drains of its own units")
     commands.add_parser("ranks", parents=[common])
     arguments = parser.parse_args(argv)
     return {"run": run, "clear": clear, "status": status, "peer": peer, "ranks": ranks}[arguments.command](arguments)

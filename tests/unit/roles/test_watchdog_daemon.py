@@ -16,6 +16,9 @@ import time
 
 import pytest
 
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._gateway import backend_reports, gateway_plan
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._watchdog import HELPERS
+
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 KEY = "w" * 32
 UNIT = "sparkfleet-vllm-llm.service"
@@ -34,6 +37,8 @@ if tool == "docker" and args[0] == "inspect":
     print(json.dumps(state["container"]))
 elif tool == "systemctl" and args[0] == "show":
     print("ActiveState=" + state["active"] + "\\nSubState=" + state["sub"] + "\\nJob=")
+elif tool == "systemctl" and args[-1] == "sparkfleet-gateway.service":
+    pass
 elif tool == "systemctl" and args[0] in ("start", "restart"):
     state.update(container="running", active="activating", sub="start-post")
     (here / "host.json").write_text(json.dumps(state))
@@ -42,6 +47,10 @@ elif tool == "systemctl" and args[0] == "stop":
     (here / "host.json").write_text(json.dumps(state))
 elif tool == "systemctl" and args[0] == "reset-failed":
     pass
+elif tool == "ssh" and state.get("ssh_replay"):
+    # The other host's forced command, run for real on its own files: what sshd would run there.
+    import os, subprocess
+    sys.exit(subprocess.run(state["ssh_replay"], env={**os.environ, "SSH_ORIGINAL_COMMAND": args[-1]}, check=False).returncode)
 elif tool == "ssh":
     pass
 else:
@@ -94,9 +103,8 @@ def instance():
 def host(tmp_path, instance):
     installed = tmp_path / "opt"
     installed.mkdir()
-    for source in ("roles/watchdog/files/sparkfleet_watchdog.py", "plugins/module_utils/_watchdog.py", "plugins/module_utils/_diagnose.py"):
-        if (ROOT / source).exists():
-            shutil.copy(ROOT / source, installed)
+    for _name, source in HELPERS:
+        shutil.copy(ROOT / source, installed)
     tools = tmp_path / "bin"
     tools.mkdir()
     for tool in ("docker", "systemctl", "ssh"):
@@ -111,7 +119,7 @@ def host(tmp_path, instance):
     (plans / "llm.json").write_text(json.dumps(plan))
     settings = {"interval": 5, "failures": 3, "probe_timeout": 1, "probe_tokens": 4, "budget": 1, "budget_window": 3600, "warm_grace": 30,
                 "maintenance_max_age": 60, "bundle_time_limit": 5, "plan_dirs": [str(plans)], "state_dir": str(tmp_path / "state"),
-                "peer_dir": str(tmp_path / "peer")}
+                "peer_dir": str(tmp_path / "peer"), "node": "spark-1", "gateway_config_dir": ""}
     (tmp_path / "watchdog.json").write_text(json.dumps(settings))
     set_host(tmp_path, container="running", active="active", sub="running")
     return tmp_path
@@ -180,7 +188,7 @@ def test_a_worker_ranks_failure_asks_the_head_to_restart_every_rank(host):
 def test_the_head_restarts_every_rank_once_when_asked_twice(host):
     as_cluster_head(host)
     environment = {**os.environ, "PATH": f"{host / 'bin'}:{os.environ['PATH']}", "SSH_ORIGINAL_COMMAND": f"restart {RANK_UNIT}"}
-    command = ["/usr/bin/python3", str(host / "opt" / "sparkfleet_watchdog.py"), "peer", "--config", str(host / "watchdog.json")]
+    command = ["/usr/bin/python3", str(host / "opt" / "sparkfleet_watchdog.py"), "peer", "--from", "spark-2", "--cluster", "--config", str(host / "watchdog.json")]
     first = subprocess.run(command, capture_output=True, text=True, env=environment, timeout=60, check=False)
     assert first.returncode == 0 and [step["step"] for step in json.loads(first.stdout)["ranks"]] == ["stop", "stop", "start", "start"]
     again = subprocess.run(command, capture_output=True, text=True, env=environment, timeout=60, check=False)
@@ -215,14 +223,14 @@ def test_a_peer_may_only_stop_or_start_a_cluster_rank_planned_here(host):
 
     def peer(command):
         environment = {**os.environ, "PATH": f"{host / 'bin'}:{os.environ['PATH']}", "SSH_ORIGINAL_COMMAND": command}
-        return subprocess.run(["/usr/bin/python3", str(host / "opt" / "sparkfleet_watchdog.py"), "peer", "--config", str(host / "watchdog.json")],
-                              capture_output=True, text=True, env=environment, timeout=60, check=False)
+        return subprocess.run(["/usr/bin/python3", str(host / "opt" / "sparkfleet_watchdog.py"), "peer", "--from", "spark-2", "--cluster",
+                               "--config", str(host / "watchdog.json")], capture_output=True, text=True, env=environment, timeout=60, check=False)
 
     stopped = peer(f"stop {RANK_UNIT}")
     assert stopped.returncode == 0 and flag.read_text() == RANK_UNIT + "\n", stopped.stderr
     started = peer(f"start {RANK_UNIT}")
     assert started.returncode == 0 and not flag.exists()
-    for refused in ("rm -rf /", f"kill {RANK_UNIT}", "stop sparkfleet-vllm-llm.service", f"stop {RANK_UNIT} now"):
+    for refused in ("rm -rf /", f"kill {RANK_UNIT}", "stop sparkfleet-vllm-llm.service", f"stop {RANK_UNIT} now", "drain spark-2/llm"):
         answer = peer(refused)
         assert answer.returncode == 2 and answer.stderr.startswith("refused"), refused
     assert actions(host) == [f"systemctl stop -- {RANK_UNIT}", f"systemctl reset-failed -- {RANK_UNIT}", f"systemctl start --no-block -- {RANK_UNIT}"]
@@ -289,3 +297,97 @@ def test_the_daemon_runs_on_the_os_python_alone():
     library = (ROOT / "plugins" / "module_utils" / "_watchdog.py").read_text()
     assert "ansible" not in source.replace("sparkfleet.vllm", "") and "import ansible" not in library and "from ansible" not in library
     assert sys.version_info >= (3, 10)
+
+
+def as_gateway(host, backends=("spark-1", "spark-2")):
+    """The host (spark-1) also runs the gateway, in front of the llm instance of each backend, one group."""
+    hostvars = {name: {"ansible_host": f"10.0.0.{index + 1}", "vllm_endpoints": [
+        {"name": "llm", "bind_addresses": ["0.0.0.0"], "port": 8000, "served_names": ["llm"], "api_key": KEY}]}
+        for index, name in enumerate(backends)}
+    plan = gateway_plan({"image": "litellm@sha256:" + "a" * 64, "master_key": "sk-" + "m" * 40, "backends": list(backends),
+                         "config_dir": str(host / "gateway")}, backend_reports(list(backends), hostvars), "spark-1")
+    assert plan["errors"] == []
+    (host / "gateway" / "litellm").mkdir(parents=True)
+    (host / "gateway" / "plan.json").write_text(json.dumps({key: plan[key] for key in ("schema_version", "deployments", "groups", "settings", "url")}))
+    settings = json.loads((host / "watchdog.json").read_text())
+    (host / "watchdog.json").write_text(json.dumps({**settings, "gateway_config_dir": str(host / "gateway")}))
+    routes_to(host, [{"name": "spark-1", "address": "local"}])
+
+
+def routes_to(host, gateways):
+    (host / "peer").mkdir(exist_ok=True)
+    (host / "peer" / "gateways.json").write_text(json.dumps({"gateways": gateways}))
+
+
+def drained(host):
+    path = host / "gateway" / "drained.json"
+    return json.loads(path.read_text())["drained"] if path.exists() else []
+
+
+def test_a_unit_is_drained_at_its_gateway_before_the_start_and_undrained_once_it_serves(host):
+    as_gateway(host)
+    set_host(host, container="exited", active="inactive", sub="dead")
+    decisions = [line for line in samples(host, 3) if line.get("unit") == UNIT]
+    assert decisions[-1]["action"] == "start"
+    assert [(r["gateway"], r["name"], r["result"], r["gateway_restart"]) for r in decisions[-1]["gateway"]] == [("spark-1", "spark-1/llm", "drained", 0)]
+    assert drained(host) == ["spark-1/llm"]
+    config = (host / "gateway" / "litellm" / "config.yaml").read_text()
+    assert "drained: spark-1/llm" in config and "10.0.0.1" not in config and "10.0.0.2" in config
+    assert stat.S_IMODE((host / "gateway" / "drained.json").stat().st_mode) == 0o600
+    assert actions(host)[0] == "systemctl restart -- sparkfleet-gateway.service", "drained before the unit is started"
+    set_host(host, container="running", active="active", sub="running")
+    state = json.loads((host / "state" / "state.json").read_text())
+    state["units"][UNIT]["grace_until"] = 0
+    (host / "state" / "state.json").write_text(json.dumps(state))
+    undrained = [line for line in sample(host) if line.get("action") == "undrain"]
+    assert [(r["name"], r["result"]) for r in undrained[0]["gateway"]] == [("spark-1/llm", "undrained")] and drained(host) == []
+    assert json.loads((host / "state" / "gateway-drains.json").read_text()) == {"units": {}}
+    assert not [line for line in sample(host) if line.get("action") == "undrain"], "undrained once"
+
+
+def test_the_last_replica_of_a_group_is_not_drained_and_the_watchdog_acts_anyway(host):
+    as_gateway(host, backends=("spark-1",))
+    set_host(host, container="exited", active="inactive", sub="dead")
+    decision = [line for line in samples(host, 3) if line.get("unit") == UNIT][-1]
+    assert decision["action"] == "start" and decision["gateway"][0]["result"] == "refused"
+    assert "leaves model group(s) llm with nothing to route to" in decision["gateway"][0]["why"]
+    assert drained(host) == [] and not (host / "state" / "gateway-drains.json").exists()
+    assert actions(host) == [f"systemctl reset-failed -- {UNIT}", f"systemctl start --no-block -- {UNIT}"]
+
+
+def test_an_operators_drain_stays_when_the_unit_serves_again(host):
+    as_gateway(host)
+    (host / "gateway" / "drained.json").write_text(json.dumps({"schema_version": 1, "drained": ["spark-1"]}))
+    set_host(host, container="exited", active="inactive", sub="dead")
+    decision = [line for line in samples(host, 3) if line.get("unit") == UNIT][-1]
+    assert decision["gateway"][0]["result"] == "already_drained"
+    set_host(host, container="running", active="active", sub="running")
+    state = json.loads((host / "state" / "state.json").read_text())
+    state["units"][UNIT]["grace_until"] = 0
+    (host / "state" / "state.json").write_text(json.dumps(state))
+    assert not [line for line in sample(host) if line.get("action") == "undrain"] and drained(host) == ["spark-1"]
+
+
+def test_a_backend_drains_at_a_remote_gateway_through_its_peer_command_and_only_its_own_units(host, tmp_path_factory):
+    gateway_host = tmp_path_factory.mktemp("gateway-host")
+    shutil.copytree(host / "opt", gateway_host / "opt")
+    (gateway_host / "plans").mkdir()
+    settings = json.loads((host / "watchdog.json").read_text())
+    (gateway_host / "watchdog.json").write_text(json.dumps({**settings, "plan_dirs": [str(gateway_host / "plans")], "state_dir": str(gateway_host / "state"),
+                                                            "peer_dir": str(gateway_host / "peer")}))
+    as_gateway(gateway_host)
+    settings = json.loads((host / "watchdog.json").read_text())
+    (host / "watchdog.json").write_text(json.dumps({**settings, "node": "spark-2"}))
+    routes_to(host, [{"name": "spark-1", "address": "10.0.0.1"}])
+    peer = ["/usr/bin/python3", str(gateway_host / "opt" / "sparkfleet_watchdog.py"), "peer", "--from", "spark-2", "--backend",
+            "--config", str(gateway_host / "watchdog.json")]
+    set_host(host, container="exited", active="inactive", sub="dead", ssh_replay=peer)
+    decision = [line for line in samples(host, 3) if line.get("unit") == UNIT][-1]
+    assert [(r["gateway"], r["name"], r["result"]) for r in decision["gateway"]] == [("spark-1", "spark-2/llm", "drained")]
+    assert drained(gateway_host) == ["spark-2/llm"]
+    assert actions(host)[0].endswith("-l root -- 10.0.0.1 drain spark-2/llm")
+    environment = {**os.environ, "PATH": f"{host / 'bin'}:{os.environ['PATH']}"}
+    for request in ("drain spark-1/llm", "undrain spark-1", f"stop {RANK_UNIT}", "drain spark-2/llm;reboot"):
+        refused = subprocess.run(peer, capture_output=True, text=True, env={**environment, "SSH_ORIGINAL_COMMAND": request}, timeout=60, check=False)
+        assert refused.returncode == 2 and refused.stderr.startswith("refused"), (request, refused.stderr)
+    assert drained(gateway_host) == ["spark-2/llm"]

@@ -15,6 +15,8 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._watchdog import (
     cluster_order,
     counters_moved,
     deployed_ranks,
+    has_peers,
+    host_addresses,
     journal_line,
     needs_probe,
     new_memory,
@@ -24,6 +26,7 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._watchdog import (
     person_needed_path,
     plan_problems,
     recently_restarted,
+    routed_backends,
     watchdog_plan,
     worth_a_line,
 )
@@ -262,11 +265,12 @@ def test_each_decision_is_one_json_line():
 
 
 def test_the_plan_lays_out_the_daemon_its_libraries_config_and_unit():
-    plan = watchdog_plan(SETTINGS_DEFAULT, ["/etc/sparkfleet/vllm", "/etc/sparkfleet/cluster"], ["/etc/sparkfleet/vllm", None])
+    plan = watchdog_plan(SETTINGS_DEFAULT, ["/etc/sparkfleet/vllm", "/etc/sparkfleet/cluster"], ["/etc/sparkfleet/vllm", None], "spark-1", "")
     assert plan["errors"] == []
-    assert [h["path"].rsplit("/", 1)[1] for h in plan["helpers"]] == ["sparkfleet_watchdog.py", "_watchdog.py", "_diagnose.py"]
+    assert [h["path"].rsplit("/", 1)[1] for h in plan["helpers"]] == ["sparkfleet_watchdog.py", "_watchdog.py", "_diagnose.py", "_gateway_routes.py"]
     config = json.loads(plan["config"]["content"])
     assert config["interval"] == 30 and config["plan_dirs"] == ["/etc/sparkfleet/vllm", "/etc/sparkfleet/cluster"]
+    assert (config["node"], config["gateway_config_dir"]) == ("spark-1", "")
     assert "Restart=always" in plan["unit"]["content"] and "ExecStart=/usr/bin/python3 /opt/sparkfleet/watchdog/" in plan["unit"]["content"]
     assert person_needed_path("/var/lib/sparkfleet/watchdog", "u.service") == "/var/lib/sparkfleet/watchdog/u.service.person-needed.json"
 
@@ -281,9 +285,13 @@ def test_the_plan_lays_out_the_daemon_its_libraries_config_and_unit():
     ({}, ["relative/dir"], "watchdog_plan_dirs is ['relative/dir']: give a list of absolute folders"),
     ({}, ["/etc/sparkfleet/../x"], "give a list of absolute folders"),
     ({}, ["/etc/sparkfleet/cluster"], "leaves out /srv/vllm-conf, where the serving roles keep their plans here"),
+    ({"node": 'spark-1" ssh'}, None, "the host's inventory name 'spark-1\" ssh' is not a name the watchdog's peer command can carry"),
+    ({"gateway_config_dir": "etc/gw"}, None, "gateway_config_dir is 'etc/gw': give the gateway's absolute folder"),
 ])
 def test_bad_settings_are_refused_naming_the_variable_and_the_fix(changes, plan_dirs, fragment):
-    plan = watchdog_plan({**SETTINGS_DEFAULT, **changes}, plan_dirs or ["/srv/vllm-conf", "/etc/sparkfleet/cluster"], ["/srv/vllm-conf"])
+    host = {"node": changes.pop("node", "spark-1"), "gateway_config_dir": changes.pop("gateway_config_dir", "/etc/sparkfleet/gateway")}
+    plan = watchdog_plan({**SETTINGS_DEFAULT, **changes}, plan_dirs or ["/srv/vllm-conf", "/etc/sparkfleet/cluster"], ["/srv/vllm-conf"],
+                         host["node"], host["gateway_config_dir"])
     assert any(fragment in error for error in plan["errors"]), plan["errors"]
     assert set(plan) == {"errors"}
 
@@ -362,16 +370,16 @@ def test_each_peer_may_run_only_the_peer_command_from_its_own_address_and_only_i
     access = peer_access("spark-1", reports())
     assert access["errors"] == [] and access["peers"] == ["spark-2", "spark-3"]
     assert access["authorized_keys"][0] == {"peer": "spark-2", "line": (
-        'restrict,from="10.0.0.2",command="/usr/bin/python3 /opt/sparkfleet/watchdog/sparkfleet_watchdog.py peer" '
+        'restrict,from="10.0.0.2",command="/usr/bin/python3 /opt/sparkfleet/watchdog/sparkfleet_watchdog.py peer --from spark-2 --cluster" '
         f"ssh-ed25519 {'A' * 67}1 sparkfleet-watchdog@spark-2")}
     assert access["known_hosts"] == f"10.0.0.2 ssh-ed25519 {'B' * 67}1\n10.0.0.3 ssh-ed25519 {'B' * 67}2\n"
     assert peer_access("spark-9", {"spark-9": {"ranks": [], "user_key": "", "host_key": ""}}) == {
-        "errors": [], "peers": [], "authorized_keys": [], "known_hosts": ""}
+        "errors": [], "peers": [], "authorized_keys": [], "known_hosts": "", "gateways": []}
 
 
 @pytest.mark.parametrize(("changes", "fragment"), [
     ({"spark-3": {"ranks": []}}, "no host of the play runs its rank 2 at 10.0.0.3; keep every node of the cluster in the play"),
-    ({"spark-2": {"user_key": "ssh-rsa AAAA"}}, "peer 'spark-2' of spark-1: no usable name, watchdog key or ed25519 host key"),
+    ({"spark-2": {"user_key": "ssh-rsa AAAA"}}, "peer 'spark-2' of spark-1: no usable name, watchdog key, ed25519 host key or address"),
     ({"spark-2": {"host_key": ""}}, "peer 'spark-2' of spark-1: no usable"),
 ])
 def test_a_peer_missing_from_the_play_or_without_usable_keys_is_refused(changes, fragment):
@@ -379,3 +387,55 @@ def test_a_peer_missing_from_the_play_or_without_usable_keys_is_refused(changes,
     access = peer_access("spark-1", found)
     assert "authorized_keys" not in access and any(fragment in error for error in access["errors"]), access
     assert peer_access("spark-1", {k: v for k, v in found.items() if k != "spark-1"})["errors"][0].startswith("spark-1: no report")
+
+
+def test_a_gateways_backends_may_drain_their_own_units_there_from_their_own_addresses():
+    found = reports()
+    for name, index in (("spark-1", 1), ("spark-2", 2), ("spark-3", 3)):
+        found[name]["addresses"] = [{"address": f"192.168.1.{index}", "prefix": 24}, {"address": f"10.0.0.{index}", "prefix": 24}]
+    found["spark-1"]["gateway"] = {"spark-1": ["127.0.0.1"], "spark-3": ["192.168.1.3"], "spark-2": ["spark-2.lan"]}
+    gateway = peer_access("spark-1", found)
+    lines = {entry["peer"]: entry["line"] for entry in gateway["authorized_keys"]}
+    assert lines["spark-3"].startswith('restrict,from="10.0.0.3,192.168.1.3",command="/usr/bin/python3 /opt/sparkfleet/watchdog/sparkfleet_watchdog.py '
+                                      'peer --from spark-3 --backend --cluster" ')
+    assert gateway["gateways"] == [{"name": "spark-1", "address": "local"}], "its own units drain without SSH"
+    backend = peer_access("spark-3", found)
+    assert backend["gateways"] == [{"name": "spark-1", "address": "192.168.1.1"}], "the gateway's address on the network it reaches spark-3 on"
+    assert "192.168.1.1 ssh-ed25519" in backend["known_hosts"] and "10.0.0.1 ssh-ed25519" in backend["known_hosts"]
+    assert peer_access("spark-2", found)["gateways"] == [{"name": "spark-1", "address": "192.168.1.1"}], "a name: the gateway's first address"
+    del found["spark-3"]
+    found["spark-1"]["ranks"] = []
+    assert peer_access("spark-1", found)["errors"] == [
+        "the gateway on spark-1 routes to spark-3, which is not in the play: keep the gateway and its backends in the play (as site.yml runs them), "
+        "so each backend's watchdog may drain its own units there"]
+
+
+def test_a_backends_request_names_its_own_unit_and_a_cluster_step_needs_a_cluster_peer():
+    assert peer_request("drain spark-2/llm", [], "spark-2", ["backend"]) == ("drain", "spark-2/llm")
+    for text, may in (("drain spark-1/llm", ["backend"]), ("undrain spark-2", ["backend"]), ("drain spark-2/llm", ["cluster"]),
+                      ("stop sparkfleet-cluster-tp.service", ["backend"]), ("drain spark-2/../x", ["backend"])):
+        with pytest.raises(WatchdogError, match="^refused"):
+            peer_request(text, [rank_plan(1)], "spark-2", may)
+
+
+def test_the_host_addresses_come_from_the_network_facts_without_loopback():
+    facts = {"default_ipv4": {"address": "192.168.1.5", "prefix": "24"}, "interfaces": ["lo", "enP7s7", "br-x"],
+             "lo": {"ipv4": {"address": "127.0.0.1", "prefix": "8"}}, "enP7s7": {"ipv4": {"address": "192.168.1.5", "prefix": "24"}},
+             "br_x": {"ipv4": {"address": "10.0.0.5", "prefix": "24"}, "ipv4_secondaries": [{"address": "10.0.1.5", "prefix": "16"}]}}
+    assert host_addresses(facts) == [{"address": "192.168.1.5", "prefix": 24}, {"address": "10.0.0.5", "prefix": 24},
+                                     {"address": "10.0.1.5", "prefix": 16}]
+    assert host_addresses(None) == []
+
+
+def test_a_deployed_gateway_plan_names_where_it_reaches_each_backend():
+    plan = {"deployments": [{"node": "spark-1", "api_base": "http://127.0.0.1:8001/v1"}, {"node": "spark-2", "api_base": "http://[fd00::2]:8001/v1"},
+                            {"node": "spark-2", "api_base": "http://[fd00::2]:8002/v1"}]}
+    assert routed_backends(plan) == {"spark-1": ["127.0.0.1"], "spark-2": ["fd00::2"]}
+    assert routed_backends(None) == {} and routed_backends({"deployments": "x"}) == {}
+
+
+def test_a_host_has_peers_through_a_cluster_or_a_gateway_in_either_direction():
+    deployed = {"gw": {"ranks": [], "gateway": {"gw": ["127.0.0.1"], "b": ["10.0.0.2"]}}, "b": {"ranks": [], "gateway": None},
+                "solo": {"ranks": [], "gateway": None}, "own": {"ranks": [], "gateway": {"own": ["127.0.0.1"]}},
+                "rank": {"ranks": [{"unit": "u"}], "gateway": None}}
+    assert [host for host in deployed if has_peers(host, deployed)] == ["gw", "b", "rank"]
