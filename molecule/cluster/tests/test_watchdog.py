@@ -1,8 +1,10 @@
 """The watchdog on the lab cluster, after the cluster's and the gateway's tests (the files' order): the
-nodes' watchdogs exchange keys that may only stop, start or (on the head) restart a rank, and a killed
-worker rank, seen by both nodes at once, makes the head restart every rank once in the cluster's order
-(the worker, then the head), after which the cluster serves again. Detection and recovery times are
-printed for the closing note."""
+nodes' watchdogs exchange keys that may only stop, start or (on the head) restart a rank, and drain
+or undrain the second node's own units at the gateway on the first; the second node's instance,
+stopped, is drained at the gateway before its watchdog starts it and undrained once it serves; a
+killed worker rank, seen by both nodes at once, makes the head restart every rank once in the
+cluster's order (the worker, then the head), after which the cluster serves again, its only replica
+in its model group left in rotation. Detection and recovery times are printed for the closing note."""
 
 import json
 
@@ -12,6 +14,7 @@ from watchdog_journal import journal_decisions, now, wait_for
 
 HEAD, WORKER = "sparkfleet-molecule-node-1", "sparkfleet-molecule-node-2"
 UNIT, CONTAINER = "sparkfleet-cluster-lab-tp2.service", "vllm-cluster-lab-tp2"
+INSTANCE_UNIT = "sparkfleet-vllm-tiny.service"
 WATCHDOG = {"watchdog_interval": 5, "watchdog_failures": 3, "watchdog_probe_timeout": 10, "watchdog_budget": 3,
             "watchdog_budget_window": 3600, "watchdog_warm_grace": 300, "watchdog_maintenance_max_age": 60, "watchdog_bundle_time_limit": 20}
 PEER_KEY = "/etc/sparkfleet/watchdog/peer_ed25519"
@@ -59,6 +62,31 @@ def test_each_nodes_key_may_only_stop_or_start_a_rank_and_only_from_its_peer(nod
     assert "root:" not in refused.stdout
 
 
+def drained_at_gateway(head):
+    return json.loads(head.file("/etc/sparkfleet/gateway/drained.json").content_string)["drained"]
+
+
+def test_a_stopped_instance_behind_the_gateway_is_drained_before_the_start_and_undrained_once_it_serves(nodes):
+    head, worker = nodes
+    lines = head.file("/root/.ssh/authorized_keys").content_string.splitlines()
+    entry = [line for line in lines if line.endswith(f"sparkfleet-watchdog@{WORKER}")]
+    assert len(entry) == 1 and f'sparkfleet_watchdog.py peer --from {WORKER} --backend --cluster" ' in entry[0], entry
+    routes = json.loads(worker.file("/etc/sparkfleet/watchdog/gateways.json").content_string)["gateways"]
+    assert routes == [{"name": HEAD, "address": address(head)}]
+    assert json.loads(head.file("/etc/sparkfleet/watchdog/gateways.json").content_string)["gateways"] == [{"name": HEAD, "address": "local"}]
+    assert drained_at_gateway(head) == []
+    stopped = now(worker)
+    worker.check_output("docker stop vllm-tiny")
+    started = wait_for(lambda: journal_decisions(worker, INSTANCE_UNIT, stopped, action="start"), 120, "the watchdog to start the instance")[0]
+    print(f"\nwatchdog: the stopped instance was drained and started {started['time'] - stopped:.1f} s after the stop: {started['gateway']}")
+    assert [(reply["gateway"], reply["name"], reply["result"], reply.get("gateway_restart")) for reply in started["gateway"]] == [
+        (HEAD, f"{WORKER}/tiny", "drained", 0)]
+    undrained = wait_for(lambda: journal_decisions(worker, INSTANCE_UNIT, stopped, action="undrain"), SERVE_TIMEOUT, "the undrain")[0]
+    print(f"watchdog: undrained {undrained['time'] - stopped:.1f} s after the stop: {undrained['gateway']}")
+    assert [(reply["name"], reply["result"]) for reply in undrained["gateway"]] == [(f"{WORKER}/tiny", "undrained")]
+    assert drained_at_gateway(head) == []
+
+
 def restarts(head, worker, since):
     return [(name, line) for name, host in (("head", head), ("worker", worker)) for line in decisions(host, since, action="restart_cluster")]
 
@@ -77,6 +105,13 @@ def test_a_killed_worker_rank_restarts_every_rank_once_and_the_cluster_serves_ag
     print("watchdog: the restarts' steps: " + json.dumps(steps))
     assert [(step["rank"], step["step"], step["result"]) for step in steps if "skipped" not in step] == [
         (0, "stop", 0), (1, "stop", 0), (1, "start", 0), (0, "start", 0)], steps
+    # The cluster is its group's only replica: draining it would stop nothing (LiteLLM routes to every deployment when
+    # all are unhealthy), so it is refused and recorded, and the restart goes ahead.
+    drains = [reply for _name, line in restarts(head, worker, killed) for reply in line.get("gateway") or []]
+    print("watchdog: the cluster's drain: " + json.dumps(drains))
+    assert [(reply["name"], reply["result"]) for reply in drains] == [(f"{HEAD}/lab-tp2", "refused")], drains
+    assert "leaves model group(s) tiny-tp2 with nothing to route to" in drains[0]["why"]
+    assert drained_at_gateway(head) == []
 
 
 def test_removing_the_watchdog_removes_the_peers_keys(nodes):
