@@ -25,6 +25,7 @@ SCHEMA_VERSION = 1
 PLAN_KEYS = ("schema_version", "deployments", "groups", "settings", "url")
 REWRITE = "re-run site.yml --tags gateway, which rewrites it from the inventory"
 
+
 def is_drained(deployment: t.Mapping[str, t.Any], drained: t.Collection[str]) -> bool:
     return deployment["node"] in drained or f"{deployment['node']}/{deployment['instance']}" in drained
 
@@ -180,7 +181,6 @@ def read_drained(text: str | None, path: str) -> tuple[list[str], str | None]:
     return drained, None
 
 
-
 def watchdog_route(plan: t.Mapping[str, t.Any], drained: t.Collection[str], verb: str, name: str) -> tuple[list[str] | None, dict[str, t.Any]]:
     """A backend watchdog's drain or undrain of one of its units (``host/instance``): the drained list after it
     (None: unchanged) and the reply {result, why}. A drain that would empty a group is refused, never forced:
@@ -198,6 +198,5 @@ def watchdog_route(plan: t.Mapping[str, t.Any], drained: t.Collection[str], verb
         return sorted({*drained, name}), {"result": "drained", "why": f"{name} out of rotation"}
     if name not in drained:
         return None, {"result": "not_drained", "why": f"{name} was not drained by name"}
-    host_stays = host_of(name) in drained
-    return sorted(set(drained) - {name}), {"result": "undrained", "why": f"{name} back in rotation"
-                                          + (f", though its host {host_of(name)} stays drained" if host_stays else "")}
+    host_stays = f", though its host {host_of(name)} stays drained" if host_of(name) in drained else ""
+    return sorted(set(drained) - {name}), {"result": "undrained", "why": f"{name} back in rotation{host_stays}"}

@@ -149,7 +149,8 @@ def peer_request(text: t.Any, plans: t.Sequence[t.Mapping[str, t.Any]], requeste
     words = text.split() if isinstance(text, str) else []
     verbs = [*(CLUSTER_VERBS if "cluster" in may else ()), *(ROUTE_VERBS if "backend" in may else ())]
     if len(words) != 2 or words[0] not in verbs:
-        raise WatchdogError(f"refused {str(text)[:100]!r}: this peer may ask only {', '.join(repr(verb + ' ' + ('NAME' if verb in ROUTE_VERBS else 'UNIT')) for verb in verbs)}")
+        allowed = ", ".join(repr(f"{verb} {'NAME' if verb in ROUTE_VERBS else 'UNIT'}") for verb in verbs)
+        raise WatchdogError(f"refused {str(text)[:100]!r}: this peer may ask only {allowed}")
     if words[0] in ROUTE_VERBS:
         host, _slash, instance = words[1].partition("/")
         if host != requester or not HOST_NAME.fullmatch(host) or not PLAN_NAME.fullmatch(instance):

@@ -188,7 +188,8 @@ def test_a_worker_ranks_failure_asks_the_head_to_restart_every_rank(host):
 def test_the_head_restarts_every_rank_once_when_asked_twice(host):
     as_cluster_head(host)
     environment = {**os.environ, "PATH": f"{host / 'bin'}:{os.environ['PATH']}", "SSH_ORIGINAL_COMMAND": f"restart {RANK_UNIT}"}
-    command = ["/usr/bin/python3", str(host / "opt" / "sparkfleet_watchdog.py"), "peer", "--from", "spark-2", "--cluster", "--config", str(host / "watchdog.json")]
+    command = ["/usr/bin/python3", str(host / "opt" / "sparkfleet_watchdog.py"), "peer", "--from", "spark-2", "--cluster",
+               "--config", str(host / "watchdog.json")]
     first = subprocess.run(command, capture_output=True, text=True, env=environment, timeout=60, check=False)
     assert first.returncode == 0 and [step["step"] for step in json.loads(first.stdout)["ranks"]] == ["stop", "stop", "start", "start"]
     again = subprocess.run(command, capture_output=True, text=True, env=environment, timeout=60, check=False)

@@ -396,8 +396,9 @@ def test_a_gateways_backends_may_drain_their_own_units_there_from_their_own_addr
     found["spark-1"]["gateway"] = {"spark-1": ["127.0.0.1"], "spark-3": ["192.168.1.3"], "spark-2": ["spark-2.lan"]}
     gateway = peer_access("spark-1", found)
     lines = {entry["peer"]: entry["line"] for entry in gateway["authorized_keys"]}
-    assert lines["spark-3"].startswith('restrict,from="10.0.0.3,192.168.1.3",command="/usr/bin/python3 /opt/sparkfleet/watchdog/sparkfleet_watchdog.py '
-                                      'peer --from spark-3 --backend --cluster" ')
+    assert lines["spark-3"].startswith(
+        'restrict,from="10.0.0.3,192.168.1.3",command="/usr/bin/python3 /opt/sparkfleet/watchdog/sparkfleet_watchdog.py '
+        'peer --from spark-3 --backend --cluster" ')
     assert gateway["gateways"] == [{"name": "spark-1", "address": "local"}], "its own units drain without SSH"
     backend = peer_access("spark-3", found)
     assert backend["gateways"] == [{"name": "spark-1", "address": "192.168.1.1"}], "the gateway's address on the network it reaches spark-3 on"
