@@ -309,7 +309,8 @@ def route_here(settings, verb, name):
             if after is not None:
                 write_text(paths["drained"], drained_file(after), 0o600)
                 write_text(paths["config"], render_config(plan, after), 0o600)
-                reply["gateway_restart"] = run_command(["systemctl", "restart", "--", GATEWAY_UNIT], GATEWAY_RESTART_TIMEOUT)[0]
+                # Queued, not waited for: the backend's call returns at once; a gateway an operator stopped stays stopped.
+                reply["gateway_restart"] = run_command(["systemctl", "try-restart", "--no-block", "--", GATEWAY_UNIT], COMMAND_TIMEOUT)[0]
             return reply
     except (OSError, UnicodeDecodeError) as error:
         return {"result": "error", "why": f"{folder}: {error}"}
@@ -326,7 +327,7 @@ def at_gateways(plan, settings, verb, only=None):
         else:
             rc, out = peer_call(gateway["address"], f"{verb} {name}", settings["peer_dir"], GATEWAY_RESTART_TIMEOUT + 30)
             reply = read_reply(out) or {"result": "unreachable", "why": f"the gateway's watchdog did not answer (ssh exit {rc})"}
-        replies.append({"gateway": gateway["name"], "name": name, **reply})
+        replies.append({**reply, "gateway": gateway["name"], "name": name})
     return replies
 
 
@@ -339,9 +340,10 @@ def read_reply(text):
 
 
 def drain(plan, settings):
-    """Before the watchdog acts on a unit: drained at every gateway routing to it, and where it was, recorded."""
+    """Before the watchdog acts on a unit: drained at every gateway routing to it, and where it was, recorded. A gateway
+    that did not answer may have drained it all the same: it stays recorded, and the undrain asks it again."""
     replies = at_gateways(plan, settings, "drain")
-    record_drains(settings, plan["unit"], add=[reply["gateway"] for reply in replies if reply["result"] == "drained"])
+    record_drains(settings, plan["unit"], add=[reply["gateway"] for reply in replies if reply["result"] in ("drained", "unreachable", "error")])
     return replies
 
 
@@ -349,11 +351,13 @@ def undrain(plan, settings, now):
     """A unit the watchdog drained, serving again: undrained where it was drained; kept for the next sample where the
     gateway could not be reached."""
     gateways = drained_names(read_json(os.path.join(settings["state_dir"], DRAINS_FILE), {})).get(plan["unit"])
-    if not gateways:
+    routes = read_json(os.path.join(settings["peer_dir"], GATEWAYS_FILE), None)
+    # Without a readable list of the gateways, none is known to be gone: the record waits for the role to write it again.
+    if not gateways or not isinstance(routes, dict) or not isinstance(routes.get("gateways"), list):
         return
     replies = at_gateways(plan, settings, "undrain", only=gateways)
     answered = {reply["gateway"] for reply in replies if reply["result"] not in ("unreachable", "error")}
-    gone = set(gateways) - {reply["gateway"] for reply in replies}
+    gone = set(gateways) - {entry["name"] for entry in usable_gateways(routes)}
     record_drains(settings, plan["unit"], remove=answered | gone)
     print(journal_line({"unit": plan["unit"], "verdict": "serving", "action": "undrain", "gateway": replies,
                         "why": "the unit the watchdog drained serves again" + (f"; no longer routed by {', '.join(sorted(gone))}" if gone else "")},

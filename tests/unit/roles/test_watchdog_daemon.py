@@ -335,7 +335,7 @@ def test_a_unit_is_drained_at_its_gateway_before_the_start_and_undrained_once_it
     config = (host / "gateway" / "litellm" / "config.yaml").read_text()
     assert "drained: spark-1/llm" in config and "10.0.0.1" not in config and "10.0.0.2" in config
     assert stat.S_IMODE((host / "gateway" / "drained.json").stat().st_mode) == 0o600
-    assert actions(host)[0] == "systemctl restart -- sparkfleet-gateway.service", "drained before the unit is started"
+    assert actions(host)[0] == "systemctl try-restart --no-block -- sparkfleet-gateway.service", "drained before the unit is started"
     set_host(host, container="running", active="active", sub="running")
     state = json.loads((host / "state" / "state.json").read_text())
     state["units"][UNIT]["grace_until"] = 0
@@ -392,3 +392,21 @@ def test_a_backend_drains_at_a_remote_gateway_through_its_peer_command_and_only_
         refused = subprocess.run(peer, capture_output=True, text=True, env={**environment, "SSH_ORIGINAL_COMMAND": request}, timeout=60, check=False)
         assert refused.returncode == 2 and refused.stderr.startswith("refused"), (request, refused.stderr)
     assert drained(gateway_host) == ["spark-2/llm"]
+
+
+def test_a_gateway_that_did_not_answer_keeps_the_drain_recorded_and_the_undrain_is_asked_again(host):
+    routes_to(host, [{"name": "gw", "address": "10.0.0.9"}])
+    set_host(host, container="exited", active="inactive", sub="dead")
+    decision = [line for line in samples(host, 3) if line.get("unit") == UNIT][-1]
+    assert decision["action"] == "start" and decision["gateway"][0]["result"] == "unreachable"
+    assert json.loads((host / "state" / "gateway-drains.json").read_text()) == {"units": {UNIT: ["gw"]}}
+    set_host(host, container="running", active="active", sub="running")
+    state = json.loads((host / "state" / "state.json").read_text())
+    state["units"][UNIT]["grace_until"] = 0
+    (host / "state" / "state.json").write_text(json.dumps(state))
+    (host / "peer" / "gateways.json").write_text("{damaged")
+    assert not [line for line in sample(host) if line.get("action") == "undrain"], "no gateway list: nothing is undrained or forgotten"
+    routes_to(host, [{"name": "gw", "address": "10.0.0.9"}])
+    undrains = [line for line in sample(host) if line.get("action") == "undrain"]
+    assert undrains[0]["gateway"][0]["result"] == "unreachable", "asked again while the unit serves"
+    assert json.loads((host / "state" / "gateway-drains.json").read_text()) == {"units": {UNIT: ["gw"]}}
