@@ -9,6 +9,7 @@ import shutil
 import subprocess
 
 import pytest
+import yaml
 from tool_runner import ROOT, run_logged
 
 # A stable copy per checkout, so ansible-test's venvs under tests/output are reused between runs.
@@ -29,6 +30,20 @@ def test_yamllint():
 
 def test_ansible_lint_production_profile():
     run_logged("ansible-lint", ["ansible-lint", "--profile", "production"])
+
+
+def test_the_changelog_lints_its_page_is_generated_and_galaxy_yml_is_its_latest_release(tmp_path):
+    run_logged("antsibull-changelog-lint", ["antsibull-changelog", "lint"])
+    releases = yaml.safe_load((ROOT / "changelogs" / "changelog.yaml").read_text())["releases"]
+    latest = max(releases, key=lambda version: tuple(int(part) for part in version.split(".")))
+    assert yaml.safe_load((ROOT / "galaxy.yml").read_text())["version"] == latest, "galaxy.yml's version is the changelog's latest release"
+    # Generated from the release data alone, the page must be the one committed: a hand edit or a forgotten generate fails.
+    for name in ("galaxy.yml", "changelogs/config.yaml", "changelogs/changelog.yaml"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / name, tmp_path / name)
+    (tmp_path / "changelogs" / "fragments").mkdir()
+    run_logged("antsibull-changelog-generate", ["antsibull-changelog", "generate"], cwd=tmp_path)
+    assert (tmp_path / "CHANGELOG.rst").read_text() == (ROOT / "CHANGELOG.rst").read_text(), "CHANGELOG.rst is stale: run antsibull-changelog generate"
 
 
 def sync_tracked_files(target):
