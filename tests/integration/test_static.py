@@ -46,6 +46,23 @@ def test_the_changelog_lints_its_page_is_generated_and_galaxy_yml_is_its_latest_
     assert (tmp_path / "CHANGELOG.rst").read_text() == (ROOT / "CHANGELOG.rst").read_text(), "CHANGELOG.rst is stale: run antsibull-changelog generate"
 
 
+def test_an_execution_environment_gets_the_collections_requirements_and_its_build_context_renders(tmp_path):
+    """ansible-builder reads the collection's meta/execution-environment.yml as it does in a build (introspect), and
+    renders the build context of the AWX definition in docs/awx/ (create); nothing is built or pulled here."""
+    introspected = yaml.safe_load(run_logged("ansible-builder-introspect", ["ansible-builder", "introspect", str(ROOT / ".cache" / "collections")]))
+    wanted = [line.split("#")[0].strip() for line in (ROOT / "meta" / "ee-requirements.txt").read_text().splitlines() if line.split("#")[0].strip()]
+    assert [line.split("#")[0].strip() for line in introspected["python"]] == wanted
+    assert "openssh-client [platform:dpkg]  # from collection sparkfleet.vllm" in introspected["system"]
+    definition = ROOT / "docs" / "awx" / "execution-environment.yml"
+    run_logged("ansible-builder-create", ["ansible-builder", "create", "-f", str(definition), "-c", str(tmp_path), "--output-filename", "Containerfile"])
+    containerfile = (tmp_path / "Containerfile").read_text()
+    base = yaml.safe_load(definition.read_text())["images"]["base_image"]["name"]
+    assert "@sha256:" in base and f'ARG EE_BASE_IMAGE="{base}"' in containerfile, "the base image is pinned by digest"
+    assert yaml.safe_load((tmp_path / "_build" / "requirements.yml").read_text()) == {
+        "collections": [{"name": "sparkfleet.vllm", "version": yaml.safe_load((ROOT / "galaxy.yml").read_text())["version"]}]}
+    assert "introspect.py introspect" in containerfile, "the build gathers the collections' requirements"
+
+
 def sync_tracked_files(target):
     """Make target hold exactly the files git holds (tracked or new), keeping tests/output."""
     listed = subprocess.run(
