@@ -244,3 +244,40 @@ def diff(reference: t.Mapping[str, t.Any], current: t.Sequence[t.Mapping[str, t.
         "missing_from_run": missing,
         "reasons": reasons,
     }
+
+
+def streamed_text(body: str) -> str:
+    """The answer a streamed chat completion sent: its server-sent events' content deltas, joined. ValueError when an
+    event is no JSON chunk, the stream carries an error, or it ends without [DONE] (a stream cut short)."""
+    parts: list[str] = []
+    for line in body.splitlines():
+        if not line.startswith("data:"):
+            continue
+        data = line[len("data:"):].strip()
+        if data == "[DONE]":
+            return "".join(parts)
+        try:
+            chunk = json.loads(data)
+        except ValueError as error:
+            raise ValueError(f"a streamed event is not JSON ({data[:80]!r})") from error
+        if not isinstance(chunk, dict) or "error" in chunk:
+            raise ValueError(f"the stream carried an error: {str(chunk)[:200]}")
+        for choice in chunk.get("choices") or []:
+            content = ((choice if isinstance(choice, dict) else {}).get("delta") or {}).get("content")
+            if isinstance(content, str):
+                parts.append(content)
+    raise ValueError("the stream ended without [DONE]: it was cut short")
+
+
+def stream_mismatches(results: t.Sequence[t.Mapping[str, t.Any]], streamed: t.Mapping[str, str]) -> list[dict[str, t.Any]]:
+    """The cases whose streamed answer is not the non-streamed one, character for character (seed 003: some MoE models
+    scramble or drop streamed tokens while the same greedy prompt answers right without streaming)."""
+    return [{"id": r["id"], "answer": r["answer"], "streamed_answer": streamed[r["id"]]}
+            for r in results if r["id"] in streamed and streamed[r["id"]] != r["answer"]]
+
+
+def stream_reason(mismatches: t.Sequence[t.Mapping[str, t.Any]], compared: int) -> str:
+    shown = "; ".join(f"{m['id']}: {m['answer'][:60]!r} streamed as {m['streamed_answer'][:60]!r}" for m in mismatches[:3])
+    return (f"{len(mismatches)} of {compared} greedy answers differ when streamed ({shown}). Some models scramble streamed "
+            "tokens (seed 003): try --enforce-eager or another image; an instance under load can also change a greedy "
+            "answer between two requests, so rerun on an idle instance before blaming streaming")

@@ -15,6 +15,8 @@ description:
     nothing in them is evaluated as code.
   - Twenty built-in cases cover arithmetic, word problems, unit conversion, facts, string manipulation,
     reading code and JSON extraction (seed 000's harness).
+  - The first O(stream_cases) cases are also asked streamed, and each streamed answer must be the non-streamed one,
+    character for character (seed 003: some MoE models scramble streamed tokens while non-streamed answers are right).
   - Saves the labelled results on the host and, given O(reference), lists every case whose pass/fail or
     normalised answer changed. It fails when fewer cases pass than in the reference, and reports changed
     answers even at the same score (seed 000, "the diff matters more than the score").
@@ -57,6 +59,15 @@ options:
     type: dict
     default:
       enable_thinking: false
+  stream_cases:
+    description:
+      - How many cases (the first ones) are also asked with C(stream=true); a streamed answer that is not the
+        non-streamed one fails the run, naming the cases. C(0) compares none.
+      - Run it on an idle instance. Greedy answers are the same between two requests only when the batches they run
+        in do not change the arithmetic, which concurrent load can.
+    type: int
+    default: 4
+    version_added: 0.10.0
 attributes:
   check_mode:
     support: partial
@@ -103,6 +114,17 @@ results_file:
   description: Where the results were saved.
   returned: when prompts were sent
   type: str
+streamed:
+  description: Cases also asked streamed (O(stream_cases), or fewer when fewer cases ran).
+  returned: when prompts were sent
+  type: int
+  version_added: 0.10.0
+stream_mismatches:
+  description: Per case whose streamed answer is not the non-streamed one, C(id), C(answer) and C(streamed_answer).
+  returned: when prompts were sent
+  type: list
+  elements: dict
+  version_added: 0.10.0
 changed_cases:
   description: Per changed case, C(id), C(reference_pass), C(pass), C(reference_answer) and C(answer).
   returned: when O(reference) is given
@@ -131,6 +153,7 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_client impor
     http,
     json_object,
     label_problems,
+    reply_problem,
     resolve,
 )
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_correctness import (
@@ -138,20 +161,38 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_correctness 
     diff,
     judge,
     reference_problems,
+    stream_mismatches,
+    stream_reason,
+    streamed_text,
     validate_cases,
 )
 
 
-def ask(endpoint, case, params):
-    payload = {
+def payload(endpoint, case, params, stream=False):
+    return {
         "model": endpoint["model"],
         "messages": [{"role": "user", "content": case["prompt"]}],
         "temperature": 0,
         "max_tokens": params["max_tokens"],
         "chat_template_kwargs": params["chat_template_kwargs"],
+        **({"stream": True} if stream else {}),
     }
+
+
+def ask_streamed(endpoint, case, params):
     url = endpoint["url"] + "/v1/chat/completions"
-    reply = json_object(http("POST", url, endpoint["api_key"], payload, timeout=params["timeout"]), f"case {case['id']}: {url}")
+    reply = http("POST", url, endpoint["api_key"], payload(endpoint, case, params, stream=True), timeout=params["timeout"])
+    if reply.status != 200:
+        raise ValueError(f"case {case['id']} streamed: {reply_problem(reply, url)}")
+    try:
+        return streamed_text(reply.body)
+    except ValueError as error:
+        raise ValueError(f"case {case['id']} streamed: {url}: {error}") from error
+
+
+def ask(endpoint, case, params):
+    url = endpoint["url"] + "/v1/chat/completions"
+    reply = json_object(http("POST", url, endpoint["api_key"], payload(endpoint, case, params), timeout=params["timeout"]), f"case {case['id']}: {url}")
     try:
         content = reply["choices"][0]["message"]["content"] or ""
     except (KeyError, IndexError, TypeError) as error:
@@ -178,6 +219,7 @@ def main():
             results_dir=dict(type="path", default="/var/lib/sparkfleet/correctness"),
             max_tokens=dict(type="int", default=96, no_log=False),
             chat_template_kwargs=dict(type="dict", default={"enable_thinking": False}),
+            stream_cases=dict(type="int", default=4),
         ),
         supports_check_mode=True,
     )
@@ -189,6 +231,8 @@ def main():
     if not cases:
         errors.append("cases: nothing to run; give cases or set builtin_cases: true")
     errors += label_problems("label", params["label"])
+    if params["stream_cases"] < 0:
+        errors.append(f"stream_cases is {params['stream_cases']}: give how many cases to also ask streamed (0 for none)")
     reference = None
     if params["reference"] and not errors:
         path = reference_path(params["results_dir"], params["reference"])
@@ -213,15 +257,19 @@ def main():
     try:
         discover_model(endpoint, params["timeout"])
         answers = {case["id"]: ask(endpoint, case, params) for case in cases}
+        streamed = {case["id"]: ask_streamed(endpoint, case, params) for case in cases[:params["stream_cases"]]}
     except ValueError as error:
         module.fail_json(msg=str(error), ok=False, reasons=[str(error)])
     results = judge(cases, answers)
+    mismatches = stream_mismatches(results, streamed)
     document = {
         "label": params["label"],
         "model": endpoint["model"],
         "url": endpoint["url"],
         "max_tokens": params["max_tokens"],
         "results": results,
+        "streamed": len(streamed),
+        "stream_mismatches": mismatches,
     }
     text = json.dumps(document, indent=1, sort_keys=True) + "\n"
     results_file = os.path.join(params["results_dir"], f"results-{params['label']}.json")
@@ -245,6 +293,8 @@ def main():
         "total": len(results),
         "results": results,
         "results_file": results_file,
+        "streamed": len(streamed),
+        "stream_mismatches": mismatches,
         "reasons": [],
     }
     if reference is not None:
@@ -253,8 +303,11 @@ def main():
         output["ok"] = comparison.pop("ok")
         output["reasons"] = comparison.pop("reasons")
         output["comparison"] = comparison
+    if mismatches:
+        output["ok"] = False
+        output["reasons"].append(stream_reason(mismatches, len(streamed)))
     if not output["ok"]:
-        module.fail_json(msg="correctness dropped against the reference: " + "; ".join(output["reasons"]), **output)
+        module.fail_json(msg="correctness failed: " + "; ".join(output["reasons"]), **output)
     module.exit_json(**output)
 
 

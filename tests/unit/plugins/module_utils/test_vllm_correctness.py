@@ -9,6 +9,9 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_correctness 
     normalise,
     passes,
     reference_problems,
+    stream_mismatches,
+    stream_reason,
+    streamed_text,
     validate_cases,
 )
 
@@ -120,3 +123,23 @@ def test_a_damaged_reference_is_named(reference, fragment):
 
 def test_a_reference_of_the_right_shape_is_fine():
     assert reference_problems("/r.json", {"label": "a", "results": [{"id": "a", "pass": False, "answer": ""}]}) == []
+
+
+def test_a_streamed_answer_is_its_content_deltas_joined_and_a_cut_or_failed_stream_is_named():
+    events = ['data: {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}',
+              'data: {"choices": [{"index": 0, "delta": {"content": "4"}}]}', ": keep-alive",
+              'data: {"choices": [{"index": 0, "delta": {"content": "2"}, "finish_reason": "stop"}]}',
+              'data: {"choices": [], "usage": {"completion_tokens": 2}}', "data: [DONE]"]
+    assert streamed_text("\n\n".join(events)) == "42"
+    with pytest.raises(ValueError, match="ended without \\[DONE\\]: it was cut short"):
+        streamed_text("\n\n".join(events[:3]))
+    with pytest.raises(ValueError, match="the stream carried an error"):
+        streamed_text('data: {"error": {"message": "engine dead"}}\n\ndata: [DONE]')
+    with pytest.raises(ValueError, match="is not JSON"):
+        streamed_text("data: {half")
+
+
+def test_only_a_streamed_answer_unlike_the_non_streamed_one_is_a_mismatch():
+    results = [{"id": "a", "pass": True, "answer": "42"}, {"id": "b", "pass": True, "answer": "x y"}, {"id": "c", "pass": False, "answer": "z"}]
+    assert stream_mismatches(results, {"a": "42", "b": "y x"}) == [{"id": "b", "answer": "x y", "streamed_answer": "y x"}]
+    assert stream_reason(stream_mismatches(results, {"b": "y x"}), 1).startswith("1 of 1 greedy answers differ when streamed (b: 'x y' streamed as 'y x')")

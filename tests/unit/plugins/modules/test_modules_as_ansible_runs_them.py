@@ -48,7 +48,10 @@ def refused(module, args, *fragments, **how):
 
 class Handler(http.server.BaseHTTPRequestHandler):
     def answer(self):
-        status, body, delay = self.server.routes.get(self.path, (404, '{"detail": "Not Found"}', 0))
+        length = int(self.headers.get("Content-Length") or 0)
+        streamed = length and b'"stream": true' in self.rfile.read(length)
+        route = self.path + ("#stream" if streamed and self.path + "#stream" in self.server.routes else "")
+        status, body, delay = self.server.routes.get(route, (404, '{"detail": "Not Found"}', 0))
         time.sleep(delay)
         self.send_response(status)
         self.send_header("Content-Length", str(len(body.encode())))
@@ -223,6 +226,25 @@ def test_correctness_names_replies_of_another_shape_and_a_damaged_reference(serv
     refused("vllm_correctness", dict(args, reference=str(reference)), "has results without id, pass and answer",
             "run the reference label again")
     assert not (tmp_path / "results").exists()
+
+
+def chunk(text):
+    return "data: " + json.dumps({"choices": [{"index": 0, "delta": {"content": text}}]}) + "\n\n"
+
+
+def test_correctness_fails_when_a_streamed_answer_is_not_the_non_streamed_one(server, tmp_path):
+    args = {"url": server.url, "model": "m", "label": "x", "results_dir": str(tmp_path / "results"), "stream_cases": 2}
+    server.routes["/v1/models"] = (200, '{"data": [{"id": "m"}]}', 0)
+    server.routes["/v1/chat/completions"] = (200, '{"choices": [{"message": {"content": "The answer is 42."}}]}', 0)
+    server.routes["/v1/chat/completions#stream"] = (200, chunk("The answer") + chunk(" is 42.") + "data: [DONE]\n\n", 0)
+    agreed = run("vllm_correctness", args)
+    assert agreed.get("failed") is not True and (agreed["streamed"], agreed["stream_mismatches"]) == (2, []), agreed.get("msg")
+    server.routes["/v1/chat/completions#stream"] = (200, chunk("The answer") + chunk(" 42 is.") + "data: [DONE]\n\n", 0)
+    result = refused("vllm_correctness", args, "2 of 2 greedy answers differ when streamed (arith-1: 'The answer is 42.' streamed as "
+                     "'The answer 42 is.'", "rerun on an idle instance")
+    assert [m["id"] for m in result["stream_mismatches"]] == ["arith-1", "arith-2"]
+    server.routes["/v1/chat/completions#stream"] = (200, chunk("The answer"), 0)
+    refused("vllm_correctness", args, "case arith-1 streamed:", "the stream ended without [DONE]: it was cut short")
 
 
 @pytest.mark.parametrize(
