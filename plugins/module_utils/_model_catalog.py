@@ -46,6 +46,7 @@ CATALOG: dict[str, dict[str, t.Any]] = {
         "repo": "unsloth/gemma-4-31B-it-NVFP4",
         "size": "31b",
         "weights_gib": 23.55,
+        "text_only_weights_gib": 22.47,
         "kv_bytes_per_token": 73000,
         "overhead_gib": 1.5,
         "overhead_gib_per_1k_batched": 0.2,
@@ -57,6 +58,8 @@ CATALOG: dict[str, dict[str, t.Any]] = {
         "sources": {
             "max_context": "seed 001's model table",
             "weights_gib": "seed 001 (RTX 5090): 23.55 GiB with the vision tower, 22.47 without",
+            "text_only_weights_gib": "seed 001 (RTX 5090): --language-model-only drops the vision tower, 22.47 GiB of weights; "
+            "the 31B fits a 32 GB card only so",
             "kv_bytes_per_token": "derived from seed 001 (RTX 5090): 5.37 GiB of fp8 KV held 78,847 tokens",
             "overhead_gib": "estimate, scaled from the 26B-A4B's measured activation peak",
             "drafters": "seed 001: DFlash at k=8 for one stream, MTP at k=2 for eight; DFlash needs triton_attn",
@@ -270,7 +273,7 @@ REQUIRED: dict[str, tuple[type, ...]] = {
     "modalities": (list,), "weights_gib": (int, float), "kv_bytes_per_token": (int,), "overhead_gib": (int, float),
     "overhead_gib_per_1k_batched": (int, float), "instance_defaults": (dict,), "drafters": (dict,), "broken": (list,),
 }
-OPTIONAL: dict[str, tuple[type, ...]] = {"repo": (str, type(None)), "path": (str,), "sources": (dict,)}
+OPTIONAL: dict[str, tuple[type, ...]] = {"repo": (str, type(None)), "path": (str,), "sources": (dict,), "text_only_weights_gib": (int, float)}
 DRAFTER_KEYS: dict[str, tuple[type, ...]] = {
     "model": (str, type(None)), "num_speculative_tokens": (int,), "weights_gib": (int, float), "options": (dict,),
 }

@@ -158,6 +158,30 @@ def setting_findings(where: str, instance: t.Mapping[str, t.Any], entry: t.Mappi
     return errors, warnings
 
 
+def model_weights_gib(instance: t.Mapping[str, t.Any], entry: t.Mapping[str, t.Any]) -> float:
+    """The weights the instance loads: the text-only ones when it serves text only and the catalog knows them (seed 001:
+    the 31B's 22.47 GiB without its vision tower against 23.55 GiB with it)."""
+    if instance.get("language_model_only") and entry.get("text_only_weights_gib"):
+        return entry["text_only_weights_gib"]
+    return entry["weights_gib"]
+
+
+def text_only_default(where: str, instance: t.Mapping[str, t.Any], entry: t.Mapping[str, t.Any], pool_bytes: float,
+                      mnbt: int | None) -> str | None:
+    """Why an instance serves text only without saying so (None: it does not): it leaves language_model_only unset, the
+    catalog knows the model's text-only weights, and only those leave room for a full-length request (seed 001: the 31B
+    fits a 32 GB card only without vision, which also drops the encoder's 4096-token batch floor)."""
+    if instance.get("language_model_only") is not None or not entry.get("text_only_weights_gib"):
+        return None
+    with_vision, vision_errors, _warnings = memory_report(where, instance, entry, pool_bytes, max(mnbt or 0, MULTIMODAL_FLOOR))
+    text_only, text_errors, _warnings = memory_report(where, {**instance, "language_model_only": True}, entry, pool_bytes, mnbt)
+    if not vision_errors or text_errors:
+        return None
+    return (f"{where}.language_model_only: true by default: with the vision tower {with_vision['arithmetic']}, which does not fit; "
+            f"text only {text_only['arithmetic']}. Image requests get HTTP 400; set language_model_only: false to serve images "
+            "(with a shorter max_model_len or a larger gpu_memory_utilization)")
+
+
 def memory_report(where: str, instance: t.Mapping[str, t.Any], entry: t.Mapping[str, t.Any], pool_bytes: float,
                   mnbt: int | None) -> tuple[dict[str, t.Any], list[str], list[str]]:
     """The instance's memory arithmetic (seed 004): weights + drafter + activation/graph headroom + the KV
@@ -171,7 +195,8 @@ def memory_report(where: str, instance: t.Mapping[str, t.Any], entry: t.Mapping[
     method = speculative_method(instance)
     drafter_gib = entry["drafters"].get(method, {}).get("weights_gib", 0.0) / ranks if method else 0.0
     overhead = entry["overhead_gib"] + entry["overhead_gib_per_1k_batched"] * (mnbt or 8192) / 1024
-    weights_gib = round(entry["weights_gib"] / ranks, 2)
+    full_weights_gib = model_weights_gib(instance, entry)
+    weights_gib = round(full_weights_gib / ranks, 2)
     kv_gib = share - weights_gib - drafter_gib - overhead
     context = instance.get("max_model_len") or entry["max_context"]
     per_request = context * entry["kv_bytes_per_token"] / ranks / GIB
@@ -182,7 +207,8 @@ def memory_report(where: str, instance: t.Mapping[str, t.Any], entry: t.Mapping[
         "full_length_request_gib": round(per_request, 2),
         "full_length_requests": round(kv_gib / per_request, 2) if per_request else None,
         "arithmetic": (f"{gmu} x {pool_bytes / GIB:.2f} GiB = {share:.2f} GiB; minus weights {weights_gib} GiB"
-                       + (f" (1/{ranks} of {entry['weights_gib']} GiB per rank)" if ranks > 1 else "")
+                       + (" (text only)" if full_weights_gib != entry["weights_gib"] else "")
+                       + (f" (1/{ranks} of {full_weights_gib} GiB per rank)" if ranks > 1 else "")
                        + (f", drafter {drafter_gib:.2f} GiB" if drafter_gib else "")
                        + f", headroom {overhead:.2f} GiB (activations at {mnbt or 8192} batched tokens, CUDA graphs) "
                        f"leaves {kv_gib:.2f} GiB of KV cache; one {context}-token request needs {per_request:.2f} GiB"),

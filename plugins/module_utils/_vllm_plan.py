@@ -37,6 +37,7 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_guards impor
     catalog_findings,
     memory_report,
     setting_findings,
+    text_only_default,
 )
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_instance import (
     CONTAINER_PORT,
@@ -893,6 +894,10 @@ def build_plan(instances: t.Any, defaults: t.Any, **given: t.Any) -> dict[str, t
         if not problems and instance.get("state") != "absent":
             if instance.get("max_num_batched_tokens") is None and options["hardware"]["max_num_batched_tokens"]:
                 instance["max_num_batched_tokens"] = options["hardware"]["max_num_batched_tokens"]
+            text_only = text_only_default(instance_where(instance, options), instance, *text_only_inputs(instance, options))
+            if text_only:
+                instance["language_model_only"] = True
+                plan["warnings"].append(text_only)
             problems, warnings, memories[instance["_index"]] = instance_findings(instance, options)
             plan["warnings"] += warnings
         errors += problems
@@ -920,6 +925,13 @@ def build_plan(instances: t.Any, defaults: t.Any, **given: t.Any) -> dict[str, t
                                   "head": not public["cluster"] or public["cluster"]["head"]})
     plan["absent"] = [i["name"] for i in merged if i.get("state") == "absent"]
     return plan
+
+
+def text_only_inputs(instance: t.Mapping[str, t.Any], options: t.Mapping[str, t.Any]) -> tuple[dict[str, t.Any], float, int | None]:
+    """The catalog entry, memory pool and batched tokens text_only_default judges by (an empty entry: nothing to judge)."""
+    entry = options["catalog"].get(instance.get("catalog")) if instance.get("catalog") else None
+    pool = options["memory_total_bytes"] or (options["hardware"]["pool_gib"] or 0) * GIB
+    return (entry if entry and options["hardware"]["gpu"] and pool else {}), pool, instance.get("max_num_batched_tokens")
 
 
 def instance_findings(instance: dict[str, t.Any], options: t.Mapping[str, t.Any]) -> tuple[list[str], list[str], dict[str, t.Any] | None]:

@@ -311,3 +311,22 @@ def test_hardware_overrides_in_range_apply():
 ])
 def test_numbers_are_read_from_inventory_values_or_refused(value, whole, number):
     assert as_number(value, whole) == number
+
+
+def test_the_31b_serves_text_only_by_default_where_only_its_text_weights_fit():
+    """Seed 001: on a 32 GB card the 31B fits only without its vision tower (22.47 GiB of weights against 23.55), which
+    also drops the encoder's 4096-token batch floor."""
+    card = {"hardware_class": "rtx_5090", "memory_total_bytes": 32607 * 2**20}
+    spec = instance(catalog="gemma-4-31b-it-nvfp4", gpu_memory_utilization=0.92, max_model_len=65536, max_num_batched_tokens=2048, max_num_seqs=1)
+    result = plan(spec, **card)
+    assert result["errors"] == []
+    served = result["instances"][0]
+    assert "--language-model-only" in served["serve_args"]
+    assert served["memory"]["weights_gib"] == 22.47 and "minus weights 22.47 GiB (text only)" in served["memory"]["arithmetic"]
+    assert any(w.startswith("vllm_instances[0] (llm).language_model_only: true by default: with the vision tower 0.92 x 31.84 GiB")
+               and "set language_model_only: false to serve images" in w for w in result["warnings"]), result["warnings"]
+    kept = errors({**spec, "language_model_only": False}, **card)
+    assert "2048 is below 4096, the floor of a multimodal model's encoder" in kept[0], "an explicit false is the operator's"
+    assert "gpu_memory_utilization: 0.92 is too small" in kept[1] and "minus weights 23.55 GiB," in kept[1]
+    roomy = plan({**spec, "gpu_memory_utilization": 0.5, "max_num_batched_tokens": 8192}, hardware_class="dgx_spark")
+    assert "--language-model-only" not in roomy["instances"][0]["serve_args"] and roomy["instances"][0]["memory"]["weights_gib"] == 23.55
