@@ -68,6 +68,8 @@ def test_bench_playbook_measures_and_reports(serve, tmp_path):
     assert report["correctness"]["results"][-1]["id"] == "team-1"
     markdown = (report_dir / "report.md").read_text()
     assert markdown.count("\n| ") == 3
+    # The latency a user sees comes first: the real vLLM's median TTFT at one stream.
+    assert report["runs"][0]["median_ttft_ms"] > 0 and f"A user's latency: median TTFT {report['runs'][0]['median_ttft_ms']:.1f} ms at one stream" in markdown
     assert (report_dir / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert serve.file("/var/lib/sparkfleet/correctness/results-lab-natural.json").exists
     print("\nbench.yml on the lab (instance first, natural text from the collection's docs):\n" + markdown)

@@ -178,9 +178,11 @@ def test_local_tokenizer_maps_the_models_mount():
 def test_table_has_one_row_per_concurrency():
     rows = [dict(figures(GOOD), concurrency=2, acceptance=0.9583), dict(concurrency=4, completed=24, failed=0, acceptance=None)]
     table = markdown_table(rows).splitlines()
-    assert len(table) == 4
-    assert table[2].startswith("| 2 | 4 / 0 | 42.1 |") and table[2].endswith("| 569.2 | 95.8% |")
-    assert table[3].endswith("| - | - |")
+    assert len(table) == 6 and table[0] == "A user's latency: no run at one stream (concurrency 1), so no median TTFT a user would see."
+    assert table[4].startswith("| 2 | 4 / 0 | 37.5 | 42.1 |") and table[4].endswith("| 569.2 | 95.8% |")
+    assert table[5].endswith("| - | - |")
+    single = markdown_table([dict(figures(GOOD), concurrency=1)]).splitlines()
+    assert single[0].startswith("A user's latency: median TTFT 37.5 ms at one stream, then ") and single[0].endswith(" ms per output token.")
 
 
 RUN = {"concurrency": 4, "output_throughput": 120.5, "mean_tpot_ms": 20.1, "reasons": []}

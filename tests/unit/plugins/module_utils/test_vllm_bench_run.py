@@ -52,7 +52,7 @@ if errors:
     print("Failed requests during benchmark run detected (capping to 10):")
     for index, reason in enumerate(errors):
         print(f"Error {{index}}: {{reason}}")
-result = {{"completed": completed, "failed": len(errors), "mean_ttft_ms": 12.5, "p99_ttft_ms": 20.0, "mean_tpot_ms": 3.25,
+result = {{"completed": completed, "failed": len(errors), "mean_ttft_ms": 12.5, "median_ttft_ms": 11.0, "p99_ttft_ms": 20.0, "mean_tpot_ms": 3.25,
           "output_throughput": 100.0, "argv": sys.argv[1:]}}
 os.makedirs(args.result_dir, exist_ok=True)
 with open(os.path.join(args.result_dir, args.result_filename), "w", encoding="utf-8") as handle:
@@ -226,7 +226,8 @@ def test_natural_runs_are_measured_and_recorded_with_the_acceptance_they_produce
     assert all(prompt.startswith("You are building a knowledge graph.") for prompt in first_prompts + second_prompts)
     summary = json.loads((workdir / "summary.json").read_text())
     assert (summary["label"], summary["model"], summary["ok"]) == ("lab", "tiny", True)
-    assert result["table"].count("\n| ") == 2 and "| 66.7% |" in result["table"]
+    assert result["table"].count("\n| ") == 3 and "| 66.7% |" in result["table"]
+    assert result["table"].startswith("A user's latency: median TTFT 11.0 ms at one stream, then 3.25 ms per output token.")
     argv = json.loads((workdir / "c1.json").read_text())["argv"]
     assert argv[argv.index("--result-dir") + 1] == str(workdir) and argv[argv.index("--seed") + 1] == "1000"
     assert KEY not in " ".join(argv), "the key reaches vllm bench in its environment only"

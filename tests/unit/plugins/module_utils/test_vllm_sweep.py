@@ -39,14 +39,14 @@ OBJECTIVE = {"target_concurrency": 8, "single_stream": 1, "ttft_budget_ms": None
 
 
 def run(concurrency, throughput, tpot=10.0, ttft=100.0, acceptance=None):
-    return {"concurrency": concurrency, "output_throughput": throughput, "mean_tpot_ms": tpot, "mean_ttft_ms": ttft,
+    return {"concurrency": concurrency, "output_throughput": throughput, "mean_tpot_ms": tpot, "mean_ttft_ms": ttft, "median_ttft_ms": ttft,
             "mean_itl_ms": tpot, "acceptance": acceptance, "failed": 0,
             "acceptance_per_position": [{"position": 0, "accepted": 8, "rate": 0.8}] if acceptance else None}
 
 
-def result(name, count, rank, throughputs, tpots=(10.0, 10.0), status="ok", gate_ok=True, ttft=100.0):
-    """A variant measured twice: throughputs per repeat at c=8, TPOT per repeat at c=1."""
-    repeats = [[run(1, 50.0, tpot, ttft), run(8, throughput, 20.0, ttft)] for throughput, tpot in zip(throughputs, tpots, strict=True)]
+def result(name, count, rank, throughputs, tpots=(10.0, 10.0), status="ok", gate_ok=True, ttft=100.0, queued_ttft=None):
+    """A variant measured twice: throughputs per repeat at c=8, TPOT per repeat at c=1; TTFT at c=1, and at c=8 (queued_ttft)."""
+    repeats = [[run(1, 50.0, tpot, ttft), run(8, throughput, 20.0, queued_ttft or ttft)] for throughput, tpot in zip(throughputs, tpots, strict=True)]
     return {"name": name, "rank": rank, "draft_count": count, "status": status, "settings": {},
             "gate": {"ok": gate_ok, "reason": "fewer passes" if not gate_ok else "ok"},
             "summary": {str(c): e for c, e in summarise_variant(repeats).items()}}
@@ -109,7 +109,10 @@ def test_failed_gated_and_slow_variants_are_out():
     decision = decide([k0, broken, wrong, slow], {**OBJECTIVE, "ttft_budget_ms": 1000})
     assert decision["winner"] == "k0"
     assert "k3: out, the gate failed" in decision["reasons"][0] and "k4: out, correctness gate" in decision["reasons"][1]
-    assert "over the budget of 1000 ms" in decision["reasons"][2]
+    assert decision["reasons"][2] == "k5: out, median TTFT 5000.0 ms at concurrency 1 (the repeats' mean) is over the budget of 1000 ms"
+    # The budget is the latency a user sees at one stream: time queued for a batch slot at the target does not count.
+    queued = result("k6", 6, 4, [300.0, 300.0], ttft=200.0, queued_ttft=9000.0)
+    assert decide([k0, queued], {**OBJECTIVE, "ttft_budget_ms": 1000})["winner"] == "k6"
     assert decide([broken], OBJECTIVE) == {"ok": False, "winner": None,
                                            "reasons": ["k3: out, the gate failed: engine exited", "no variant passed; the starting settings stay"]}
 
