@@ -122,7 +122,16 @@ def instance_endpoint(plan: t.Mapping[str, t.Any], env: t.Mapping[str, str]) -> 
         "container": plan["container"],
         "container_url": plan["container_url"],
         "image": plan["run_image"],
+        "tool_parser": tool_parser(plan.get("serve_args")),
     }
+
+
+def tool_parser(serve_args: t.Any) -> str | None:
+    """The tool-call parser an instance serves with, when it lets the model choose tools (None: it does not)."""
+    args = [str(arg) for arg in serve_args] if isinstance(serve_args, list) else []
+    if "--enable-auto-tool-choice" not in args or "--tool-call-parser" not in args[:-1]:
+        return None
+    return args[args.index("--tool-call-parser") + 1]
 
 
 def read_instance(config_dir: str, name: str) -> dict[str, t.Any]:
@@ -155,7 +164,7 @@ def read_endpoint(env_path: str, settings_path: str, name: str) -> dict[str, t.A
 def resolve(params: t.Mapping[str, t.Any]) -> dict[str, t.Any]:
     """The endpoint a module measures: from ``instance``, overridden by explicit url, api_key and model."""
     endpoint: dict[str, t.Any] = {"url": None, "api_key": None, "model": None, "served_names": [], "health_timeout": None, "weights": None,
-                                  "container": None, "container_url": "http://127.0.0.1:8000", "image": None}
+                                  "container": None, "container_url": "http://127.0.0.1:8000", "image": None, "tool_parser": None}
     if params.get("instance"):
         endpoint.update(read_instance(params["config_dir"], params["instance"]))
     for key in ("url", "api_key", "model"):

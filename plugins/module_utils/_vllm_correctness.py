@@ -281,3 +281,43 @@ def stream_reason(mismatches: t.Sequence[t.Mapping[str, t.Any]], compared: int) 
     return (f"{len(mismatches)} of {compared} greedy answers differ when streamed ({shown}). Some models scramble streamed "
             "tokens (seed 003): try --enforce-eager or another image; an instance under load can also change a greedy "
             "answer between two requests, so rerun on an idle instance before blaming streaming")
+
+
+# The end-to-end tool call (seed 003: tool calling through a model's parser has been unreliable with coding agents): one
+# tool, a prompt that needs it, the model free to choose ("auto"), so the parser, not guided decoding, makes the call.
+TOOL_CALL_PROMPT = "What is the weather in Paris right now? Use the get_weather tool."
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The current weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string", "description": "The city's name"}}, "required": ["city"]},
+    },
+}
+
+
+def tool_call_verdict(reply: t.Any) -> dict[str, t.Any]:
+    """Whether a chat reply called get_weather with arguments that parse into a city naming Paris: {pass, reason, call}."""
+    try:
+        message = reply["choices"][0]["message"]
+    except (KeyError, IndexError, TypeError):
+        return {"pass": False, "reason": "the reply has no choices[0].message", "call": None}
+    calls = message.get("tool_calls") if isinstance(message, dict) else None
+    if not isinstance(calls, list) or not calls:
+        content = str(message.get("content") or "")[:200] if isinstance(message, dict) else ""
+        return {"pass": False, "reason": f"the model called no tool; it answered {content!r} (the parser found no call in it)", "call": None}
+    function = calls[0].get("function") if isinstance(calls[0], dict) else None
+    name = function.get("name") if isinstance(function, dict) else None
+    arguments = function.get("arguments") if isinstance(function, dict) else None
+    call = {"name": name, "arguments": arguments}
+    if name != WEATHER_TOOL["function"]["name"]:
+        return {"pass": False, "reason": f"the model called {name!r}, not get_weather", "call": call}
+    try:
+        parsed = json.loads(arguments) if isinstance(arguments, str) else None
+    except ValueError:
+        parsed = None
+    if not isinstance(parsed, dict):
+        return {"pass": False, "reason": f"the call's arguments are not a JSON object: {str(arguments)[:200]!r}", "call": call}
+    if not isinstance(parsed.get("city"), str) or "paris" not in parsed["city"].casefold():
+        return {"pass": False, "reason": f"the call's arguments name no city Paris: {parsed!r}", "call": call}
+    return {"pass": True, "reason": "get_weather called with arguments that parse, city " + repr(parsed["city"]), "call": call}

@@ -17,6 +17,9 @@ description:
     reading code and JSON extraction (seed 000's harness).
   - The first O(stream_cases) cases are also asked streamed, and each streamed answer must be the non-streamed one,
     character for character (seed 003: some MoE models scramble streamed tokens while non-streamed answers are right).
+  - For an instance that lets the model choose tools (C(--enable-auto-tool-choice) with a C(--tool-call-parser)), one
+    end-to-end tool call too (O(tool_call)): the request carries a C(get_weather) tool and a prompt that needs it, and the
+    reply must call it with arguments that parse (seed 003: tool calling through a model's parser has been unreliable).
   - Saves the labelled results on the host and, given O(reference), lists every case whose pass/fail or
     normalised answer changed. It fails when fewer cases pass than in the reference, and reports changed
     answers even at the same score (seed 000, "the diff matters more than the score").
@@ -67,6 +70,15 @@ options:
         in do not change the arithmetic, which concurrent load can.
     type: int
     default: 4
+    version_added: 0.10.0
+  tool_call:
+    description:
+      - C(auto) sends the tool-call case when the instance's plan shows a tool-call parser (with O(instance)); C(always)
+        sends it (for O(url) alone); C(never) does not. A reply that calls no tool, another tool, or with arguments that
+        do not parse fails the run.
+    type: str
+    choices: [auto, always, never]
+    default: auto
     version_added: 0.10.0
 attributes:
   check_mode:
@@ -125,6 +137,11 @@ stream_mismatches:
   type: list
   elements: dict
   version_added: 0.10.0
+tool_call:
+  description: The tool-call case's C(pass), C(reason) and C(call) (the called C(name) and raw C(arguments)); null when not sent.
+  returned: when prompts were sent
+  type: dict
+  version_added: 0.10.0
 changed_cases:
   description: Per changed case, C(id), C(reference_pass), C(pass), C(reference_answer) and C(answer).
   returned: when O(reference) is given
@@ -158,12 +175,15 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_client impor
 )
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_correctness import (
     BUILTIN_CASES,
+    TOOL_CALL_PROMPT,
+    WEATHER_TOOL,
     diff,
     judge,
     reference_problems,
     stream_mismatches,
     stream_reason,
     streamed_text,
+    tool_call_verdict,
     validate_cases,
 )
 
@@ -188,6 +208,12 @@ def ask_streamed(endpoint, case, params):
         return streamed_text(reply.body)
     except ValueError as error:
         raise ValueError(f"case {case['id']} streamed: {url}: {error}") from error
+
+
+def ask_tool_call(endpoint, params):
+    url = endpoint["url"] + "/v1/chat/completions"
+    body = {**payload(endpoint, {"prompt": TOOL_CALL_PROMPT}, params), "tools": [WEATHER_TOOL], "tool_choice": "auto"}
+    return tool_call_verdict(json_object(http("POST", url, endpoint["api_key"], body, timeout=params["timeout"]), f"the tool-call case: {url}"))
 
 
 def ask(endpoint, case, params):
@@ -220,6 +246,7 @@ def main():
             max_tokens=dict(type="int", default=96, no_log=False),
             chat_template_kwargs=dict(type="dict", default={"enable_thinking": False}),
             stream_cases=dict(type="int", default=4),
+            tool_call=dict(type="str", choices=["auto", "always", "never"], default="auto"),
         ),
         supports_check_mode=True,
     )
@@ -258,6 +285,8 @@ def main():
         discover_model(endpoint, params["timeout"])
         answers = {case["id"]: ask(endpoint, case, params) for case in cases}
         streamed = {case["id"]: ask_streamed(endpoint, case, params) for case in cases[:params["stream_cases"]]}
+        wanted = params["tool_call"] == "always" or (params["tool_call"] == "auto" and endpoint["tool_parser"])
+        tool_call = ask_tool_call(endpoint, params) if wanted else None
     except ValueError as error:
         module.fail_json(msg=str(error), ok=False, reasons=[str(error)])
     results = judge(cases, answers)
@@ -270,6 +299,7 @@ def main():
         "results": results,
         "streamed": len(streamed),
         "stream_mismatches": mismatches,
+        "tool_call": tool_call,
     }
     text = json.dumps(document, indent=1, sort_keys=True) + "\n"
     results_file = os.path.join(params["results_dir"], f"results-{params['label']}.json")
@@ -295,6 +325,7 @@ def main():
         "results_file": results_file,
         "streamed": len(streamed),
         "stream_mismatches": mismatches,
+        "tool_call": tool_call,
         "reasons": [],
     }
     if reference is not None:
@@ -306,6 +337,9 @@ def main():
     if mismatches:
         output["ok"] = False
         output["reasons"].append(stream_reason(mismatches, len(streamed)))
+    if tool_call and not tool_call["pass"]:
+        output["ok"] = False
+        output["reasons"].append(f"the tool-call case failed ({endpoint['tool_parser'] or 'the endpoint'}'s parser): {tool_call['reason']}")
     if not output["ok"]:
         module.fail_json(msg="correctness failed: " + "; ".join(output["reasons"]), **output)
     module.exit_json(**output)

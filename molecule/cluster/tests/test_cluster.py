@@ -83,6 +83,18 @@ def test_both_ranks_serve_one_model_through_the_head(head, worker):
           f"{head.run(f'systemctl show -p ActiveEnterTimestamp --value {UNIT}').stdout.strip()}")
 
 
+def test_logind_keeps_the_ranks_shared_memory_on_every_node(head, worker):
+    """The field's multi-node notes: logind's RemoveIPC would remove the ranks' shared memory at a logout."""
+    for host in (head, worker):
+        dropin = host.file("/etc/systemd/logind.conf.d/10-sparkfleet-remove-ipc.conf")
+        assert dropin.mode == 0o644 and "[Login]\nRemoveIPC=no\n" in dropin.content_string
+        # Where logind reads it (the merged configuration, drop-ins last), and what the running logind holds.
+        merged = host.check_output("systemd-analyze cat-config systemd/logind.conf")
+        assert merged.rstrip().endswith("RemoveIPC=no"), merged[-300:]
+        held = host.check_output("busctl get-property org.freedesktop.login1 /org/freedesktop/login1 org.freedesktop.login1.Manager RemoveIPC")
+        assert held.strip() == "b false", held
+
+
 def test_a_refused_cluster_changes_nothing(head, worker):
     before = cluster_state(head), cluster_state(worker)
     bad = {"vllm_version": "0.26.0", "cluster_instance": {"model": "/models/tiny-llama", "served_model_names": [MODEL], "port": PORT,

@@ -36,7 +36,16 @@ def test_endpoint_of_a_deployed_instance_is_read_from_its_plan():
         "container": "vllm-llm",
         "container_url": "http://127.0.0.1:8000",
         "image": f"r/vllm@{DIGEST}",
+        "tool_parser": None,
     }
+
+
+def test_an_instance_that_lets_the_model_choose_tools_names_its_parser():
+    instance = {"name": "llm", "model": "/models/qwen", "served_model_names": ["qwen"], "port": 8001, "api_key": "k" * 20,
+                "bind_addresses": ["127.0.0.1"], "gpu_memory_utilization": 0.5, "enable_auto_tool_choice": True, "tool_call_parser": "hermes"}
+    plan = build_plan([instance], {}, **plan_options(image=f"r/vllm@{DIGEST}"))
+    assert plan["errors"] == []
+    assert instance_endpoint(plan["instances"][0], parse_env_file(plan["env_files"]["llm"]))["tool_parser"] == "hermes"
 
 
 def test_a_plan_file_of_another_shape_is_a_clear_error(tmp_path):

@@ -12,6 +12,7 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_correctness 
     stream_mismatches,
     stream_reason,
     streamed_text,
+    tool_call_verdict,
     validate_cases,
 )
 
@@ -143,3 +144,25 @@ def test_only_a_streamed_answer_unlike_the_non_streamed_one_is_a_mismatch():
     results = [{"id": "a", "pass": True, "answer": "42"}, {"id": "b", "pass": True, "answer": "x y"}, {"id": "c", "pass": False, "answer": "z"}]
     assert stream_mismatches(results, {"a": "42", "b": "y x"}) == [{"id": "b", "answer": "x y", "streamed_answer": "y x"}]
     assert stream_reason(stream_mismatches(results, {"b": "y x"}), 1).startswith("1 of 1 greedy answers differ when streamed (b: 'x y' streamed as 'y x')")
+
+
+
+def reply(*calls, content=None):
+    return {"choices": [{"message": {"content": content, "tool_calls": list(calls)}}]}
+
+
+def call(name="get_weather", arguments='{"city": "Paris"}'):
+    return {"id": "c", "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+@pytest.mark.parametrize(("answer", "reason"), [
+    (reply(call()), "get_weather called with arguments that parse, city 'Paris'"),
+    (reply(content="It is sunny."), "the model called no tool; it answered 'It is sunny.'"),
+    (reply(call(name="get_time")), "the model called 'get_time', not get_weather"),
+    (reply(call(arguments='{"city": "Paris"')), "the call's arguments are not a JSON object"),
+    (reply(call(arguments='{"town": "Paris"}')), "the call's arguments name no city Paris"),
+    ({"choices": []}, "the reply has no choices[0].message"),
+])
+def test_a_tool_call_passes_only_with_get_weather_and_arguments_that_parse(answer, reason):
+    verdict = tool_call_verdict(answer)
+    assert verdict["reason"].startswith(reason) and verdict["pass"] is reason.startswith("get_weather called")

@@ -49,8 +49,9 @@ def refused(module, args, *fragments, **how):
 class Handler(http.server.BaseHTTPRequestHandler):
     def answer(self):
         length = int(self.headers.get("Content-Length") or 0)
-        streamed = length and b'"stream": true' in self.rfile.read(length)
-        route = self.path + ("#stream" if streamed and self.path + "#stream" in self.server.routes else "")
+        body = self.rfile.read(length) if length else b""
+        kind = "#stream" if b'"stream": true' in body else "#tools" if b'"tools":' in body else ""
+        route = self.path + (kind if self.path + kind in self.server.routes else "")
         status, body, delay = self.server.routes.get(route, (404, '{"detail": "Not Found"}', 0))
         time.sleep(delay)
         self.send_response(status)
@@ -230,6 +231,19 @@ def test_correctness_names_replies_of_another_shape_and_a_damaged_reference(serv
 
 def chunk(text):
     return "data: " + json.dumps({"choices": [{"index": 0, "delta": {"content": text}}]}) + "\n\n"
+
+
+def test_correctness_calls_a_tool_end_to_end_and_fails_a_reply_that_does_not(server, tmp_path):
+    args = {"url": server.url, "model": "m", "label": "x", "results_dir": str(tmp_path / "results"), "stream_cases": 0, "tool_call": "always"}
+    server.routes["/v1/chat/completions"] = (200, '{"choices": [{"message": {"content": "42"}}]}', 0)
+    call = {"id": "call-1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris, France"}'}}
+    server.routes["/v1/chat/completions#tools"] = (200, json.dumps({"choices": [{"message": {"content": None, "tool_calls": [call]}}]}), 0)
+    called = run("vllm_correctness", args)
+    assert called.get("failed") is not True and called["tool_call"]["pass"] is True, called.get("msg")
+    assert run("vllm_correctness", dict(args, tool_call="auto"))["tool_call"] is None, "no parser known for a bare url"
+    server.routes["/v1/chat/completions#tools"] = (200, '{"choices": [{"message": {"content": "<tool_call>{get_weather"}}]}', 0)
+    refused("vllm_correctness", args, "the tool-call case failed (the endpoint's parser): the model called no tool; it answered "
+            "'<tool_call>{get_weather' (the parser found no call in it)")
 
 
 def test_correctness_fails_when_a_streamed_answer_is_not_the_non_streamed_one(server, tmp_path):
