@@ -4,7 +4,14 @@
 
 from __future__ import annotations
 
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._cluster import agreement_problems, cluster_nodes, fleet_cluster_problems, stale_ranks
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._cluster import (
+    agreement_problems,
+    cluster_nodes,
+    fleet_cluster_problems,
+    nccl_probe_argv,
+    nccl_verdict,
+    stale_ranks,
+)
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._fabric import nccl_buffer_problem, nccl_max_bytes
 
 # What each node's own host vars add to the declaration of its group: key -> variable.
@@ -48,8 +55,17 @@ def cluster_stale_ranks(deployed, keep, config_dir):
     return stale_ranks({path: text for path, text in (deployed or {}).items() if text is not None}, keep or "", config_dir)
 
 
+def cluster_nccl_probe(image):
+    return nccl_probe_argv(image)
+
+
+def cluster_nccl_verdict(probe, serve_args, image):
+    return nccl_verdict(probe if isinstance(probe, dict) else {}, serve_args or [], image)
+
+
 class FilterModule:
     def filters(self):
         return {"cluster_layout": cluster_layout, "cluster_agreement": cluster_agreement, "cluster_nccl_problem": cluster_nccl_problem,
                 "cluster_node_vars": cluster_node_vars, "cluster_fleet_problems": cluster_fleet_problems,
-                "cluster_stale_ranks": cluster_stale_ranks}
+                "cluster_stale_ranks": cluster_stale_ranks, "cluster_nccl_probe": cluster_nccl_probe,
+                "cluster_nccl_verdict": cluster_nccl_verdict}

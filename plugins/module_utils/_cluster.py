@@ -25,7 +25,7 @@ import typing as t
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._fabric import MTU_MAX, MTU_MIN, MTU_WHY, interface_named, interface_on, rocev2_gid_index
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._model_catalog import VERSION, version_tuple
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._settings import Setting, dropin_problem, setting_problems
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_instance import UNIT_NAME, removal
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_instance import DOCKER_CLIENT, UNIT_NAME, removal
 
 BACKENDS = ("native", "ray")
 FIRST_MULTI_NODE_VERSION = "0.27.0"
@@ -469,3 +469,72 @@ def stale_ranks(deployed: t.Mapping[str, t.Any], keep: str, config_dir: str) -> 
             continue
         ranks.append(rank)
     return {"ranks": ranks, "problems": problems}
+
+
+# NCCL inside a cluster's image (field reports): cross-node CUDA-graph capture could deadlock before 2.30.4, which fixed
+# it (seed 002 pins 2.30.4); pip's 2.28.9 beside another system NCCL in one image wedged collectives.
+NCCL_DEADLOCK_FIXED = (2, 30, 4)
+NCCL_WEDGED_PIP = (2, 28, 9)
+# Run by the image's own Python in a throwaway container without network: the NCCL packages pip installed (what vLLM
+# loads) and the one the image's system declares (NGC images set NCCL_VERSION). No GPU is needed to read either.
+NCCL_PROBE = (
+    "import json, os\n"
+    "from importlib import metadata\n"
+    "found = {}\n"
+    "for name in ('nvidia-nccl-cu13', 'nvidia-nccl-cu12', 'nvidia-nccl-cu11'):\n"
+    "    try:\n"
+    "        found[name] = metadata.version(name)\n"
+    "    except metadata.PackageNotFoundError:\n"
+    "        pass\n"
+    "print(json.dumps({'pip': found, 'system': os.environ.get('NCCL_VERSION')}))\n"
+)
+NCCL_RELEASE = re.compile(r"(\d+)\.(\d+)\.(\d+)")
+
+
+def nccl_probe_argv(image: str) -> list[str]:
+    # Never pulled here: the image is the one serving_host pulled and verified (in check mode it may not be there yet).
+    return [DOCKER_CLIENT, "run", "--rm", "--pull", "never", "--network", "none", "--entrypoint", "python3", image, "-c", NCCL_PROBE]
+
+
+def nccl_release(text: t.Any) -> tuple[int, int, int] | None:
+    match = NCCL_RELEASE.match(text) if isinstance(text, str) else None
+    return (int(match[1]), int(match[2]), int(match[3])) if match else None
+
+
+def nccl_verdict(probe: t.Mapping[str, t.Any], serve_args: t.Sequence[str], image: str) -> dict[str, t.Any]:
+    """What the NCCL in a cluster's image means for it: {errors, warnings, pip, system}. ``probe``: NCCL_PROBE's run
+    (rc, stdout, stderr). An NCCL before 2.30.4 is refused (the cross-node CUDA-graph deadlock), or only warned about when
+    the cluster runs without CUDA graphs (--enforce-eager); an NCCL that cannot be read is reported, not passed silently."""
+    found: t.Any = None
+    if probe.get("rc") == 0:
+        try:
+            found = json.loads(str(probe.get("stdout") or "").strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            found = None
+    if not isinstance(found, dict) or not isinstance(found.get("pip"), dict):
+        why = str(probe.get("stderr") or probe.get("stdout") or probe.get("msg") or "no output").strip()[-200:]
+        return {"errors": [], "pip": None, "system": None, "warnings": [
+            f"cluster_instance: the NCCL in {image} could not be read ({why}); the cross-node CUDA-graph deadlock of NCCL before "
+            f"{'.'.join(map(str, NCCL_DEADLOCK_FIXED))} cannot be ruled out"]}
+    pip = {name: version for name, version in found["pip"].items() if nccl_release(version)}
+    system = found.get("system") if nccl_release(found.get("system")) else None
+    releases = sorted((nccl_release(version), f"{version} ({name}, pip)") for name, version in pip.items())
+    loaded = releases[-1] if releases else ((nccl_release(system), f"{system} (the image's NCCL_VERSION)") if system else None)
+    verdict: dict[str, t.Any] = {"errors": [], "warnings": [], "pip": pip, "system": system}
+    fixed = ".".join(map(str, NCCL_DEADLOCK_FIXED))
+    if loaded is None:
+        verdict["warnings"].append(f"cluster_instance: {image} declares no NCCL (no nvidia-nccl package, no NCCL_VERSION); the "
+                                   f"cross-node CUDA-graph deadlock of NCCL before {fixed} cannot be ruled out")
+    elif loaded[0] < NCCL_DEADLOCK_FIXED:
+        what = (f"cluster_instance: the NCCL vLLM loads from {image} is {loaded[1]}, before {fixed}, which fixed a cross-node "
+                "deadlock in CUDA-graph capture")
+        if "--enforce-eager" in serve_args:
+            verdict["warnings"].append(what + "; the cluster runs without CUDA graphs (enforce_eager), so the capture cannot deadlock")
+        else:
+            verdict["errors"].append(what + f": use an image with NCCL {fixed} or later, or set enforce_eager: true (no CUDA graphs, "
+                                     "slower decode)")
+    wedged = [name for name, version in pip.items() if nccl_release(version) == NCCL_WEDGED_PIP]
+    if wedged and system and nccl_release(system) != NCCL_WEDGED_PIP:
+        verdict["warnings"].append(f"cluster_instance: {image} carries pip's NCCL 2.28.9 ({', '.join(wedged)}) beside the system's "
+                                   f"{system}: that pairing wedged cross-node collectives in the field; pin one NCCL in the image")
+    return verdict

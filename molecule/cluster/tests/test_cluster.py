@@ -215,6 +215,8 @@ def test_a_killed_worker_fails_the_cluster_and_a_failed_reapply_rolls_every_rank
     assert "Cluster lab-tp2 failed its relaunch" in output and KEY not in output
     assert "The last good settings of every rank were relaunched and serve again." in output
     assert "TASK [sparkfleet.vllm.cluster : Raise the maintenance flag]" in output
+    # The NCCL the ranks would load was read from the image in a throwaway container: the lab's CPU build carries none.
+    assert "declares no NCCL (no nvidia-nccl package, no NCCL_VERSION)" in output
     assert not head.file("/run/sparkfleet/vllm-maintenance").exists and not worker.file("/run/sparkfleet/vllm-maintenance").exists
     for host in (head, worker):
         assert stale_rank_left(host) == {"files": [], "unit": "not-found", "container": False}, "the renamed cluster's rank is gone"

@@ -3,6 +3,8 @@
 import copy
 import json
 import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +15,8 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._cluster import (
     agreement_problems,
     cluster_nodes,
     fleet_cluster_problems,
+    nccl_probe_argv,
+    nccl_verdict,
     stale_ranks,
 )
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._fabric import parse_ibdev2netdev
@@ -522,3 +526,33 @@ def test_a_plan_file_naming_no_rank_of_ours_is_refused_never_removed(text, fragm
 def test_a_file_name_that_is_no_rank_name_is_refused():
     stale = stale_ranks({"/etc/sparkfleet/cluster/Old Tp2.json": rank_plan_text("Old Tp2")}, "", "/etc/sparkfleet/cluster")
     assert stale["ranks"] == [] and "does not name the cluster rank 'Old Tp2'" in stale["problems"][0]
+
+
+def probed(pip=None, system=None, rc=0):
+    return {"rc": rc, "stdout": json.dumps({"pip": pip or {}, "system": system}) + "\n", "stderr": ""}
+
+
+@pytest.mark.parametrize(("probe", "args", "errors", "warnings"), [
+    (probed({"nvidia-nccl-cu13": "2.30.4"}), [], [], []),
+    (probed({"nvidia-nccl-cu12": "2.27.3"}), [], ["is 2.27.3 (nvidia-nccl-cu12, pip), before 2.30.4, which fixed a cross-node deadlock"], []),
+    (probed({"nvidia-nccl-cu12": "2.27.3"}), ["--enforce-eager"], [], ["the cluster runs without CUDA graphs (enforce_eager)"]),
+    (probed(system="2.26.2-1"), [], ["is 2.26.2-1 (the image's NCCL_VERSION)"], []),
+    (probed({"nvidia-nccl-cu13": "2.28.9"}, system="2.27.5"), ["--enforce-eager"], [],
+     ["without CUDA graphs", "carries pip's NCCL 2.28.9 (nvidia-nccl-cu13) beside the system's 2.27.5: that pairing wedged"]),
+    (probed(), [], [], ["declares no NCCL (no nvidia-nccl package, no NCCL_VERSION)"]),
+    ({"rc": 125, "stdout": "", "stderr": "Unable to find image 'r/vllm@sha256:ab' locally"}, [], [],
+     ["could not be read (Unable to find image 'r/vllm@sha256:ab' locally)"]),
+])
+def test_the_nccl_a_clusters_image_carries_is_refused_before_the_deadlock_fix(probe, args, errors, warnings):
+    verdict = nccl_verdict(probe, args, "r/vllm@sha256:ab")
+    assert len(verdict["errors"]) == len(errors) and all(e in found for e, found in zip(errors, verdict["errors"], strict=True)), verdict
+    assert len(verdict["warnings"]) == len(warnings) and all(w in found for w, found in zip(warnings, verdict["warnings"], strict=True)), verdict
+    if errors:
+        assert verdict["errors"][0].endswith("use an image with NCCL 2.30.4 or later, or set enforce_eager: true (no CUDA graphs, slower decode)")
+
+
+def test_the_nccl_probe_runs_the_pulled_image_without_network_and_reads_what_it_declares():
+    argv = nccl_probe_argv("r/vllm@sha256:ab")
+    assert argv[:8] == ["/usr/bin/docker", "run", "--rm", "--pull", "never", "--network", "none", "--entrypoint"] and argv[9] == "r/vllm@sha256:ab"
+    completed = subprocess.run([sys.executable, "-c", argv[-1]], capture_output=True, text=True, env={"NCCL_VERSION": "2.30.4-1"}, check=True)
+    assert json.loads(completed.stdout)["system"] == "2.30.4-1"
