@@ -16,10 +16,10 @@ description:
   - Twenty built-in cases cover arithmetic, word problems, unit conversion, facts, string manipulation,
     reading code and JSON extraction (seed 000's harness).
   - The first O(stream_cases) cases are also asked streamed, and each streamed answer must be the non-streamed one,
-    character for character (seed 003: some MoE models scramble streamed tokens while non-streamed answers are right).
+    character for character (seed 003, some MoE models scramble streamed tokens while non-streamed answers are right).
   - For an instance that lets the model choose tools (C(--enable-auto-tool-choice) with a C(--tool-call-parser)), one
-    end-to-end tool call too (O(tool_call)): the request carries a C(get_weather) tool and a prompt that needs it, and the
-    reply must call it with arguments that parse (seed 003: tool calling through a model's parser has been unreliable).
+    end-to-end tool call too (O(tool_call)); the request carries a C(get_weather) tool and a prompt that needs it, and the
+    reply must call it with arguments that parse (seed 003, tool calling through a model's parser has been unreliable).
   - Saves the labelled results on the host and, given O(reference), lists every case whose pass/fail or
     normalised answer changed. It fails when fewer cases pass than in the reference, and reports changed
     answers even at the same score (seed 000, "the diff matters more than the score").

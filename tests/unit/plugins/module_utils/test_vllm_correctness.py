@@ -146,7 +146,6 @@ def test_only_a_streamed_answer_unlike_the_non_streamed_one_is_a_mismatch():
     assert stream_reason(stream_mismatches(results, {"b": "y x"}), 1).startswith("1 of 1 greedy answers differ when streamed (b: 'x y' streamed as 'y x')")
 
 
-
 def reply(*calls, content=None):
     return {"choices": [{"message": {"content": content, "tool_calls": list(calls)}}]}
 
