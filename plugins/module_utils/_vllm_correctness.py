@@ -260,10 +260,14 @@ def streamed_text(body: str) -> str:
             chunk = json.loads(data)
         except ValueError as error:
             raise ValueError(f"a streamed event is not JSON ({data[:80]!r})") from error
-        if not isinstance(chunk, dict) or "error" in chunk:
+        if not isinstance(chunk, dict) or "error" in chunk or chunk.get("object") == "error":
             raise ValueError(f"the stream carried an error: {str(chunk)[:200]}")
-        for choice in chunk.get("choices") or []:
-            content = ((choice if isinstance(choice, dict) else {}).get("delta") or {}).get("content")
+        choices = chunk.get("choices") or []
+        if not isinstance(choices, list):
+            raise ValueError(f"a streamed chunk's choices are not a list: {str(chunk)[:200]}")
+        for choice in choices:
+            delta = choice.get("delta") if isinstance(choice, dict) else None
+            content = delta.get("content") if isinstance(delta, dict) else None
             if isinstance(content, str):
                 parts.append(content)
     raise ValueError("the stream ended without [DONE]: it was cut short")
@@ -286,6 +290,8 @@ def stream_reason(mismatches: t.Sequence[t.Mapping[str, t.Any]], compared: int) 
 # The end-to-end tool call (seed 003: tool calling through a model's parser has been unreliable with coding agents): one
 # tool, a prompt that needs it, the model free to choose ("auto"), so the parser, not guided decoding, makes the call.
 TOOL_CALL_PROMPT = "What is the weather in Paris right now? Use the get_weather tool."
+# Room for a model that writes a sentence before its call: a call cut off would read as no call.
+TOOL_CALL_MIN_TOKENS = 256
 WEATHER_TOOL = {
     "type": "function",
     "function": {

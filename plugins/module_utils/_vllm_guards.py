@@ -173,7 +173,8 @@ def text_only_default(where: str, instance: t.Mapping[str, t.Any], entry: t.Mapp
     fits a 32 GB card only without vision, which also drops the encoder's 4096-token batch floor)."""
     if instance.get("language_model_only") is not None or not entry.get("text_only_weights_gib"):
         return None
-    with_vision, vision_errors, _warnings = memory_report(where, instance, entry, pool_bytes, max(mnbt or 0, MULTIMODAL_FLOOR))
+    # Unset, vLLM batches 8192 tokens, as the arithmetic below assumes; with vision never fewer than the encoder's floor.
+    with_vision, vision_errors, _warnings = memory_report(where, instance, entry, pool_bytes, max(mnbt or 8192, MULTIMODAL_FLOOR))
     text_only, text_errors, _warnings = memory_report(where, {**instance, "language_model_only": True}, entry, pool_bytes, mnbt)
     if not vision_errors or text_errors:
         return None

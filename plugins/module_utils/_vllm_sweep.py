@@ -311,14 +311,21 @@ def summarise_variant(repeats: t.Sequence[t.Sequence[t.Mapping[str, t.Any]]]) ->
 
 
 def correctness_gate(baseline: t.Mapping[str, t.Any] | None, variant: t.Mapping[str, t.Any]) -> dict[str, t.Any]:
-    """The variant passes no fewer cases than the baseline; its changed greedy answers are listed either way."""
+    """The variant passes no fewer cases than the baseline, streams what it answers whole and, where the instance has a
+    tool-call parser, calls the tool (seed 003: a speculative MoE variant can scramble streams); its changed greedy
+    answers are listed either way. The baseline is held to the last two itself."""
     changed = [case.get("id") for case in variant.get("changed_cases") or []]
+    broken = [f"{len(variant['stream_mismatches'])} streamed answers differ from the whole ones"
+              f" ({', '.join(str(m.get('id')) for m in variant['stream_mismatches'])})"] if variant.get("stream_mismatches") else []
+    tool_call = variant.get("tool_call")
+    broken += [f"the tool-call case failed: {tool_call.get('reason')}"] if isinstance(tool_call, dict) and tool_call.get("pass") is False else []
     if baseline is None:
-        return {"ok": True, "passed": variant.get("passed"), "baseline_passed": None, "changed": changed,
-                "reason": "the baseline itself"}
-    ok = (variant.get("passed") or 0) >= (baseline.get("passed") or 0)
+        return {"ok": not broken, "passed": variant.get("passed"), "baseline_passed": None, "changed": changed,
+                "reason": "; ".join(["the baseline itself", *broken])}
+    ok = (variant.get("passed") or 0) >= (baseline.get("passed") or 0) and not broken
     reason = (f"{variant.get('passed')} of {variant.get('total')} cases pass, the baseline {baseline.get('passed')}"
-              + (f"; {len(changed)} answers changed: {', '.join(map(str, changed))}" if changed else "; no answer changed"))
+              + (f"; {len(changed)} answers changed: {', '.join(map(str, changed))}" if changed else "; no answer changed")
+              + "".join(f"; {problem}" for problem in broken))
     return {"ok": ok, "passed": variant.get("passed"), "baseline_passed": baseline.get("passed"), "changed": changed,
             "reason": reason}
 

@@ -153,7 +153,7 @@ dataset:
   type: dict
 runs:
   description:
-    - Per concurrency, completed, failed, mean_ttft_ms, p99_ttft_ms, mean_tpot_ms, p99_tpot_ms, mean_itl_ms,
+    - Per concurrency, completed, failed, mean_ttft_ms, median_ttft_ms, p99_ttft_ms, mean_tpot_ms, p99_tpot_ms, mean_itl_ms,
       p99_itl_ms, output_throughput (tok/s), total_input_tokens, total_output_tokens, duration, acceptance
       (from the counters, null without a drafter), mean_acceptance_length, acceptance_per_position,
       acceptance_note (why acceptance is null although the server drafts, because its counters went backwards during the

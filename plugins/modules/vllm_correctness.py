@@ -106,7 +106,9 @@ EXAMPLES = r"""
 
 RETURN = r"""
 ok:
-  description: Whether the run holds up against the reference (no fewer passes); true without a reference.
+  description: >-
+    Whether the run holds up, no fewer passes than the reference (true without one), every streamed answer the whole
+    one and the tool-call case passed where sent.
   returned: always
   type: bool
 passed:
@@ -175,6 +177,7 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_client impor
 )
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_correctness import (
     BUILTIN_CASES,
+    TOOL_CALL_MIN_TOKENS,
     TOOL_CALL_PROMPT,
     WEATHER_TOOL,
     diff,
@@ -212,7 +215,8 @@ def ask_streamed(endpoint, case, params):
 
 def ask_tool_call(endpoint, params):
     url = endpoint["url"] + "/v1/chat/completions"
-    body = {**payload(endpoint, {"prompt": TOOL_CALL_PROMPT}, params), "tools": [WEATHER_TOOL], "tool_choice": "auto"}
+    body = {**payload(endpoint, {"prompt": TOOL_CALL_PROMPT}, params), "tools": [WEATHER_TOOL], "tool_choice": "auto",
+            "max_tokens": max(params["max_tokens"], TOOL_CALL_MIN_TOKENS)}
     return tool_call_verdict(json_object(http("POST", url, endpoint["api_key"], body, timeout=params["timeout"]), f"the tool-call case: {url}"))
 
 

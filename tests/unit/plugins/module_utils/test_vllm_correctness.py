@@ -165,3 +165,9 @@ def call(name="get_weather", arguments='{"city": "Paris"}'):
 def test_a_tool_call_passes_only_with_get_weather_and_arguments_that_parse(answer, reason):
     verdict = tool_call_verdict(answer)
     assert verdict["reason"].startswith(reason) and verdict["pass"] is reason.startswith("get_weather called")
+
+
+@pytest.mark.parametrize("event", ['data: {"choices": 3}', 'data: {"choices": [{"delta": "text"}]}\n\ndata: {"object": "error", "message": "x"}'])
+def test_a_stream_of_another_shape_is_named_not_a_traceback(event):
+    with pytest.raises(ValueError, match="choices are not a list|carried an error|ended without"):
+        streamed_text(event + "\n\ndata: [DONE]")

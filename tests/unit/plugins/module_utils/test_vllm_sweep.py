@@ -140,6 +140,12 @@ def test_records_gate_on_passes_and_changed_answers():
     assert not fewer["gate"]["ok"] and "17 of 20 cases pass, the baseline 18" in fewer["gate"]["reason"]
     failed = vllm_sweep_record(variant, "failed", "the gate failed")
     assert failed["status"] == "failed" and failed["gate"] == {"ok": False, "reason": "the gate failed"}
+    # Seed 003: a variant that scrambles its streams or no longer calls the tool is out, however it scores.
+    scrambled = vllm_sweep_record(variant, "ok", None, {"passed": 18, "total": 20, "stream_mismatches": [{"id": "arith-1"}]}, baseline, bench)
+    assert not scrambled["gate"]["ok"] and scrambled["gate"]["reason"].endswith("; 1 streamed answers differ from the whole ones (arith-1)")
+    no_call = vllm_sweep_record(dict(variant, rank=0), "ok", None, {"passed": 18, "total": 20, "tool_call": {"pass": False, "reason": "no tool"}})
+    assert no_call["gate"] == {"ok": False, "passed": 18, "baseline_passed": None, "changed": [],
+                               "reason": "the baseline itself; the tool-call case failed: no tool"}
 
 
 def test_report_has_a_table_per_variant_with_spread_and_categories():
