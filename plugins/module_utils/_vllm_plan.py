@@ -894,7 +894,9 @@ def build_plan(instances: t.Any, defaults: t.Any, **given: t.Any) -> dict[str, t
         if not problems and instance.get("state") != "absent":
             if instance.get("max_num_batched_tokens") is None and options["hardware"]["max_num_batched_tokens"]:
                 instance["max_num_batched_tokens"] = options["hardware"]["max_num_batched_tokens"]
-            text_only = text_only_default(instance_where(instance, options), instance, *text_only_inputs(instance, options))
+            entry, pool = catalog_entry(instance, options), arithmetic_pool(options)
+            text_only = entry and pool and text_only_default(instance_where(instance, options), instance, entry, pool,
+                                                             instance.get("max_num_batched_tokens"))
             if text_only:
                 instance["language_model_only"] = True
                 plan["warnings"].append(text_only)
@@ -927,11 +929,14 @@ def build_plan(instances: t.Any, defaults: t.Any, **given: t.Any) -> dict[str, t
     return plan
 
 
-def text_only_inputs(instance: t.Mapping[str, t.Any], options: t.Mapping[str, t.Any]) -> tuple[dict[str, t.Any], float, int | None]:
-    """The catalog entry, memory pool and batched tokens text_only_default judges by (an empty entry: nothing to judge)."""
-    entry = options["catalog"].get(instance.get("catalog")) if instance.get("catalog") else None
+def catalog_entry(instance: t.Mapping[str, t.Any], options: t.Mapping[str, t.Any]) -> dict[str, t.Any] | None:
+    return options["catalog"].get(instance["catalog"]) if instance.get("catalog") else None
+
+
+def arithmetic_pool(options: t.Mapping[str, t.Any]) -> float | None:
+    """The memory pool the arithmetic shares out (the host's total, else its class's); None on a class without a GPU."""
     pool = options["memory_total_bytes"] or (options["hardware"]["pool_gib"] or 0) * GIB
-    return (entry if entry and options["hardware"]["gpu"] and pool else {}), pool, instance.get("max_num_batched_tokens")
+    return pool if options["hardware"]["gpu"] and pool else None
 
 
 def instance_findings(instance: dict[str, t.Any], options: t.Mapping[str, t.Any]) -> tuple[list[str], list[str], dict[str, t.Any] | None]:
@@ -940,16 +945,15 @@ def instance_findings(instance: dict[str, t.Any], options: t.Mapping[str, t.Any]
     where = instance_where(instance, options)
     hardware = options["hardware"]
     mnbt = instance.get("max_num_batched_tokens")
-    entry_id = instance.get("catalog")
-    entry = options["catalog"].get(entry_id) if entry_id else None
+    entry = catalog_entry(instance, options)
     errors, warnings = setting_findings(where, instance, entry, hardware, mnbt)
     if not entry:
         return errors, warnings, None
-    found_errors, found_warnings = catalog_findings(where, instance, entry_id, entry, options["catalog"], mnbt, options["vllm_version"],
+    found_errors, found_warnings = catalog_findings(where, instance, instance["catalog"], entry, options["catalog"], mnbt, options["vllm_version"],
                                                     bool(options["cluster"]))
     errors, warnings = errors + found_errors, warnings + found_warnings
-    pool = options["memory_total_bytes"] or (hardware["pool_gib"] or 0) * GIB
-    if not hardware["gpu"] or not pool:
+    pool = arithmetic_pool(options)
+    if not pool:
         return errors, warnings, None
     report, memory_errors, memory_warnings = memory_report(where, instance, entry, pool, mnbt)
     return errors + memory_errors, warnings + memory_warnings, report
