@@ -45,7 +45,7 @@ RELAUNCHING_KINDS = frozenset(("env", "unit"))
 ROLLED_BACK_KINDS = {"instance": frozenset(FILE_KINDS), "gateway": frozenset(("plan", "unit"))}
 SECRET_KINDS = frozenset(("env",))
 HIDDEN = "(the env file holds the API key; its content is not shown)\n"
-STEPS = ("prepare", "stop", "start", "restore", "keep", "last_good", "remove", "relaunch", "raise_flag", "clear_flag")
+STEPS = ("prepare", "stop", "start", "restore", "keep", "last_good", "remove", "relaunch", "roll_back", "raise_flag", "clear_flag")
 GATEWAY = "gateway"
 MEMINFO = "/proc/meminfo"
 DROP_CACHES = "/proc/sys/vm/drop_caches"
@@ -399,28 +399,30 @@ def restored_share(plan: t.Mapping[str, t.Any]) -> dict[str, t.Any]:
     return {**plan, "gpu_memory_utilization": share} if is_share(share) else dict(plan)
 
 
-def roll_back(plan: t.Mapping[str, t.Any], memory_admission: bool, run: Runner) -> str:
-    """Relaunch the last good files after a failed gate; what came of it, as the failure's message says it."""
+def roll_back(plan: t.Mapping[str, t.Any], memory_admission: bool, run: Runner) -> tuple[bool, str]:
+    """Relaunch the last good files; whether they serve, and what came of it as a failure's message says it."""
     try:
         if not restore(plan, False, run)["restored"]:
             stop(plan, False, run)
-            return f"There were no last good settings to roll back to; the {noun(plan)} is stopped."
+            return False, f"There were no last good settings to roll back to; the {noun(plan)} is stopped."
     except FileProblem as error:
-        return f"The rollback could not run ({error}); the {noun(plan)} is down."
+        return False, f"The rollback could not run ({error}); the {noun(plan)} is down."
     again = launch(restored_share(plan), memory_admission, run)
     if again["ok"] and is_gateway(plan):
-        return "The last good unit was relaunched, on the keys and routing of now, and answers again."
+        return True, "The last good unit was relaunched, on the keys and routing of now, and answers again."
     if again["ok"]:
-        return "The last good settings were relaunched and serve again."
-    return f"The last good settings were relaunched but do not serve either ({again['msg']}); the {noun(plan)} is down."
+        return True, "The last good settings were relaunched and serve again."
+    return False, f"The last good settings were relaunched but do not serve either ({again['msg']}); the {noun(plan)} is down."
 
 
-def relaunch(plan: t.Mapping[str, t.Any], memory_admission: bool, flag: str | None, check_mode: bool, run: Runner) -> dict[str, t.Any]:
+def relaunch(plan: t.Mapping[str, t.Any], memory_admission: bool, flag: str | None, check_mode: bool, run: Runner,
+             keep_last_good: bool = True) -> dict[str, t.Any]:
     """Relaunch a single instance behind its health gate, under the maintenance flag (cleared in
-    every case; the gateway has none), and keep its files as the last good settings once gated. A failed gate restores
-    the last good files and relaunches and gates them; the
-    result then has ``failed`` and a ``msg`` saying what went wrong, after how long, what the
-    rollback achieved and the engine log's error lines."""
+    every case; the gateway has none), and keep its files as the last good settings once gated
+    (``keep_last_good``; a rollout keeps them only once it judged them, step keep, or rolls back to
+    the last good ones, step roll_back). A failed gate restores the last good files and relaunches
+    and gates them; the result then has ``failed`` and a ``msg`` saying what went wrong, after how
+    long, what the rollback achieved and the engine log's error lines."""
     if check_mode:
         return {"changed": True}
     if flag:
@@ -428,11 +430,13 @@ def relaunch(plan: t.Mapping[str, t.Any], memory_admission: bool, flag: str | No
         hand_back_to_watchdog(plan["watchdog_give_up"])
     try:
         verdict = launch(plan, memory_admission, run)
-        rollback = None if verdict["ok"] else roll_back(plan, memory_admission, run)
+        rollback = None if verdict["ok"] else roll_back(plan, memory_admission, run)[1]
     finally:
         flag_left = flag_not_cleared(flag) if flag else ""
     if rollback is None:
-        kept = keep_gated(plan, False, run)["written"]
+        kept = keep_gated(plan, False, run)["written"] if keep_last_good else []
+        if not keep_last_good:
+            enable(plan["unit"], run)
         return {"changed": True, "gate": verdict, "kept": kept,
                 **({"failed": True, "msg": f"{plan['name']} passed its gate, but {flag_left}"} if flag_left else {})}
     errors = " / ".join(verdict.get("log_errors", [])) or "none found"
@@ -440,6 +444,23 @@ def relaunch(plan: t.Mapping[str, t.Any], memory_admission: bool, flag: str | No
     return {"changed": True, "failed": True, "gate": verdict,
             "msg": (f"{failed} failed its relaunch: {verdict['msg']} (detected after {verdict.get('elapsed', '?')} s). "
                     f"{rollback} Errors in the {'gateway' if is_gateway(plan) else 'engine'} log: {errors}" + (f". Also {flag_left}" if flag_left else ""))}
+
+
+def roll_back_judged(plan: t.Mapping[str, t.Any], memory_admission: bool, flag: str | None, check_mode: bool,
+                     run: Runner) -> dict[str, t.Any]:
+    """Put a single instance that served but was judged worse than before (a rollout's verdict) back on
+    its last good settings, stopped, restored, started and gated under the maintenance flag; fails
+    when they do not serve."""
+    if check_mode:
+        return {"changed": last_good(plan)["complete"]}
+    if flag:
+        raise_flag(flag, plan["name"], False)
+    try:
+        served, outcome = roll_back(plan, memory_admission, run)
+    finally:
+        flag_left = flag_not_cleared(flag) if flag else ""
+    also = f" Also {flag_left}" if flag_left else ""
+    return {"changed": True, "served": served, "msg": outcome + also, **({} if served and not flag_left else {"failed": True})}
 
 
 def hand_back_to_watchdog(give_up: str) -> None:
@@ -470,13 +491,14 @@ def checked(run: Runner, argv: list[str]) -> str:
     return out
 
 
-def step(name: str, plan: t.Any, check_mode: bool, run: Runner, env_text: str | None = None, memory_admission: bool = True) -> dict[str, t.Any]:
+def step(name: str, plan: t.Any, check_mode: bool, run: Runner, env_text: str | None = None, memory_admission: bool = True,
+         keep_last_good: bool = True) -> dict[str, t.Any]:
     """One step of the transaction on one unit; UnitError says what stopped it and the fix."""
     problem = removal_problem(plan) if name == "remove" else plan_problem(plan)
     if problem:
         raise UnitError(problem)
     flag = plan.get("maintenance_flag")
-    flagged = ("raise_flag", "clear_flag") if is_gateway(plan) else ("relaunch", "raise_flag", "clear_flag")
+    flagged = ("raise_flag", "clear_flag") if is_gateway(plan) else ("relaunch", "roll_back", "raise_flag", "clear_flag")
     flag_problem = path_problem(flag, 2) if name in flagged else None
     if flag_problem:
         raise UnitError(f"plan: maintenance_flag {flag!r} {flag_problem}; step {name} needs the flag's path as the vllm role "
@@ -498,7 +520,12 @@ def step(name: str, plan: t.Any, check_mode: bool, run: Runner, env_text: str | 
     if name == "last_good":
         return last_good(plan)
     if name == "relaunch":
-        return relaunch(plan, memory_admission, flag, check_mode, run)
+        return relaunch(plan, memory_admission, flag, check_mode, run, keep_last_good)
+    if name == "roll_back":
+        if is_gateway(plan) or plan.get("cluster"):
+            raise UnitError(f"step roll_back: {plan['name']} is {'the gateway' if is_gateway(plan) else 'a cluster rank'}; only a single "
+                            "instance is rolled back alone (a cluster's role rolls every rank back together)")
+        return roll_back_judged(plan, memory_admission, flag, check_mode, run)
     if name == "raise_flag":
         return raise_flag(flag, plan["name"], check_mode)
     if name == "clear_flag":

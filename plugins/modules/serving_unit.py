@@ -36,6 +36,9 @@ description:
     last good files are restored, started (admitted on their own memory share) and gated in turn, and the task
     fails saying what went wrong, after how long, whether the last good settings serve again, and the engine
     log's error lines.
+  - C(roll_back) puts a single instance that served but was judged worse (a rollout's verdict, O(keep_last_good) false on
+    its relaunch) back on its last good settings - restored, started and gated under the maintenance flag - and fails
+    when they do not serve (C(served)).
   - C(raise_flag) and C(clear_flag) raise and clear the maintenance flag around a relaunch the role orders
     itself (a cluster's), so the watchdog takes the stopped units for planned work.
   - The gateway's plan (C(kind) C(gateway), C(__gateway_plan.serving_unit)) holds no memory share and no maintenance flag; its
@@ -57,7 +60,7 @@ options:
   step:
     description: The step to run.
     type: str
-    choices: [prepare, stop, start, restore, keep, last_good, remove, relaunch, raise_flag, clear_flag]
+    choices: [prepare, stop, start, restore, keep, last_good, remove, relaunch, roll_back, raise_flag, clear_flag]
     default: prepare
   env_file:
     description:
@@ -66,6 +69,13 @@ options:
     type: str
   memory_admission:
     description: With O(step=start) or O(step=relaunch), refuse a start whose memory share is more than the memory available now (the gateway has none).
+    type: bool
+    default: true
+  keep_last_good:
+    description:
+      - With O(step=relaunch), keep the gated files as the last good settings. False leaves the settings before the
+        relaunch as the last good ones (the unit is enabled all the same), so a rollout that judges the new settings
+        worse puts those back (O(step=roll_back)) and keeps the new ones only once judged (O(step=keep)).
     type: bool
     default: true
 attributes:
@@ -105,7 +115,9 @@ written:
   type: list
   elements: str
 kept:
-  description: The kinds of file copied as the last good settings (a single instance that runs its plan, or a relaunch that passed its gate).
+  description:
+    - The kinds of file copied as the last good settings (a single instance that runs its plan, or a relaunch that passed
+      its gate with O(keep_last_good)).
   returned: when O(step=prepare), or O(step=relaunch) outside check mode once the gate passed
   type: list
   elements: str
@@ -147,6 +159,10 @@ gate:
       and on failure C(log_tail) and C(log_errors), as M(sparkfleet.vllm.vllm_health) returns them.
   returned: when O(step=relaunch) relaunched
   type: dict
+served:
+  description: Whether the last good settings serve again after O(step=roll_back).
+  returned: when O(step=roll_back) ran outside check mode
+  type: bool
 """
 
 from ansible.module_utils.basic import AnsibleModule
@@ -163,6 +179,7 @@ def main():
             step=dict(type="str", choices=list(STEPS), default="prepare"),
             env_file=dict(type="str", no_log=True),
             memory_admission=dict(type="bool", default=True),
+            keep_last_good=dict(type="bool", default=True),
         ),
         required_if=[("step", "prepare", ("env_file",))],
         supports_check_mode=True,
@@ -172,7 +189,7 @@ def main():
     params = module.params
     try:
         result = step(params["step"], params["plan"], module.check_mode, run, env_text=params["env_file"],
-                      memory_admission=params["memory_admission"])
+                      memory_admission=params["memory_admission"], keep_last_good=params["keep_last_good"])
     except FileProblem as error:
         module.fail_json(msg=str(error))
     if result.pop("failed", False):

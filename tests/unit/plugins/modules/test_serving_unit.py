@@ -657,3 +657,43 @@ def test_a_flag_left_by_an_interrupted_run_is_made_fresh_when_raised_again(tmp_p
     assert flag.stat().st_mtime == 1_000_000
     assert _serving_unit.raise_flag(str(flag), "tiny", check_mode=False) == {"changed": False}
     assert time.time() - flag.stat().st_mtime < 60
+
+
+def test_a_held_relaunch_keeps_the_settings_before_until_judged_and_roll_back_serves_them_again(host, vllm):
+    good, good_env = planned(host, port=vllm.server_port)
+    vllm.serves[KEY] = ["tiny"]
+    set_state(host, flag=str(host / "run" / "vllm-maintenance"), starts=[(good["container"], running(good))])
+    run(host, good, good_env)
+    run(host, good, step="keep")
+    kept = files(host)
+    changed, changed_env = planned(host, port=vllm.server_port, max_num_seqs=8)
+    set_state(host, flag=str(host / "run" / "vllm-maintenance"), enabled=[],
+              starts=[(changed["container"], running(changed)), (good["container"], running(good))])
+    run(host, changed, changed_env)
+    held = relaunch(host, changed, keep_last_good=False)
+    assert held["gate"]["ok"] and held["kept"] == [], "a held relaunch keeps nothing"
+    assert host_state(host)["enabled"] == [changed["unit"]], "the held unit still starts at boot"
+    assert {path: kept[path] for path in kept if "last-good" in path} == {path: text for path, text in files(host).items() if "last-good" in path}
+    assert run(host, changed, step="roll_back", check_mode=True)["changed"], "check mode: last good settings to go back to"
+    forget_calls(host)
+    rolled = run(host, changed, step="roll_back", memory_admission=False)
+    assert rolled["served"] and rolled["msg"] == "The last good settings were relaunched and serve again." and not rolled.get("failed")
+    assert files(host) == kept, "the settings before the change are back"
+    assert [line for line in calls(host) if "start" in line] == [f"systemctl start --no-block {good['unit']}", "maintenance flag at start: tiny"]
+    assert not (host / "run" / "vllm-maintenance").exists()
+
+
+def test_roll_back_without_last_good_settings_fails_with_the_unit_stopped(host, vllm):
+    plan, env_file = planned(host, port=vllm.server_port)
+    set_state(host, flag=str(host / "run" / "vllm-maintenance"), starts=[(plan["container"], running(plan))])
+    run(host, plan, env_file, check_mode=True)
+    assert not run(host, plan, step="roll_back", check_mode=True)["changed"]
+    rolled = run(host, plan, step="roll_back", memory_admission=False)
+    assert rolled["failed"] and not rolled["served"]
+    assert rolled["msg"] == "There were no last good settings to roll back to; the instance is stopped."
+
+
+def test_roll_back_is_refused_for_a_cluster_rank(host):
+    plan, _env_file = planned(host)
+    result = run(host, {**plan, "cluster": {"name": "c", "rank": 0}}, step="roll_back")
+    assert result["failed"] and "only a single instance is rolled back alone" in result["msg"]

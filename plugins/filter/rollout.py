@@ -1,0 +1,48 @@
+# Copyright: sparkfleet.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The rollout for playbooks/rollout.yml; the logic is in module_utils."""
+
+from __future__ import annotations
+
+from ansible_collections.sparkfleet.vllm.plugins.filter.sweep import controller_has
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._rollout import judge_unit, measured, plan_rollout, rollout_report
+
+# What the plan reads of each host (hostvars are templated lazily: only these are asked for).
+PLANNED_FACTS = ("vllm_drift", "cluster_name", "cluster_nodes", "cluster_drift")
+
+
+def rollout_plan(hosts, hostvars, settings, instance_config_dir="/etc/sparkfleet/vllm", cluster_config_dir="/etc/sparkfleet/cluster"):
+    facts = {host: {key: hostvars[host].get(key) for key in PLANNED_FACTS} for host in hosts if host in hostvars}
+    return plan_rollout(list(hosts), facts, settings or {}, controller_has, instance_config_dir, cluster_config_dir)
+
+
+def rollout_verdict(unit, launch, before_correctness, before_bench, after_correctness, after_bench, settings):
+    before = measured(before_correctness, before_bench) if before_correctness else None
+    after = measured(after_correctness, after_bench) if after_correctness else None
+    record = judge_unit(unit, launch or {}, before, after, settings)
+    # Only the counts of the correctness results travel to the report (the answers stay on the host).
+    for side in ("before", "after"):
+        if record[side]:
+            correctness = record[side]["correctness"] or {}
+            record[side] = {"correctness": {key: correctness.get(key) for key in ("passed", "total")},
+                            "summary": {str(c): entry for c, entry in record[side]["summary"].items()}}
+    return record
+
+
+def rollout_failed(unit, judged, reason):
+    """The unit's record once a step after its relaunch failed (a drain, a measurement, a rollback):
+    failed, with the reason beside any it had."""
+    found = next((record for record in judged or [] if record.get("id") == unit["id"]), None)
+    record = found or {"id": unit["id"], "kind": unit["kind"], "key": unit["key"], "drift": unit["drift"], "before": None,
+                       "after": None, "reasons": []}
+    return {**record, "verdict": "failed", "ok": False, "reasons": [*record.get("reasons", []), reason]}
+
+
+def rollout_outcome(records, plan, title):
+    return rollout_report(title, plan, list(records or []))
+
+
+class FilterModule:
+    def filters(self):
+        return {"rollout_plan": rollout_plan, "rollout_verdict": rollout_verdict, "rollout_outcome": rollout_outcome,
+                "rollout_failed": rollout_failed}

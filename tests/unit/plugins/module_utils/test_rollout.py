@@ -1,0 +1,171 @@
+"""The rollout: its settings checked at once, the changed units cut into batches (a cluster whole,
+the canary first), each unit judged against its own figures before the change, and the report."""
+
+import pathlib
+
+import pytest
+import yaml
+
+from ansible_collections.sparkfleet.vllm.plugins.filter.rollout import rollout_failed, rollout_verdict
+from ansible_collections.sparkfleet.vllm.plugins.filter.sweep import controller_has
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._rollout import ROLLOUT_SETTINGS, plan_rollout, rollout_report
+
+ROOT = pathlib.Path(__file__).resolve().parents[4]
+PLAYBOOK_VARS = yaml.safe_load((ROOT / "playbooks" / "rollout.yml").read_text())[0]["vars"]
+PLAYBOOK_DIR = str(ROOT / "playbooks")
+# playbooks/rollout.yml's defaults, as its planning task passes them.
+SETTINGS = {setting.name: (PLAYBOOK_VARS[setting.name].replace("{{ playbook_dir }}", PLAYBOOK_DIR)
+                           if isinstance(PLAYBOOK_VARS[setting.name], str) else PLAYBOOK_VARS[setting.name]) for setting in ROLLOUT_SETTINGS}
+HOSTS = ["spark-1", "spark-2", "spark-3", "spark-4"]
+
+
+def instances(drift=None, deployed=None):
+    """A host's vllm_drift: instance name -> drift reasons, and whether each was deployed before."""
+    drift = drift or {}
+    return {"vllm_drift": {"drift": drift, "deployed": {name: (deployed or {}).get(name, True) for name in drift}}}
+
+
+def node(cluster, nodes, drift=(), deployed=True):
+    return {"cluster_name": cluster, "cluster_nodes": nodes, "cluster_drift": {"drift": list(drift), "deployed": deployed}}
+
+
+def fleet():
+    """Four hosts: each serves chat (changed on all but spark-4), spark-3 and spark-4 also a cluster that changed on one node."""
+    return {"spark-1": instances({"chat": ["the env file changes"], "code": []}),
+            "spark-2": instances({"chat": ["the env file changes"]}),
+            "spark-3": {**instances({"chat": ["the env file changes"], "new": ["no container"]}, {"new": False}),
+                        **node("big", ["spark-3", "spark-4"], ["the unit changes"])},
+            "spark-4": {**instances({"chat": []}), **node("big", ["spark-3", "spark-4"])}}
+
+
+def plan(facts=None, **settings):
+    return plan_rollout(HOSTS, facts or fleet(), {**SETTINGS, **settings}, controller_has)
+
+
+def test_the_playbooks_defaults_pass_and_the_changed_units_are_cut_into_batches_the_canary_first():
+    planned = plan()
+    assert planned["errors"] == []
+    assert [[unit["id"] for unit in batch["units"]] for batch in planned["batches"]] == [
+        ["spark-1/chat"], ["spark-2/chat", "spark-3/chat"], ["spark-3/big"]]
+    assert [batch["canary"] for batch in planned["batches"]] == [True, False, False]
+    assert planned["unchanged"] == ["spark-1/code", "spark-4/chat"]
+    assert planned["new"] == ["spark-3/new"], "a unit never deployed has nothing to be compared with"
+
+
+def test_a_cluster_is_one_unit_with_every_node_led_by_its_head_and_drained_as_the_gateway_routes_it():
+    cluster = plan()["batches"][2]
+    assert cluster["hosts"] == ["spark-3", "spark-4"] and cluster["drain"] == ["spark-3/big"]
+    unit = cluster["units"][0]
+    assert (unit["kind"], unit["head"], unit["config_dir"]) == ("cluster", "spark-3", "/etc/sparkfleet/cluster")
+    assert unit["drift"] == ["spark-3: the unit changes"]
+
+
+def test_the_canary_and_batch_sizes_shape_the_batches_and_each_batch_knows_the_most_units_one_host_leads():
+    planned = plan(rollout_canary_size=2, rollout_batch_size=5)
+    assert [len(batch["units"]) for batch in planned["batches"]] == [2, 2]
+    assert [batch["most_led"] for batch in planned["batches"]] == [1, 2], "spark-3 leads its chat and the cluster"
+    assert [unit["key"] for batch in planned["batches"] for unit in batch["units"]] == ["u1", "u2", "u3", "u4"]
+
+
+def test_nothing_changed_plans_no_batch():
+    planned = plan({host: instances({"chat": []}) for host in HOSTS})
+    assert planned["batches"] == [] and planned["errors"] == []
+
+
+@pytest.mark.parametrize(("name", "value", "fragment"), [
+    ("rollout_canary_size", 0, "rollout_canary_size: 0"),
+    ("rollout_batch_size", "two", "rollout_batch_size: 'two'"),
+    ("rollout_repeats", 11, "rollout_repeats: 11"),
+    ("rollout_concurrencies", [], "rollout_concurrencies: [] is not a list of concurrencies"),
+    ("rollout_noise_floor_pct", "5%", "write the percent without %"),
+    ("rollout_max_changed_answers", 6, "rollout_max_changed_answers: 6"),
+    ("rollout_label", "../etc", "rollout_label: '../etc' is not a plain label"),
+    ("rollout_drain_force", "yes", "rollout_drain_force: 'yes' is not true or false"),
+    ("rollout_documents_dir", "/no/such/folder", "rollout_documents_dir: '/no/such/folder' is no directory on the controller"),
+    ("rollout_runner", "ssh", "rollout_runner: 'ssh' is not one of auto, exec, container, local"),
+])
+def test_a_bad_setting_is_named_with_the_fix_and_no_batch_is_planned(name, value, fragment):
+    planned = plan(**{name: value})
+    assert planned["batches"] == []
+    assert len(planned["errors"]) == 1 and planned["errors"][0].startswith(name + ":") and fragment in planned["errors"][0], planned["errors"]
+
+
+def bench(*throughputs, tpot=10.0):
+    """vllm_bench results of repeats at concurrency 1 and 4: throughput at 4 as given, TPOT at both."""
+    return [{"runs": [{"concurrency": 1, "output_throughput": 20.0, "mean_tpot_ms": tpot, "failed": 0},
+                      {"concurrency": 4, "output_throughput": value, "mean_tpot_ms": tpot, "failed": 0}]} for value in throughputs]
+
+
+CORRECT = {"passed": 20, "total": 20, "changed_cases": [], "stream_mismatches": []}
+UNIT = {"id": "spark-1/chat", "kind": "instance", "key": "u1", "drift": ["the env file changes"]}
+JUDGED = {**SETTINGS, "rollout_concurrencies": [1, 4], "rollout_noise_floor_pct": 5, "rollout_max_changed_answers": 0}
+
+
+def verdict(after_bench, after_correctness=None, launch=None, before_bench=None):
+    return rollout_verdict(UNIT, launch or {"ok": True}, CORRECT, before_bench or bench(100.0, 104.0),
+                           after_correctness or CORRECT, after_bench, JUDGED)
+
+
+def test_a_unit_as_fast_and_as_correct_as_before_is_upgraded():
+    record = verdict(bench(97.0, 101.0))
+    assert record["verdict"] == "upgraded" and record["ok"]
+    assert record["after"]["summary"]["4"]["output_throughput"]["mean"] == 99.0
+    assert record["after"]["correctness"] == {"passed": 20, "total": 20}, "only the counts travel to the report"
+
+
+def test_throughput_worse_than_the_spread_plus_the_floor_is_a_regression_within_it_is_not():
+    # Before: 100 and 104, a 3.9 % spread; after 93: 8.8 % worse against 3.9 + 5 allowed.
+    assert verdict(bench(94.0, 94.0))["ok"], "8.0 % worse is within 3.9 % spread + 5 % floor"
+    record = verdict(bench(92.0, 92.0))
+    assert record["verdict"] == "regressed"
+    assert record["reasons"] == ["output_throughput at 4: 102.0 before, 92.0 after, 9.8 % worse "
+                                 "(allowed: the spread plus rollout_noise_floor_pct, 8.9 %)"]
+
+
+def test_a_slower_token_is_a_regression():
+    record = verdict(bench(100.0, 104.0, tpot=12.0))
+    assert [reason.split(":")[0] for reason in record["reasons"]] == ["mean_tpot_ms at 1", "mean_tpot_ms at 4"]
+
+
+def test_changed_answers_beyond_the_allowed_count_are_a_regression():
+    changed = {**CORRECT, "passed": 20, "changed_cases": [{"id": "capital-france"}]}
+    record = verdict(bench(100.0, 104.0), changed)
+    assert record["verdict"] == "regressed"
+    assert record["reasons"] == ["correctness: 1 greedy answers changed (capital-france), more than rollout_max_changed_answers (0)"]
+    fewer = verdict(bench(100.0, 104.0), {**CORRECT, "passed": 18})
+    assert fewer["reasons"][0].startswith("correctness: 18 of 20 cases pass, the baseline 20")
+
+
+def test_scrambled_streams_are_a_regression():
+    record = verdict(bench(100.0, 104.0), {**CORRECT, "stream_mismatches": [{"id": "count"}]})
+    assert "1 streamed answers differ from the whole ones (count)" in record["reasons"][0]
+
+
+def test_a_unit_that_did_not_serve_failed_and_one_not_measured_is_not_upgraded():
+    failed = verdict([], launch={"ok": False, "msg": "vLLM instance chat failed its relaunch"})
+    assert failed["verdict"] == "failed" and failed["reasons"] == ["the new settings did not serve: vLLM instance chat failed its relaunch"]
+    unmeasured = rollout_verdict(UNIT, {"ok": True}, CORRECT, bench(100.0), None, [], JUDGED)
+    assert unmeasured["verdict"] == "regressed" and "could not be measured" in unmeasured["reasons"][0]
+
+
+def test_a_step_that_failed_after_the_judgement_fails_the_unit_keeping_its_reasons():
+    judged = verdict(bench(100.0, 104.0))
+    record = rollout_failed(UNIT, [judged], "batch 1 stopped: the rollback failed")
+    assert record["verdict"] == "failed" and not record["ok"] and record["reasons"][-1] == "batch 1 stopped: the rollback failed"
+    fresh = rollout_failed(UNIT, [], "batch 1 stopped: drain refused")
+    assert fresh["reasons"] == ["batch 1 stopped: drain refused"] and fresh["before"] is None
+
+
+def test_the_report_gives_each_unit_its_batch_figures_and_verdict_and_names_the_batches_never_started():
+    planned = plan()
+    record = verdict(bench(92.0, 92.0))
+    report = rollout_report("Rollout r1", {**planned, "settings": JUDGED}, [record])
+    assert not report["ok"]
+    assert [(row["batch"], row["id"], row["verdict"]) for row in report["units"]] == [
+        (1, "spark-1/chat", "regressed"), (2, "spark-2/chat", "not started"), (2, "spark-3/chat", "not started"), (3, "spark-3/big", "not started")]
+    lines = report["markdown"].splitlines()
+    assert lines[4] == ("| 1 (canary) | spark-1/chat | regressed | 20/20 | 20/20 | 20.0 ±0.0% | 20.0 ±0.0% | 10.0 ±0.0% | 10.0 ±0.0% "
+                        "| 102.0 ±2.0% | 92.0 ±0.0% | 10.0 ±0.0% | 10.0 ±0.0% |")
+    assert lines[3].count("|") == lines[4].count("|") == lines[2].count("|")
+    assert "- spark-2/chat (not started): an earlier batch failed, so this batch never started" in lines
+    assert lines[-1] == "Never deployed, so nothing to compare with (left to site.yml): spark-3/new"
