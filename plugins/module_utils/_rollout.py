@@ -112,9 +112,12 @@ def plan_rollout(hosts: t.Sequence[str], facts: t.Mapping[str, t.Mapping[str, t.
                     "drain": [unit["id"] for unit in batch],
                     "most_led": max(sum(1 for unit in batch if unit["head"] == head) for head in {unit["head"] for unit in batch})}
                    for number, batch in enumerate(cuts, start=1) if batch]
-    return {"settings": values, "batches": batches, "errors": errors,
-            "unchanged": [unit["id"] for unit in units if not unit["drift"]],
-            "new": [unit["id"] for unit in units if unit["drift"] and not unit["deployed"]]}
+    unchanged = [unit["id"] for unit in units if not unit["drift"]]
+    new = [unit["id"] for unit in units if unit["drift"] and not unit["deployed"]]
+    shown = [f"batch {batch['number']}{' (canary)' if batch['canary'] else ''}: "
+             + ", ".join(f"{unit['id']} ({'; '.join(unit['drift'])})" for unit in batch["units"]) for batch in batches]
+    shown += [f"unchanged: {', '.join(unchanged) or 'none'}", f"never deployed, left to site.yml: {', '.join(new) or 'none'}"]
+    return {"settings": values, "batches": batches, "errors": errors, "unchanged": unchanged, "new": new, "shown": shown}
 
 
 def measured(correctness: t.Any, bench: t.Any) -> dict[str, t.Any]:

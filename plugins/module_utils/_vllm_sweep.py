@@ -225,6 +225,9 @@ def setting_value(setting: Setting, field: str, value: t.Any, concurrencies: t.S
     if kind == "choice":
         return value, None if value in setting.choices else f"{field}: {value!r} is not one of {', '.join(setting.choices)}; give one"
     if kind == "bool":
+        # -e NAME=true arrives as text; only the two words are read as a switch, never a typo.
+        if isinstance(value, str) and value.lower() in ("true", "false"):
+            return value.lower() == "true", None
         return value, None if isinstance(value, bool) else f"{field}: {value!r} is not true or false; give one"
     if kind == "tasks" and value == "":
         return value, None

@@ -50,6 +50,10 @@ def test_the_playbooks_defaults_pass_and_the_changed_units_are_cut_into_batches_
     assert [batch["canary"] for batch in planned["batches"]] == [True, False, False]
     assert planned["unchanged"] == ["spark-1/code", "spark-4/chat"]
     assert planned["new"] == ["spark-3/new"], "a unit never deployed has nothing to be compared with"
+    assert planned["shown"] == ["batch 1 (canary): spark-1/chat (the env file changes)",
+                                "batch 2: spark-2/chat (the env file changes), spark-3/chat (the env file changes)",
+                                "batch 3: spark-3/big (spark-3: the unit changes)", "unchanged: spark-1/code, spark-4/chat",
+                                "never deployed, left to site.yml: spark-3/new"]
 
 
 def test_a_cluster_is_one_unit_with_every_node_led_by_its_head_and_drained_as_the_gateway_routes_it():
@@ -65,6 +69,11 @@ def test_the_canary_and_batch_sizes_shape_the_batches_and_each_batch_knows_the_m
     assert [len(batch["units"]) for batch in planned["batches"]] == [2, 2]
     assert [batch["most_led"] for batch in planned["batches"]] == [1, 2], "spark-3 leads its chat and the cluster"
     assert [unit["key"] for batch in planned["batches"] for unit in batch["units"]] == ["u1", "u2", "u3", "u4"]
+
+
+def test_a_switch_given_as_extra_vars_text_is_read_as_the_switch():
+    assert plan(rollout_drain_force="True")["settings"]["rollout_drain_force"] is True
+    assert plan(rollout_drain_force="false")["settings"]["rollout_drain_force"] is False
 
 
 def test_nothing_changed_plans_no_batch():
