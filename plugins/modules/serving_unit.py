@@ -78,6 +78,7 @@ options:
         worse puts those back (O(step=roll_back)) and keeps the new ones only once judged (O(step=keep)).
     type: bool
     default: true
+    version_added: 0.11.0
 attributes:
   check_mode:
     support: full
