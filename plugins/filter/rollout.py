@@ -11,9 +11,9 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._rollout import ju
 PLANNED_FACTS = ("vllm_drift", "cluster_name", "cluster_nodes", "cluster_drift")
 
 
-def rollout_plan(hosts, hostvars, settings, instance_config_dir="/etc/sparkfleet/vllm", cluster_config_dir="/etc/sparkfleet/cluster"):
+def rollout_plan(hosts, hostvars, settings):
     facts = {host: {key: hostvars[host].get(key) for key in PLANNED_FACTS} for host in hosts if host in hostvars}
-    return plan_rollout(list(hosts), facts, settings or {}, controller_has, instance_config_dir, cluster_config_dir)
+    return plan_rollout(list(hosts), facts, settings or {}, controller_has)
 
 
 def rollout_verdict(unit, launch, before_correctness, before_bench, after_correctness, after_bench, settings):
@@ -38,6 +38,23 @@ def rollout_failed(unit, judged, reason):
     return {**record, "verdict": "failed", "ok": False, "reasons": [*record.get("reasons", []), reason]}
 
 
+def rollout_settled(record, results=None, host="", cluster=None):
+    """The record once its unit was kept or rolled back: the rollback's outcome among its reasons,
+    and failed when the last good settings did not come back. ``results`` are the vllm role's settle
+    loop results on ``host``; ``cluster`` is the cluster's ({id, step, failed, msg})."""
+    outcomes = {f"{host}/{result['__vllm_settled']['key']}": {"step": result["__vllm_settled"]["value"], "failed": bool(result.get("failed")),
+                                                              "msg": result.get("msg")}
+                for result in results or [] if isinstance(result.get("__vllm_settled"), dict)}
+    if cluster:
+        outcomes[cluster["id"]] = cluster
+    found = outcomes.get(record["id"])
+    if found is None or found.get("step") == "keep" and not found.get("failed"):
+        return record
+    if found.get("failed"):
+        return {**record, "verdict": "failed", "ok": False, "reasons": [*record["reasons"], f"{found['step']}: {found.get('msg')}"]}
+    return {**record, "reasons": [*record["reasons"], "rolled back: the last good settings serve again"]}
+
+
 def rollout_outcome(records, plan, title):
     return rollout_report(title, plan, list(records or []))
 
@@ -45,4 +62,4 @@ def rollout_outcome(records, plan, title):
 class FilterModule:
     def filters(self):
         return {"rollout_plan": rollout_plan, "rollout_verdict": rollout_verdict, "rollout_outcome": rollout_outcome,
-                "rollout_failed": rollout_failed}
+                "rollout_failed": rollout_failed, "rollout_settled": rollout_settled}

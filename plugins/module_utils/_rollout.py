@@ -61,16 +61,16 @@ ROLLOUT_SETTINGS: tuple[Setting, ...] = (
 JUDGED = (("output_throughput", True), ("mean_tpot_ms", False))
 
 
-def host_units(host: str, facts: t.Mapping[str, t.Any], config_dir: str) -> list[dict[str, t.Any]]:
+def host_units(host: str, facts: t.Mapping[str, t.Any]) -> list[dict[str, t.Any]]:
     """The single instances of one host as units, from its published vllm_drift (the plan's order)."""
     drift = facts.get("vllm_drift") if isinstance(facts.get("vllm_drift"), dict) else {}
     deployed = drift.get("deployed") or {}
-    return [{"id": f"{host}/{name}", "kind": "instance", "name": name, "head": host, "hosts": [host], "config_dir": config_dir,
+    return [{"id": f"{host}/{name}", "kind": "instance", "name": name, "head": host, "hosts": [host], "config_dir": drift.get("config_dir"),
              "drift": list(reasons or []), "deployed": bool(deployed.get(name))}
             for name, reasons in (drift.get("drift") or {}).items()]
 
 
-def cluster_units(hosts: t.Sequence[str], facts: t.Mapping[str, t.Mapping[str, t.Any]], config_dir: str) -> list[dict[str, t.Any]]:
+def cluster_units(hosts: t.Sequence[str], facts: t.Mapping[str, t.Mapping[str, t.Any]]) -> list[dict[str, t.Any]]:
     """Each cluster among the hosts as one unit, named after its head as the gateway routes it; it
     drifts when any node does, and counts as deployed when every node has last good settings."""
     units: dict[str, dict[str, t.Any]] = {}
@@ -80,15 +80,24 @@ def cluster_units(hosts: t.Sequence[str], facts: t.Mapping[str, t.Mapping[str, t
         if not name or not isinstance(nodes, list) or not nodes or not isinstance(drift, dict):
             continue
         unit = units.setdefault(name, {"id": f"{nodes[0]}/{name}", "kind": "cluster", "name": name, "head": nodes[0],
-                                       "hosts": list(nodes), "config_dir": config_dir, "drift": [], "deployed": True})
+                                       "hosts": list(nodes), "config_dir": drift.get("config_dir"), "drift": [], "deployed": True})
         unit["drift"] += [f"{host}: {reason}" for reason in drift.get("drift") or []]
         unit["deployed"] = unit["deployed"] and bool(drift.get("deployed"))
     return list(units.values())
 
 
+def measuring_slots(batch: t.Sequence[dict[str, t.Any]]) -> int:
+    """Give each unit of a batch the first measuring slot no unit sharing a host with it holds (an
+    instance and a cluster with a rank on its host would share its memory and cores while measured),
+    and say how many slots the batch needs."""
+    for unit in batch:
+        taken = {other["slot"] for other in batch if "slot" in other and set(other["hosts"]) & set(unit["hosts"])}
+        unit["slot"] = next(slot for slot in range(len(batch) + 1) if slot not in taken)
+    return max((unit["slot"] for unit in batch), default=-1) + 1
+
+
 def plan_rollout(hosts: t.Sequence[str], facts: t.Mapping[str, t.Mapping[str, t.Any]], settings: t.Mapping[str, t.Any],
-                 exists: PathCheck, instance_config_dir: str = "/etc/sparkfleet/vllm",
-                 cluster_config_dir: str = "/etc/sparkfleet/cluster") -> dict[str, t.Any]:
+                 exists: PathCheck) -> dict[str, t.Any]:
     """Every rollout_* setting checked, and the changed units cut into batches: ``{"settings",
     "batches" [{number, canary, units, hosts, drain}], "unchanged", "new", "errors"}``. A unit that was
     never deployed has nothing to be compared with: it is listed in ``new`` and left to site.yml."""
@@ -98,8 +107,10 @@ def plan_rollout(hosts: t.Sequence[str], facts: t.Mapping[str, t.Mapping[str, t.
         value, problem = setting_value(setting, setting.name, settings.get(setting.name), [], exists)
         values[setting.name] = value
         errors += [problem] if problem else []
-    units = [unit for host in hosts for unit in host_units(host, facts.get(host) or {}, instance_config_dir)]
-    units += cluster_units(hosts, facts, cluster_config_dir)
+    units = [unit for host in hosts for unit in host_units(host, facts.get(host) or {})]
+    units += cluster_units(hosts, facts)
+    errors += [f"cluster {unit['name']}: {', '.join(sorted(set(unit['hosts']) - set(hosts)))} not in the play; a cluster rolls out whole, "
+               "so give every node (rollout_hosts, --limit)" for unit in units if unit["kind"] == "cluster" and not set(unit["hosts"]) <= set(hosts)]
     changed = [unit for unit in units if unit["drift"] and unit["deployed"]]
     for number, unit in enumerate(changed, start=1):
         unit["key"] = f"u{number}"
@@ -109,8 +120,7 @@ def plan_rollout(hosts: t.Sequence[str], facts: t.Mapping[str, t.Mapping[str, t.
         cuts = [changed[:canary]] + [changed[start:start + size] for start in range(canary, len(changed), size)]
         batches = [{"number": number, "canary": number == 1, "units": batch,
                     "hosts": sorted({host for unit in batch for host in unit["hosts"]}, key=list(hosts).index),
-                    "drain": [unit["id"] for unit in batch],
-                    "most_led": max(sum(1 for unit in batch if unit["head"] == head) for head in {unit["head"] for unit in batch})}
+                    "drain": [unit["id"] for unit in batch], "slots": measuring_slots(batch)}
                    for number, batch in enumerate(cuts, start=1) if batch]
     unchanged = [unit["id"] for unit in units if not unit["drift"]]
     new = [unit["id"] for unit in units if unit["drift"] and not unit["deployed"]]

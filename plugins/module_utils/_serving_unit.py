@@ -455,6 +455,7 @@ def roll_back_judged(plan: t.Mapping[str, t.Any], memory_admission: bool, flag: 
         return {"changed": last_good(plan)["complete"]}
     if flag:
         raise_flag(flag, plan["name"], False)
+        hand_back_to_watchdog(plan["watchdog_give_up"])
     try:
         served, outcome = roll_back(plan, memory_admission, run)
     finally:
@@ -503,7 +504,7 @@ def step(name: str, plan: t.Any, check_mode: bool, run: Runner, env_text: str | 
     if flag_problem:
         raise UnitError(f"plan: maintenance_flag {flag!r} {flag_problem}; step {name} needs the flag's path as the vllm role "
                         "plans it (vllm_maintenance_flag)")
-    give_up_problem = path_problem(plan.get("watchdog_give_up"), 2) if name == "relaunch" and not is_gateway(plan) else None
+    give_up_problem = path_problem(plan.get("watchdog_give_up"), 2) if name in ("relaunch", "roll_back") and not is_gateway(plan) else None
     if give_up_problem:
         raise UnitError(f"plan: watchdog_give_up {plan.get('watchdog_give_up')!r} {give_up_problem}; a relaunch hands the unit back "
                         "to the watchdog at the path the vllm role plans")

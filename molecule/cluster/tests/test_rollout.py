@@ -60,9 +60,10 @@ def test_check_mode_lists_the_batches_and_changes_nothing(hosts, tmp_path):
 def test_a_bad_change_is_rolled_back_on_the_canary_and_the_next_batch_never_starts(hosts, tmp_path):
     other_container = hosts[OTHER].check_output("docker inspect --format '{{.State.StartedAt}}' vllm-tiny")
     result, report = rollout(tmp_path, "bad", BAD)
+    output = result.stdout + result.stderr
     assert result.returncode != 0
-    assert f"Rollout bad stopped: {HEAD}/tiny: correctness: " in result.stdout
-    assert "greedy answers changed" in result.stdout and "more than rollout_max_changed_answers (0)" in result.stdout
+    assert f"Rollout bad stopped: {HEAD}/tiny: correctness: " in output, output[-3000:]
+    assert "greedy answers changed" in output and "more than rollout_max_changed_answers (0)" in output
     head = hosts[HEAD]
     assert plan_of(head, "/etc/sparkfleet/vllm/tiny.json")["weights"] == plan_of(head, "/etc/sparkfleet/vllm/last-good/tiny.json")["weights"]
     assert "tiny-llama-variant" not in head.check_output("docker inspect --format '{{.Args}}' vllm-tiny"), "the canary serves its last good weights"
@@ -76,6 +77,7 @@ def test_a_bad_change_is_rolled_back_on_the_canary_and_the_next_batch_never_star
     assert f"- {OTHER}/tiny (not started): an earlier batch failed, so this batch never started" in markdown
     records = json.loads((report / "report.json").read_text())["records"]
     assert [(record["id"], record["verdict"]) for record in records] == [(f"{HEAD}/tiny", "regressed")]
+    assert records[0]["reasons"][-1] == "rolled back: the last good settings serve again"
 
 
 def test_a_good_change_upgrades_every_unit_batch_by_batch_the_cluster_whole(hosts, tmp_path):

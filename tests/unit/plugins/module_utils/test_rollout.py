@@ -6,7 +6,7 @@ import pathlib
 import pytest
 import yaml
 
-from ansible_collections.sparkfleet.vllm.plugins.filter.rollout import rollout_failed, rollout_verdict
+from ansible_collections.sparkfleet.vllm.plugins.filter.rollout import rollout_failed, rollout_settled, rollout_verdict
 from ansible_collections.sparkfleet.vllm.plugins.filter.sweep import controller_has
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._rollout import ROLLOUT_SETTINGS, plan_rollout, rollout_report
 
@@ -22,11 +22,13 @@ HOSTS = ["spark-1", "spark-2", "spark-3", "spark-4"]
 def instances(drift=None, deployed=None):
     """A host's vllm_drift: instance name -> drift reasons, and whether each was deployed before."""
     drift = drift or {}
-    return {"vllm_drift": {"drift": drift, "deployed": {name: (deployed or {}).get(name, True) for name in drift}}}
+    return {"vllm_drift": {"config_dir": "/etc/sparkfleet/vllm", "drift": drift,
+                           "deployed": {name: (deployed or {}).get(name, True) for name in drift}}}
 
 
 def node(cluster, nodes, drift=(), deployed=True):
-    return {"cluster_name": cluster, "cluster_nodes": nodes, "cluster_drift": {"drift": list(drift), "deployed": deployed}}
+    return {"cluster_name": cluster, "cluster_nodes": nodes,
+            "cluster_drift": {"config_dir": "/srv/cluster", "drift": list(drift), "deployed": deployed}}
 
 
 def fleet():
@@ -60,15 +62,24 @@ def test_a_cluster_is_one_unit_with_every_node_led_by_its_head_and_drained_as_th
     cluster = plan()["batches"][2]
     assert cluster["hosts"] == ["spark-3", "spark-4"] and cluster["drain"] == ["spark-3/big"]
     unit = cluster["units"][0]
-    assert (unit["kind"], unit["head"], unit["config_dir"]) == ("cluster", "spark-3", "/etc/sparkfleet/cluster")
+    assert (unit["kind"], unit["head"], unit["config_dir"]) == ("cluster", "spark-3", "/srv/cluster"), "each host's own folder"
     assert unit["drift"] == ["spark-3: the unit changes"]
 
 
-def test_the_canary_and_batch_sizes_shape_the_batches_and_each_batch_knows_the_most_units_one_host_leads():
+def test_the_canary_and_batch_sizes_shape_the_batches_and_units_sharing_a_host_are_measured_in_turn():
     planned = plan(rollout_canary_size=2, rollout_batch_size=5)
     assert [len(batch["units"]) for batch in planned["batches"]] == [2, 2]
-    assert [batch["most_led"] for batch in planned["batches"]] == [1, 2], "spark-3 leads its chat and the cluster"
     assert [unit["key"] for batch in planned["batches"] for unit in batch["units"]] == ["u1", "u2", "u3", "u4"]
+    assert [(unit["id"], unit["slot"]) for unit in planned["batches"][0]["units"]] == [("spark-1/chat", 0), ("spark-2/chat", 0)]
+    assert planned["batches"][0]["slots"] == 1, "units on different hosts are measured together"
+    assert [(unit["id"], unit["slot"]) for unit in planned["batches"][1]["units"]] == [("spark-3/chat", 0), ("spark-3/big", 1)]
+    assert planned["batches"][1]["slots"] == 2, "the cluster has a rank on spark-3: measured after its instance"
+
+
+def test_a_cluster_with_a_node_outside_the_play_is_refused():
+    planned = plan_rollout(HOSTS[:3], fleet(), SETTINGS, controller_has)
+    assert planned["batches"] == []
+    assert planned["errors"] == ["cluster big: spark-4 not in the play; a cluster rolls out whole, so give every node (rollout_hosts, --limit)"]
 
 
 def test_a_switch_given_as_extra_vars_text_is_read_as_the_switch():
@@ -163,6 +174,21 @@ def test_a_step_that_failed_after_the_judgement_fails_the_unit_keeping_its_reaso
     assert record["verdict"] == "failed" and not record["ok"] and record["reasons"][-1] == "batch 1 stopped: the rollback failed"
     fresh = rollout_failed(UNIT, [], "batch 1 stopped: drain refused")
     assert fresh["reasons"] == ["batch 1 stopped: drain refused"] and fresh["before"] is None
+
+
+def test_a_rollback_says_whether_the_last_good_settings_serve_again():
+    regressed = verdict(bench(92.0, 92.0))
+    settled = [{"__vllm_settled": {"key": "chat", "value": "roll_back"}, "served": True, "msg": "The last good settings were relaunched and serve again."}]
+    assert rollout_settled(regressed, settled, "spark-1")["reasons"][-1] == "rolled back: the last good settings serve again"
+    down = [{"__vllm_settled": {"key": "chat", "value": "roll_back"}, "failed": True, "msg": "... do not serve either; the instance is down."}]
+    record = rollout_settled(regressed, down, "spark-1")
+    assert record["verdict"] == "failed" and record["reasons"][-1] == "roll_back: ... do not serve either; the instance is down."
+    assert rollout_settled(regressed, down, "spark-2") == regressed, "another host's instance of the same name is another unit"
+    kept = verdict(bench(100.0, 104.0))
+    assert rollout_settled(kept, [{"__vllm_settled": {"key": "chat", "value": "keep"}}], "spark-1") == kept
+    cluster = {**regressed, "id": "spark-3/big"}
+    failed = rollout_settled(cluster, [], "", {"id": "spark-3/big", "step": "roll_back", "failed": True, "msg": "the cluster is down"})
+    assert failed["verdict"] == "failed" and failed["reasons"][-1] == "roll_back: the cluster is down"
 
 
 def test_the_report_gives_each_unit_its_batch_figures_and_verdict_and_names_the_batches_never_started():

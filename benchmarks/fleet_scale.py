@@ -1,0 +1,143 @@
+"""The host-preparation roles at fleet scale, on throwaway lab hosts: a fresh converge of one host
+split by role, then the no-op re-apply on 1, 2, 4 and 8 hosts (wall time, tasks per host, the
+ratio 8 hosts / 1 host: issue 21's goal is at most 2), and the 8-host re-apply with the
+recommended docs/ansible.cfg against it with one setting reverted at a time.
+
+Needs the lab's environment (Docker, the venv, the lab host image):
+  bash -c 'source scripts/lib/common.sh; ensure_all; python3 benchmarks/fleet_scale.py'
+Starts its own lab hosts (sparkfleet-bench-1..8, no vLLM: the host-preparation roles only) and
+removes them, by the names it gave them, when it ends. Prints Markdown tables; each figure is the
+median of the runs. Ratios, not seconds, are what holds from one machine to another.
+"""
+
+import argparse
+import os
+import pathlib
+import re
+import statistics
+import subprocess
+import tempfile
+import time
+
+import yaml
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+DOCKER = "/usr/bin/docker"
+HOSTS = [f"bench-{number}" for number in range(1, 9)]
+ROLES = ["driver_guard", "headless", "swap", "earlyoom", "wait_online", "exporter_dropins"]
+# The lab's settings for a container standing in for a host (inventories/lab), without its serving.
+HOST_SETTINGS = ("sparkfleet_hardware_class", "swap_apply_sysctl", "headless_apply_sysctl", "driver_guard_missing_driver", "earlyoom_version")
+RECAP = re.compile(r"^(\S+)\s+: ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)\s+skipped=(\d+)", re.MULTILINE)
+ROLE_TIME = re.compile(r"^(\S+) -+ (\d+\.\d+)s$", re.MULTILINE)
+# docs/ansible.cfg with one setting reverted to Ansible's default, by the environment variable that overrides it.
+REVERTED = {"pipelining off": {"ANSIBLE_PIPELINING": "False"}, "forks 5 (Ansible's default)": {"ANSIBLE_FORKS": "5"}}
+
+
+def container(name):
+    return f"sparkfleet-{name}"
+
+
+def start_hosts(image):
+    """The throwaway lab hosts, booted; the names of the containers started."""
+    started = []
+    for host in HOSTS:
+        subprocess.run([DOCKER, "run", "-d", "--name", container(host), "--hostname", host, "--cap-add", "SYS_ADMIN", "--cap-add", "NET_ADMIN",
+                        "--security-opt", "seccomp=unconfined", "--security-opt", "apparmor=unconfined", "--cgroupns", "host",
+                        "-v", "/sys/fs/cgroup:/sys/fs/cgroup:rw", "-v", "/var/lib/docker", "--tmpfs", "/run", "--tmpfs", "/run/lock",
+                        "--stop-signal", "SIGRTMIN+3", "--label", "sparkfleet.bench=true", image, "/lib/systemd/systemd"],
+                       check=True, capture_output=True)
+        started.append(container(host))
+    for name in started:
+        for _attempt in range(60):
+            state = subprocess.run([DOCKER, "exec", name, "timeout", "120", "systemctl", "is-system-running", "--wait"],
+                                   capture_output=True, text=True, check=False).stdout.strip()
+            if state in ("running", "degraded"):
+                break
+            time.sleep(2)
+        else:
+            raise SystemExit(f"{name} did not finish booting: {state}")
+    return started
+
+
+def write_inventory(folder):
+    lab = yaml.safe_load((ROOT / "inventories" / "lab" / "group_vars" / "lab.yml").read_text())
+    inventory = {"all": {"children": {"bench": {
+        "hosts": {host: {"ansible_host": container(host)} for host in HOSTS},
+        "vars": {"ansible_connection": "community.docker.docker", "ansible_python_interpreter": "/usr/bin/python3",
+                 **{key: lab[key] for key in HOST_SETTINGS}}}}}}
+    path = pathlib.Path(folder) / "hosts.yml"
+    path.write_text(yaml.safe_dump(inventory))
+    return path
+
+
+def site(inventory, hosts, config=None, extra_env=None):
+    """One site.yml run of the host-preparation roles on ``hosts``: seconds, {host: (tasks, changed)}, output."""
+    env = {**os.environ, **(extra_env or {})}
+    if config:
+        env["ANSIBLE_CONFIG"] = str(config)
+    started = time.monotonic()
+    result = subprocess.run(["ansible-playbook", "-i", str(inventory), "site.yml", "--tags", ",".join(ROLES), "--limit", ",".join(hosts)],
+                            cwd=ROOT, capture_output=True, text=True, env=env, check=False)
+    seconds = time.monotonic() - started
+    if result.returncode != 0:
+        raise SystemExit(f"site.yml on {', '.join(hosts)} exited {result.returncode}:\n{result.stdout[-3000:]}")
+    recap = result.stdout.rsplit("PLAY RECAP", 1)[1]
+    counts = {name: (int(ok) + int(skipped), int(changed)) for name, ok, changed, _unreachable, _failed, skipped in RECAP.findall(recap)}
+    return seconds, counts, result.stdout
+
+
+def fresh_converge(inventory):
+    """The first converge of one fresh host, with the time each role took."""
+    seconds, counts, output = site(inventory, HOSTS[:1], extra_env={"ANSIBLE_CALLBACKS_ENABLED": "ansible.posix.profile_roles"})
+    roles = {}
+    for name, taken in ROLE_TIME.findall(output.rsplit("PLAY RECAP", 1)[1]):
+        roles[name] = roles.get(name, 0.0) + float(taken)
+    return seconds, counts[HOSTS[0]], roles
+
+
+def table(rows, header):
+    print(header)
+    print("|" + "---|" * (header.count("|") - 1))
+    for row in rows:
+        print(row)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=3, help="runs per shape (default 3)")
+    runs = parser.parse_args().runs
+    image = os.environ.get("SPARKFLEET_LAB_IMAGE")
+    if not image:
+        raise SystemExit("SPARKFLEET_LAB_IMAGE is empty; run through scripts/lib/common.sh's ensure_all (see the docstring)")
+    config = ROOT / "docs" / "ansible.cfg"
+    started = []
+    try:
+        with tempfile.TemporaryDirectory() as folder:
+            started = start_hosts(image)
+            inventory = write_inventory(folder)
+            seconds, (tasks, changed), roles = fresh_converge(inventory)
+            print(f"Fresh converge of one lab host: {seconds:.1f} s, {tasks} tasks, {changed} changed; by role (profile_roles):\n")
+            table([f"| {name} | {taken:.1f} |" for name, taken in sorted(roles.items(), key=lambda item: -item[1])], "| role | s |")
+            site(inventory, HOSTS[1:], config)
+            scale = {}
+            for count in (1, 2, 4, 8):
+                measured = [site(inventory, HOSTS[:count], config) for _run in range(runs)]
+                scale[count] = (statistics.median(run[0] for run in measured), measured[-1][1],
+                                max(sum(changed for _tasks, changed in run[1].values()) for run in measured))
+            print(f"\nNo-op re-apply of the host-preparation roles with docs/ansible.cfg (median of {runs}):\n")
+            table([f"| {count} | {seconds:.1f} | {min(t for t, _c in hosts.values())}-{max(t for t, _c in hosts.values())} | {changed} |"
+                   for count, (seconds, hosts, changed) in scale.items()], "| hosts | wall s | tasks per host | changed |")
+            print(f"\nratio 8 hosts / 1 host: {scale[8][0] / scale[1][0]:.2f} (goal at most 2)")
+            settings = {"docs/ansible.cfg": scale[8][0]}
+            for name, env in REVERTED.items():
+                settings[name] = statistics.median(site(inventory, HOSTS, config, env)[0] for _run in range(runs))
+            print(f"\nThe 8-host no-op re-apply, docs/ansible.cfg against one setting reverted (median of {runs}):\n")
+            table([f"| {name} | {seconds:.1f} | {seconds / settings['docs/ansible.cfg']:.2f} |" for name, seconds in settings.items()],
+                  "| configuration | wall s | against docs/ansible.cfg |")
+    finally:
+        if started:
+            subprocess.run([DOCKER, "rm", "-f", "-v", *started], capture_output=True, check=False)
+
+
+if __name__ == "__main__":
+    main()
