@@ -204,3 +204,14 @@ def test_the_report_gives_each_unit_its_batch_figures_and_verdict_and_names_the_
     assert lines[3].count("|") == lines[4].count("|") == lines[2].count("|")
     assert "- spark-2/chat (not started): an earlier batch failed, so this batch never started" in lines
     assert lines[-1] == "Never deployed, so nothing to compare with (left to site.yml): spark-3/new"
+
+
+def test_docs_list_every_setting_with_the_playbooks_default():
+    page = (ROOT / "docs" / "rollout.md").read_text()
+    for setting in ROLLOUT_SETTINGS:
+        default = PLAYBOOK_VARS[setting.name]
+        assert f"`{setting.name}`" in page, setting.name
+        if not isinstance(default, str) or "{{" not in default:
+            shown = "`" + (yaml.safe_dump(default, default_flow_style=True).strip().removesuffix("...").strip() if not isinstance(default, str) else default) + "`"
+            row = next(line for line in page.splitlines() if line.startswith("|") and f"`{setting.name}`" in line)
+            assert shown.lower() in row.lower(), (setting.name, shown, row)
