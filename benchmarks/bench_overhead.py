@@ -24,7 +24,7 @@ from lab_vllm import DOCKER, NAME, PORT, lab_vllm, remove, run_module, serve
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_bench import bench_args
 
-SHAPE = {"concurrency": 4, "prompts": 32, "input_tokens": 128, "output_tokens": 64}
+SHAPE = {"concurrency": 4, "prompts": 64, "input_tokens": 128, "output_tokens": 128}
 
 
 def wait_served(key):
@@ -55,7 +55,7 @@ def through_module(key, results_dir):
 
 def directly(key):
     args = bench_args(base_url="http://127.0.0.1:8000", model="tiny", tokenizer="/models/tiny", concurrency=SHAPE["concurrency"],
-                      num_prompts=SHAPE["prompts"], dataset="random", input_tokens=SHAPE["input_tokens"], output_tokens=SHAPE["output_tokens"],
+                      num_prompts=SHAPE["prompts"] * SHAPE["concurrency"], dataset="random", input_tokens=SHAPE["input_tokens"], output_tokens=SHAPE["output_tokens"],
                       dataset_path="", result_dir="/tmp", result_filename="direct.json", seed=0)
     started = time.monotonic()
     subprocess.run([DOCKER, "exec", "--env", "OPENAI_API_KEY", NAME, "vllm", *args], env={**os.environ, "OPENAI_API_KEY": key},
@@ -67,7 +67,7 @@ def directly(key):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=5, help="runs of each (default 5)")
+    parser.add_argument("--runs", type=int, default=3, help="runs of each (default 3)")
     runs = parser.parse_args().runs
     image, model = lab_vllm()
     key = secrets.token_urlsafe(24)

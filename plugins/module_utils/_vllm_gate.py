@@ -35,7 +35,13 @@ class Endpoint(t.NamedTuple):
         return cls(found["url"], found["api_key"], found["served_names"], found["container"], timeout or found["health_timeout"])
 
 
-def gate(endpoint: Endpoint, run: Runner | None, interval: float = 2, log_lines: int = 40, warmup: bool = False,
+# Seconds between the gate's polls: at 2 s a served endpoint was passed up to 1.2 s after its first
+# good answer, at 0.5 s within 0.6 s (benchmarks/gate_latency.py, docs/performance.md); a poll is one
+# /v1/models request and one docker inspect.
+POLL_INTERVAL = 0.5
+
+
+def gate(endpoint: Endpoint, run: Runner | None, interval: float = POLL_INTERVAL, log_lines: int = 40, warmup: bool = False,
          warmup_reply_length: int = 8, what: str = "vLLM health gate") -> dict[str, t.Any]:
     """The gate's result: ok, reason(s), elapsed, served names, the container's state, and on
     failure ``msg`` with the log's tail and error lines (``run`` runs docker; None polls the

@@ -50,9 +50,9 @@ options:
     description: Seconds to wait for the endpoint to become ready; default the instance's planned timeout, or 600.
     type: int
   interval:
-    description: Seconds between polls.
+    description: Seconds between polls (one C(/v1/models) request and one C(docker inspect) each).
     type: float
-    default: 2
+    default: 0.5
   log_lines:
     description: Lines of the container log returned on failure.
     type: int
@@ -149,7 +149,7 @@ warmup_reply:
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_client import read_instance
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_gate import Endpoint, gate
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_gate import POLL_INTERVAL, Endpoint, gate
 
 
 def endpoint_of(module):
@@ -178,7 +178,7 @@ def main():
             served_model_names=dict(type="list", elements="str"),
             container=dict(type="str"),
             timeout=dict(type="int"),
-            interval=dict(type="float", default=2),
+            interval=dict(type="float", default=POLL_INTERVAL),
             log_lines=dict(type="int", default=40),
             warmup=dict(type="bool", default=False),
             warmup_reply_length=dict(type="int", default=8),
