@@ -55,7 +55,8 @@ def through_module(key, results_dir):
 
 def directly(key):
     args = bench_args(base_url="http://127.0.0.1:8000", model="tiny", tokenizer="/models/tiny", concurrency=SHAPE["concurrency"],
-                      num_prompts=SHAPE["prompts"] * SHAPE["concurrency"], dataset="random", input_tokens=SHAPE["input_tokens"], output_tokens=SHAPE["output_tokens"],
+                      num_prompts=SHAPE["prompts"] * SHAPE["concurrency"], dataset="random", input_tokens=SHAPE["input_tokens"],
+                      output_tokens=SHAPE["output_tokens"],
                       dataset_path="", result_dir="/tmp", result_filename="direct.json", seed=0)
     started = time.monotonic()
     subprocess.run([DOCKER, "exec", "--env", "OPENAI_API_KEY", NAME, "vllm", *args], env={**os.environ, "OPENAI_API_KEY": key},

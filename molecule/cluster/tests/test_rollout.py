@@ -7,7 +7,6 @@ every unit) upgrades all three units, the cluster whole in one batch. The lab me
 wide, so the lab proves the path and the correctness verdict; the speed verdict is unit-tested."""
 
 import json
-import pathlib
 import time
 
 import pytest

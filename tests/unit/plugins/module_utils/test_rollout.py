@@ -212,6 +212,7 @@ def test_docs_list_every_setting_with_the_playbooks_default():
         default = PLAYBOOK_VARS[setting.name]
         assert f"`{setting.name}`" in page, setting.name
         if not isinstance(default, str) or "{{" not in default:
-            shown = "`" + (yaml.safe_dump(default, default_flow_style=True).strip().removesuffix("...").strip() if not isinstance(default, str) else default) + "`"
+            text = default if isinstance(default, str) else yaml.safe_dump(default, default_flow_style=True).strip().removesuffix("...").strip()
+            shown = f"`{text}`"
             row = next(line for line in page.splitlines() if line.startswith("|") and f"`{setting.name}`" in line)
             assert shown.lower() in row.lower(), (setting.name, shown, row)
