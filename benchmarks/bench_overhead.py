@@ -4,7 +4,7 @@
 Needs the lab's environment (Docker, the venv, the lab vLLM image and tiny model):
   bash -c 'source scripts/lib/common.sh; ensure_all; ensure_serving_lab; python3 benchmarks/bench_overhead.py'
 Both run vllm bench inside the serving container (the exec runner), on random prompts of the same
-shape and seed; the direct run is the argv the module's own bench_args builds, through docker exec.
+shape and seed (the module seeds its first concurrency with 1000); the direct run is the argv the module's own bench_args builds, through docker exec.
 The module adds what the figures need: the dataset and result files copied in and out, the
 /metrics read before and after, the result parsed. Prints a Markdown table; each figure is the
 median of the runs, alternating module and direct runs so drift on the machine hits both alike.
@@ -57,7 +57,7 @@ def directly(key):
     args = bench_args(base_url="http://127.0.0.1:8000", model="tiny", tokenizer="/models/tiny", concurrency=SHAPE["concurrency"],
                       num_prompts=SHAPE["prompts"] * SHAPE["concurrency"], dataset="random", input_tokens=SHAPE["input_tokens"],
                       output_tokens=SHAPE["output_tokens"],
-                      dataset_path="", result_dir="/tmp", result_filename="direct.json", seed=0)
+                      dataset_path="", result_dir="/tmp", result_filename="direct.json", seed=1000)
     started = time.monotonic()
     subprocess.run([DOCKER, "exec", "--env", "OPENAI_API_KEY", NAME, "vllm", *args], env={**os.environ, "OPENAI_API_KEY": key},
                    check=True, capture_output=True)

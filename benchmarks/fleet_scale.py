@@ -37,14 +37,20 @@ def container(name):
     return f"sparkfleet-{name}"
 
 
+def remove_hosts():
+    """The benchmark's own lab hosts, by the names it gives them (also those a failed earlier run left)."""
+    subprocess.run([DOCKER, "rm", "-f", "-v", *(container(host) for host in HOSTS)], capture_output=True, check=False)
+
+
 def start_hosts(image):
     """The throwaway lab hosts, booted; the names of the containers started."""
+    remove_hosts()
     started = []
     for host in HOSTS:
         subprocess.run([DOCKER, "run", "-d", "--name", container(host), "--hostname", host, "--cap-add", "SYS_ADMIN", "--cap-add", "NET_ADMIN",
                         "--security-opt", "seccomp=unconfined", "--security-opt", "apparmor=unconfined", "--cgroupns", "host",
                         "-v", "/sys/fs/cgroup:/sys/fs/cgroup:rw", "-v", "/var/lib/docker", "--tmpfs", "/run", "--tmpfs", "/run/lock",
-                        "--stop-signal", "SIGRTMIN+3", "--label", "sparkfleet.bench=true", image, "/lib/systemd/systemd"],
+                        "--stop-signal", "SIGRTMIN+3", image, "/lib/systemd/systemd"],
                        check=True, capture_output=True)
         started.append(container(host))
     for name in started:
@@ -74,6 +80,8 @@ def site(inventory, hosts, config=None, extra_env=None):
     """One site.yml run of the host-preparation roles on ``hosts``: seconds, {host: (tasks, changed)}, output."""
     env = {**os.environ, **(extra_env or {})}
     if config:
+        # The configuration measured is the file's, plus the one setting reverted: the lab's environment exports ANSIBLE_PIPELINING.
+        env = {key: value for key, value in env.items() if key not in ("ANSIBLE_PIPELINING", "ANSIBLE_FORKS") or key in (extra_env or {})}
         env["ANSIBLE_CONFIG"] = str(config)
     started = time.monotonic()
     result = subprocess.run(["ansible-playbook", "-i", str(inventory), "site.yml", "--tags", ",".join(ROLES), "--limit", ",".join(hosts)],
@@ -110,10 +118,9 @@ def main():
     if not image:
         raise SystemExit("SPARKFLEET_LAB_IMAGE is empty; run through scripts/lib/common.sh's ensure_all (see the docstring)")
     config = ROOT / "docs" / "ansible.cfg"
-    started = []
     try:
         with tempfile.TemporaryDirectory() as folder:
-            started = start_hosts(image)
+            start_hosts(image)
             inventory = write_inventory(folder)
             seconds, (tasks, changed), roles = fresh_converge(inventory)
             print(f"Fresh converge of one lab host: {seconds:.1f} s, {tasks} tasks, {changed} changed; by role (profile_roles):\n")
@@ -135,8 +142,7 @@ def main():
             table([f"| {name} | {seconds:.1f} | {seconds / settings['docs/ansible.cfg']:.2f} |" for name, seconds in settings.items()],
                   "| configuration | wall s | against docs/ansible.cfg |")
     finally:
-        if started:
-            subprocess.run([DOCKER, "rm", "-f", "-v", *started], capture_output=True, check=False)
+        remove_hosts()
 
 
 if __name__ == "__main__":

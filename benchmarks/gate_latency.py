@@ -12,6 +12,7 @@ gate. Prints a Markdown table; each figure is the median of the runs.
 
 import argparse
 import datetime
+import http.client
 import secrets
 import statistics
 import subprocess
@@ -50,7 +51,7 @@ def first_answer(key, found, stop):
                 if "tiny" in reply.read().decode():
                     found.append(time.monotonic())
                     return
-        except (urllib.error.URLError, OSError):
+        except (urllib.error.URLError, OSError, http.client.HTTPException):
             pass
         time.sleep(0.05)
 
@@ -59,11 +60,13 @@ def ready_latency(image, model, key, interval):
     """Seconds from the server's first good answer to the gate's success."""
     serve(image, model, key)
     found, stop = [], threading.Event()
-    prober = threading.Thread(target=first_answer, args=(key, found, stop))
+    prober = threading.Thread(target=first_answer, args=(key, found, stop), daemon=True)
     prober.start()
-    returned, _wall, result = gate(key, interval)
-    stop.set()
-    prober.join()
+    try:
+        returned, _wall, result = gate(key, interval)
+    finally:
+        stop.set()
+        prober.join()
     if not result.get("ok") or not found:
         raise SystemExit(f"the gate did not pass a serving container: {result}")
     return returned - found[0]

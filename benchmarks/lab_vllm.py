@@ -1,5 +1,5 @@
 """What the benchmarks that need a real vLLM share: the lab's tiny model served by the CPU build on
-this machine's Docker, on loopback only, and a module of the collection run as Ansible runs it (its
+this machine's Docker, on loopback only and with vLLM's usage reports off, and a module of the collection run as Ansible runs it (its
 file, the arguments on stdin). Imported by the scripts beside it."""
 
 import json
@@ -29,7 +29,8 @@ def serve(image, model, key, extra=()):
     """Start the tiny model as NAME on 127.0.0.1:PORT (a container of that name left by an earlier run goes first)."""
     remove()
     subprocess.run([DOCKER, "run", "-d", "--name", NAME, "-p", f"127.0.0.1:{PORT}:8000", "-v", f"{model}:/models/tiny:ro",
-                    "-e", "VLLM_ENABLE_V1_MULTIPROCESSING=0", image, "/models/tiny", "--served-model-name", "tiny", "--dtype", "float32",
+                    "-e", "VLLM_ENABLE_V1_MULTIPROCESSING=0", "-e", "VLLM_NO_USAGE_STATS=1", "-e", "DO_NOT_TRACK=1",
+                    image, "/models/tiny", "--served-model-name", "tiny", "--dtype", "float32",
                     "--enforce-eager", "--num-gpu-blocks-override", "32", "--max-model-len", "2048", "--api-key", key, *extra],
                    check=True, capture_output=True)
 
