@@ -10,17 +10,15 @@ The module adds what the figures need: the dataset and result files copied in an
 median of the runs, alternating module and direct runs so drift on the machine hits both alike.
 """
 
-import argparse
 import json
 import os
-import secrets
 import statistics
 import subprocess
 import tempfile
 import time
 import urllib.request
 
-from lab_vllm import DOCKER, NAME, PORT, lab_vllm, remove, run_module, serve
+from lab_vllm import DOCKER, NAME, PORT, benchmark_setup, remove, run_module, serve
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_bench import bench_args
 
@@ -67,11 +65,7 @@ def directly(key):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=3, help="runs of each (default 3)")
-    runs = parser.parse_args().runs
-    image, model = lab_vllm()
-    key = secrets.token_urlsafe(24)
+    runs, image, model, key = benchmark_setup(__doc__, 3)
     module_runs, direct_runs = [], []
     try:
         with tempfile.TemporaryDirectory() as results_dir:

@@ -10,10 +10,8 @@ gave them. The first good answer is found by a prober asking /v1/models every 50
 gate. Prints a Markdown table; each figure is the median of the runs.
 """
 
-import argparse
 import datetime
 import http.client
-import secrets
 import statistics
 import subprocess
 import threading
@@ -21,7 +19,7 @@ import time
 import urllib.error
 import urllib.request
 
-from lab_vllm import DOCKER, NAME, PORT, lab_vllm, remove, run_module, serve
+from lab_vllm import DOCKER, NAME, PORT, benchmark_setup, remove, run_module, serve
 
 
 def gate(key, interval):
@@ -73,11 +71,7 @@ def ready_latency(image, model, key, interval):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=3, help="runs per case (default 3)")
-    runs = parser.parse_args().runs
-    image, model = lab_vllm()
-    key = secrets.token_urlsafe(24)
+    runs, image, model, key = benchmark_setup(__doc__, 3)
     rows = []
     try:
         for interval in (2.0, 0.5):

@@ -2,9 +2,11 @@
 this machine's Docker, on loopback only and with vLLM's usage reports off, and a module of the collection run as Ansible runs it (its
 file, the arguments on stdin). Imported by the scripts beside it."""
 
+import argparse
 import json
 import os
 import pathlib
+import secrets
 import subprocess
 import sys
 
@@ -14,6 +16,14 @@ sys.path.insert(0, str(ROOT / ".cache" / "collections"))
 DOCKER = "/usr/bin/docker"
 PORT = 18031
 NAME = "sparkfleet-bench-vllm"
+
+
+def benchmark_setup(doc, default_runs):
+    """The runs asked for on the command line, the lab's image and model, and a fresh key for the endpoint."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=default_runs, help=f"runs of each case (default {default_runs})")
+    image, model = lab_vllm()
+    return parser.parse_args().runs, image, model, secrets.token_urlsafe(24)
 
 
 def lab_vllm():
