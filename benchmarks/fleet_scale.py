@@ -43,17 +43,15 @@ def remove_hosts():
 
 
 def start_hosts(image):
-    """The throwaway lab hosts, booted; the names of the containers started."""
+    """Start the throwaway lab hosts and wait until each has booted."""
     remove_hosts()
-    started = []
     for host in HOSTS:
         subprocess.run([DOCKER, "run", "-d", "--name", container(host), "--hostname", host, "--cap-add", "SYS_ADMIN", "--cap-add", "NET_ADMIN",
                         "--security-opt", "seccomp=unconfined", "--security-opt", "apparmor=unconfined", "--cgroupns", "host",
                         "-v", "/sys/fs/cgroup:/sys/fs/cgroup:rw", "-v", "/var/lib/docker", "--tmpfs", "/run", "--tmpfs", "/run/lock",
                         "--stop-signal", "SIGRTMIN+3", image, "/lib/systemd/systemd"],
                        check=True, capture_output=True)
-        started.append(container(host))
-    for name in started:
+    for name in map(container, HOSTS):
         for _attempt in range(60):
             state = subprocess.run([DOCKER, "exec", name, "timeout", "120", "systemctl", "is-system-running", "--wait"],
                                    capture_output=True, text=True, check=False).stdout.strip()
@@ -62,7 +60,6 @@ def start_hosts(image):
             time.sleep(2)
         else:
             raise SystemExit(f"{name} did not finish booting: {state}")
-    return started
 
 
 def write_inventory(folder):
