@@ -12,14 +12,17 @@ def journal_decisions(host, unit, since=0.0, **match):
             and all(line.get(key) == value for key, value in match.items())]
 
 
-def wait_for(condition, timeout, what):
+def wait_for(condition, timeout, what, explain=None):
+    """``condition``'s first truthy answer within ``timeout`` s; else fails naming ``what`` and, when given, what
+    ``explain`` shows then (the decisions the watchdog logged instead)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         found = condition()
         if found:
             return found
         time.sleep(2)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+    shown = f"; meanwhile: {explain()}" if explain else ""
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}{shown}"[:4000])
 
 
 def now(host):

@@ -94,6 +94,7 @@ def container_snapshot(inspect_output: str) -> dict[str, t.Any] | None:
         return None
     state = data.get("State") or {}
     restarts = data.get("RestartCount", 0)
+    error = state.get("Error")
     return {
         "id": data.get("Id"),
         "status": state.get("Status"),
@@ -101,6 +102,8 @@ def container_snapshot(inspect_output: str) -> dict[str, t.Any] | None:
         "oom_killed": bool(state.get("OOMKilled")),
         "restart_count": restarts if isinstance(restarts, int) else 0,
         "started_at": state.get("StartedAt"),
+        # Docker's own reason when it could not start the container (a bind address the host lacks, a port taken).
+        "start_error": error[:300] if isinstance(error, str) else "",
     }
 
 
@@ -114,6 +117,9 @@ def container_failure(baseline: t.Mapping[str, t.Any] | None, current: t.Mapping
     """
     if current is None:
         return None if baseline is None else "the container is gone"
+    if current["status"] == "created" and current.get("start_error"):
+        # Docker leaves a container it failed to start in "created" for good: nothing will start it.
+        return f"docker could not start the container: {current['start_error']}"
     if current["status"] in DEAD_STATES:
         detail = f"exit code {current['exit_code']}" + (", killed by the OOM killer" if current["oom_killed"] else "")
         return f"the container is {current['status']} ({detail})"

@@ -76,8 +76,10 @@ def test_a_stopped_instance_behind_the_gateway_is_drained_before_the_start_and_u
     assert json.loads(head.file("/etc/sparkfleet/watchdog/gateways.json").content_string)["gateways"] == [{"name": HEAD, "address": "local"}]
     assert drained_at_gateway(head) == []
     stopped = now(worker)
-    worker.check_output("docker stop vllm-tiny")
-    started = wait_for(lambda: journal_decisions(worker, INSTANCE_UNIT, stopped, action="start"), 120, "the watchdog to start the instance")[0]
+    # Through systemd: a container stopped under its unit may exit non-zero and be restarted by systemd, not the watchdog.
+    worker.check_output(f"systemctl stop {INSTANCE_UNIT}")
+    started = wait_for(lambda: journal_decisions(worker, INSTANCE_UNIT, stopped, action="start"), 120, "the watchdog to start the instance",
+                       explain=lambda: journal_decisions(worker, INSTANCE_UNIT, stopped))[0]
     print(f"\nwatchdog: the stopped instance was drained and started {started['time'] - stopped:.1f} s after the stop: {started['gateway']}")
     assert [(reply["gateway"], reply["name"], reply["result"], reply.get("gateway_restart")) for reply in started["gateway"]] == [
         (HEAD, f"{WORKER}/tiny", "drained", 0)]

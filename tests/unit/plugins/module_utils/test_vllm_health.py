@@ -22,13 +22,13 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_health impor
 MODELS = json.dumps({"object": "list", "data": [{"id": "tiny", "object": "model", "owned_by": "vllm"}]})
 
 
-def inspect_json(status="running", restart_count=0, container_id="abc", started_at="2026-11-29T09:00:00Z", exit_code=0, oom=False):
+def inspect_json(status="running", restart_count=0, container_id="abc", started_at="2026-11-29T09:00:00Z", exit_code=0, oom=False, error=""):
     return json.dumps(
         [
             {
                 "Id": container_id,
                 "RestartCount": restart_count,
-                "State": {"Status": status, "ExitCode": exit_code, "OOMKilled": oom, "StartedAt": started_at},
+                "State": {"Status": status, "ExitCode": exit_code, "OOMKilled": oom, "StartedAt": started_at, "Error": error},
             }
         ]
     )
@@ -135,6 +135,21 @@ def test_failure_when_the_container_exits_restarts_or_is_replaced():
     assert "replaced" in container_failure(baseline, container_snapshot(inspect_json(container_id="def")))
     assert "start time" in container_failure(baseline, container_snapshot(inspect_json(started_at="2026-11-29T09:01:00Z")))
     assert container_failure(baseline, None) == "the container is gone"
+
+
+# Recorded on a lab host whose bridge address had changed under its plan (seed 000's LAN-bind race has the same cause).
+BIND_FAILED = ("driver failed programming external connectivity on endpoint vllm-tiny (e63bd020653f): Error starting userland proxy: "
+               "listen tcp4 172.17.0.2:8001: bind: cannot assign requested address")
+
+
+def test_a_container_docker_could_not_start_fails_the_wait_at_once():
+    """docker run exits 125 and leaves the container created with State.Error: without this the unit sat activating for
+    its whole timeout (seen on the lab: 13 minutes of a boot waiting on it)."""
+    failed = container_snapshot(inspect_json(status="created", exit_code=128, started_at="0001-01-01T00:00:00Z", error=BIND_FAILED))
+    assert container_failure(None, failed) == f"docker could not start the container: {BIND_FAILED}"
+    clock = Clock()
+    result = wait_until_ready(lambda: Reply(None, "", "refused", True), lambda: failed, ["tiny"], timeout=900, clock=clock, sleep=clock.sleep)
+    assert not result["ok"] and result["elapsed"] == 0 and "cannot assign requested address" in result["reason"]
 
 
 def test_no_baseline_only_dead_states_fail():
