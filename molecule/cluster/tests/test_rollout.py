@@ -1,28 +1,25 @@
 """playbooks/rollout.yml on the lab: both hosts' tiny instances and the tensor-parallel cluster
-behind the real LiteLLM gateway. In check mode it lists the batches and changes nothing; a bad
-change (the canary's checkpoint swapped for the tiny variant, whose greedy answers differ) is
-rolled back on the canary and the second batch never starts; a good change (max_num_seqs 8 on
-every unit) upgrades all three units, the cluster whole in one batch. The lab measures small
-(two repeats at two streams of 64-token prompts, on two busy cores): the figures' noise floor is
-wide, so the lab proves the path and the correctness verdict; the speed verdict is unit-tested."""
+behind the real LiteLLM gateway. A good change (max_num_seqs 8 on every unit) upgrades all three
+units, the cluster whole in one batch, each batch drained at the gateway. Check mode and a bad
+change rolled back on the canary are the vllm scenario's (its two instances; the suite's lanes
+end closer together that way). The lab measures small (two repeats at two streams of 64-token
+prompts, on two busy cores): the figures' noise floor is wide, so the lab proves the path; the
+speed verdict is unit-tested."""
 
 import json
 import time
 
 import pytest
-from site_runner import ROOT, docker_host, playbook, state_digest
+from site_runner import ROOT, docker_host, playbook
 
 HEAD, OTHER = "sparkfleet-molecule-node-1", "sparkfleet-molecule-node-2"
 SMALL = {"rollout_repeats": 2, "rollout_concurrencies": [2], "rollout_prompts_per_concurrency": 2, "rollout_input_tokens": 64,
          "rollout_output_tokens": 16, "rollout_correctness_max_tokens": 16, "rollout_noise_floor_pct": 50,
          "rollout_documents_dir": str(ROOT / "docs" / "hardware")}
-BAD = {"vllm_instance_overrides": {"tiny": {"model": "/models/tiny-llama-variant"}}}
 GOOD_CLUSTER = {"model": "/models/tiny-llama", "served_model_names": ["tiny-tp2"], "port": 8010,
                 "api_key": "{{ lookup('ansible.builtin.env', 'SPARKFLEET_LAB_API_KEY') }}", "tensor_parallel_size": 2,
                 "max_num_seqs": 8, "env": {"TORCHDYNAMO_DISABLE": "1"}}
 GOOD = {"vllm_instance_overrides": {"tiny": {"max_num_seqs": 8}}, "cluster_instance": GOOD_CLUSTER}
-FILES = ["/etc/sparkfleet/vllm/tiny.json", "/etc/sparkfleet/vllm/last-good/tiny.json", "/etc/sparkfleet/cluster/lab-tp2.json"]
-CONTAINERS = ["docker inspect --format '{{.Id}} {{.State.StartedAt}}' vllm-tiny vllm-cluster-lab-tp2"]
 
 
 @pytest.fixture(scope="module")
@@ -30,58 +27,24 @@ def hosts():
     return {name: docker_host(name) for name in (HEAD, OTHER)}
 
 
-def rollout(tmp_path, label, change, *args):
+def rollout(tmp_path, label, change):
     settings = tmp_path / f"{label}.json"
     settings.write_text(json.dumps({**SMALL, **change, "rollout_label": label, "rollout_report_dir": str(tmp_path / "reports")}))
     started = time.monotonic()
-    result = playbook("rollout.yml", "-e", f"@{settings}", *args)
+    result = playbook("rollout.yml", "-e", f"@{settings}")
     print(f"rollout {label}: rc {result.returncode} after {time.monotonic() - started:.0f} s")
     return result, tmp_path / "reports" / label
-
-
-def states(hosts):
-    return {name: state_digest(host, FILES, CONTAINERS) for name, host in hosts.items()}
 
 
 def plan_of(host, path):
     return json.loads(host.file(path).content_string)
 
 
-def test_check_mode_lists_the_batches_and_changes_nothing(hosts, tmp_path):
-    before = states(hosts)
-    result, report = rollout(tmp_path, "checked", GOOD, "--check")
-    assert result.returncode == 0, result.stdout[-3000:]
-    assert f'"batch 1 (canary): {HEAD}/tiny (' in result.stdout
-    assert f'"batch 2: {OTHER}/tiny (' in result.stdout and f", {HEAD}/lab-tp2 ({HEAD}: " in result.stdout
-    assert states(hosts) == before and not report.exists()
-
-
-def test_a_bad_change_is_rolled_back_on_the_canary_and_the_next_batch_never_starts(hosts, tmp_path):
-    other_container = hosts[OTHER].check_output("docker inspect --format '{{.State.StartedAt}}' vllm-tiny")
-    result, report = rollout(tmp_path, "bad", BAD)
-    output = result.stdout + result.stderr
-    assert result.returncode != 0
-    assert f"Rollout bad stopped: {HEAD}/tiny: correctness: " in output, output[-3000:]
-    assert "greedy answers changed" in output and "more than rollout_max_changed_answers (0)" in output
-    head = hosts[HEAD]
-    assert plan_of(head, "/etc/sparkfleet/vllm/tiny.json")["weights"] == plan_of(head, "/etc/sparkfleet/vllm/last-good/tiny.json")["weights"]
-    assert "tiny-llama-variant" not in head.check_output("docker inspect --format '{{.Args}}' vllm-tiny"), "the canary serves its last good weights"
-    assert head.run("curl -sf http://127.0.0.1:8001/health").rc == 0
-    assert hosts[OTHER].check_output("docker inspect --format '{{.State.StartedAt}}' vllm-tiny") == other_container, "batch 2 never started"
-    assert "tiny-llama-variant" not in hosts[OTHER].file("/etc/sparkfleet/vllm/tiny.json").content_string
-    assert json.loads(head.file("/etc/sparkfleet/gateway/drained.json").content_string)["drained"] == [], "undrained after the rollback"
-    markdown = (report / "report.md").read_text()
-    print(markdown)
-    assert f"| 1 (canary) | {HEAD}/tiny | regressed |" in markdown and f"| 2 | {OTHER}/tiny | not started |" in markdown
-    assert f"- {OTHER}/tiny (not started): an earlier batch failed, so this batch never started" in markdown
-    records = json.loads((report / "report.json").read_text())["records"]
-    assert [(record["id"], record["verdict"]) for record in records] == [(f"{HEAD}/tiny", "regressed")]
-    assert records[0]["reasons"][-1] == "rolled back: the last good settings serve again"
-
-
 def test_a_good_change_upgrades_every_unit_batch_by_batch_the_cluster_whole(hosts, tmp_path):
     result, report = rollout(tmp_path, "good", {**GOOD, "rollout_drain_force": True})
     assert result.returncode == 0, result.stdout[-3000:]
+    assert f'"batch 1 (canary): {HEAD}/tiny (' in result.stdout
+    assert f'"batch 2: {OTHER}/tiny (' in result.stdout and f", {HEAD}/lab-tp2 ({HEAD}: " in result.stdout
     markdown = (report / "report.md").read_text()
     print(markdown)
     rows = [line.split(" | ")[:3] for line in markdown.splitlines() if line.startswith("| 1 ") or line.startswith("| 2 ")]
