@@ -1,10 +1,11 @@
 # Copyright: sparkfleet.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Memory admission on a unified pool, and the host settings that guard it. Private to the collection.
+"""The host settings that guard memory on a unified pool, and /proc/meminfo. Private to the collection.
 
 On a GB10 the GPU, the CPU and the page cache share one pool, and vLLM compares
 gpu_memory_utilization x total with the memory free at startup (seeds 002 and 004):
-"Free memory on device ... less than desired GPU memory utilization".
+"Free memory on device ... less than desired GPU memory utilization". Each start is admitted
+against the memory the pinned image sees (_launch_checks); these settings keep the pool usable.
 
 ``host_settings_problems`` bounds the numbers the host-preparation roles write (the swap role's
 swappiness, the headless role's memory sysctls, the exporter drop-ins): each bound refuses a value
@@ -24,7 +25,6 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._preflight import 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._settings import dropin_problem, path_problem
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._sysctl import settings_problems as sysctl_problems
 
-GIB = 1024**3
 # The headless role's memory sysctls (seed 002 Phase 0) with the values that keep their purpose;
 # a sysctl not listed here is the operator's own and passes as given.
 MEMORY_SYSCTLS: dict[str, Range] = {
@@ -101,21 +101,6 @@ def parse_meminfo(text: str) -> dict[str, int]:
         if fields and fields[0].isdigit():
             values[name] = int(fields[0]) * (1024 if len(fields) > 1 and fields[1] == "kB" else 1)
     return values
-
-
-def admission_problem(name: str, gpu_memory_utilization: float, meminfo: t.Mapping[str, int]) -> str | None:
-    """Why starting instance ``name`` now would not fit the memory available, or None."""
-    total, available = meminfo.get("MemTotal"), meminfo.get("MemAvailable")
-    if not total or available is None:
-        return f"{name}: /proc/meminfo has no MemTotal/MemAvailable"
-    wanted = gpu_memory_utilization * total
-    if wanted > available:
-        return (
-            f"{name}: gpu_memory_utilization {gpu_memory_utilization} wants {wanted / GIB:.2f} GiB of the "
-            f"{total / GIB:.2f} GiB pool, but only {available / GIB:.2f} GiB is available now; lower it, or free "
-            "memory first (stop what holds it, drop caches)"
-        )
-    return None
 
 
 def host_settings_problems(settings: t.Mapping[str, t.Any]) -> list[str]:

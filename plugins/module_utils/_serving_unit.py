@@ -26,14 +26,14 @@ import time
 import typing as t
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._files import FileProblem, read_file, sync_files, write_atomically
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._memory import admission_problem, parse_meminfo
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._launch_checks import DEVICE_NODES, launch_problems, memory_probe_argv, open_files
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._settings import path_problem
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._systemd import parse_show_states, show_states_args
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_client import read_endpoint
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_gate import Endpoint, gate
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_health import parse_env_file
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_instance import PLAN_SCHEMA_VERSION
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_plan import drift_reasons
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_plan import INSTANCE_LABEL, drift_reasons
 
 # What each of the plan's kept_files holds, in their order.
 FILE_KINDS = ("env", "plan", "unit")
@@ -47,7 +47,6 @@ SECRET_KINDS = frozenset(("env",))
 HIDDEN = "(the env file holds the API key; its content is not shown)\n"
 STEPS = ("prepare", "stop", "start", "restore", "keep", "last_good", "remove", "relaunch", "roll_back", "raise_flag", "clear_flag")
 GATEWAY = "gateway"
-MEMINFO = "/proc/meminfo"
 DROP_CACHES = "/proc/sys/vm/drop_caches"
 
 Runner = t.Callable[[list[str]], tuple[int, str, str]]
@@ -72,8 +71,12 @@ def plan_problem(plan: t.Any) -> str | None:
     kept = plan.get("kept_files")
     missing = [key for key in ("name", "unit", "container", "unit_file", "config_hash", "run_image") if not plan.get(key)]
     # The gateway holds no share of the memory pool; its gate reads its URL, timeout and key's name.
-    needed = ("url", "health_timeout", "key_env") if is_gateway(plan) else ("gpu_memory_utilization",)
+    needed = ("url", "health_timeout", "key_env") if is_gateway(plan) else ("gpu_memory_utilization", "memory_probe")
     missing += [key for key in needed if not (is_share(plan.get(key)) if key == "gpu_memory_utilization" else plan.get(key))]
+    # The only command a plan brings to run is the memory check the plan builder wrote for its own image.
+    if "memory_probe" in needed and plan.get("memory_probe") and plan["memory_probe"] not in [
+            memory_probe_argv(str(plan.get("run_image")), gpus) for gpus in (False, True)]:
+        missing.append("memory_probe (the memory check the plan builder writes for the plan's run_image)")
     if missing or not isinstance(kept, list) or len(kept) != len(FILE_KINDS) or not all(
             isinstance(entry, dict) and all(str(entry.get(key, "")).startswith("/") for key in ("path", "last_good"))
             and entry.get("mode") in ("0600", "0644") for entry in kept):
@@ -215,11 +218,12 @@ def stop(plan: t.Mapping[str, t.Any], check_mode: bool, run: Runner) -> dict[str
 
 
 def start(plan: t.Mapping[str, t.Any], memory_admission: bool, check_mode: bool, run: Runner,
-          meminfo_path: str = MEMINFO, drop_caches_path: str = DROP_CACHES) -> dict[str, t.Any]:
+          drop_caches_path: str = DROP_CACHES, device_nodes: t.Sequence[str] = DEVICE_NODES,
+          processes: t.Callable[[], t.Iterable[tuple[int, str, t.Sequence[str]]]] = open_files) -> dict[str, t.Any]:
     """Drop the page cache (seed 002: on a unified pool it counts against the memory vLLM finds
-    free), refuse a start the memory available now cannot hold, clear the start limit (a
-    deliberate relaunch is a person acting, not a crash loop) and start the unit without waiting:
-    the gate waits."""
+    free), refuse a start that a stray holder of the GPU's device nodes or the memory the pinned
+    image sees now cannot grant (_launch_checks), clear the start limit (a deliberate relaunch is
+    a person acting, not a crash loop) and start the unit without waiting: the gate waits."""
     if check_mode:
         return {"changed": True}
     if plan.get("drop_caches"):
@@ -229,15 +233,13 @@ def start(plan: t.Mapping[str, t.Any], memory_admission: bool, check_mode: bool,
                 handle.write("3\n")
         except OSError as error:
             raise UnitError(f"{drop_caches_path}: cannot drop the page cache ({error.strerror}); run the task as root") from error
-    # The gateway plans no share of the pool, so it has nothing to admit.
+    # The gateway plans no share of the pool and holds no GPU, so it has nothing to admit.
     if memory_admission and not is_gateway(plan):
-        try:
-            with open(meminfo_path, encoding="ascii") as handle:
-                problem = admission_problem(plan["name"], float(plan["gpu_memory_utilization"]), parse_meminfo(handle.read()))
-        except OSError as error:
-            raise UnitError(f"{meminfo_path}: cannot be read ({error.strerror})") from error
-        if problem:
-            raise UnitError(problem)
+        own = checked(run, ["docker", "ps", "--quiet", "--no-trunc", "--filter", f"label={INSTANCE_LABEL}"]).split()
+        problems = launch_problems(plan["name"], float(plan["gpu_memory_utilization"]), plan["memory_probe"], run, own, device_nodes,
+                                   processes)
+        if problems:
+            raise UnitError(" | ".join(problems))
     rc, out, err = run(["systemctl", "reset-failed", plan["unit"]])
     if rc != 0 and "not loaded" not in err + out:
         raise UnitError(f"systemctl reset-failed {plan['unit']} exited {rc}: {err.strip() or out.strip()}")

@@ -28,6 +28,7 @@ import typing as t
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._cluster import NETWORK_ENV, ray_start_args, serve_cluster_args
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._hardware_classes import resolve_class
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._launch_checks import memory_probe_argv
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._model_catalog import CATALOG, MAX_DRAFT_TOKENS, VERSION, catalog_problems
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._settings import path_problem
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._systemd import exec_line
@@ -709,6 +710,7 @@ def instance_plan(instance: t.Mapping[str, t.Any], start_after: list[str], optio
         "weights": instance["model"],
         "weights_host_path": weights_host_path,
         "gpu_memory_utilization": instance["gpu_memory_utilization"],
+        "memory_probe": memory_probe_argv(image, bool(options["gpus"])),
         "catalog": instance.get("catalog"),
         "memory": memory,
         "drop_caches": options["drop_caches"],

@@ -24,8 +24,13 @@ description:
     relaunch passed the gate (C(relaunch); a cluster's ranks by C(keep)), so a first launch that fails never starts at
     boot.
   - C(stop) stops the unit (systemd reads its unit file again first) and removes its container.
-  - C(start) drops the page cache when the plan says so (seed 002), refuses a start the memory available now cannot
-    hold (O(memory_admission)), clears the unit's start limit and starts it without waiting for readiness.
+  - C(start) drops the page cache when the plan says so (seed 002), refuses a start (O(memory_admission)) while a process
+    outside the collection's containers holds the GPU's device nodes (C(/dev/nvidia*); nvidia-persistenced may) or
+    while the memory the pinned image sees cannot grant the plan's share - the plan's C(memory_probe), a throwaway
+    container of its image without network that prints CUDA's free and total memory (seed 002's
+    C(torch.cuda.mem_get_info()); on a GB10 about 22 GiB below /proc/meminfo's), or the kernel's available memory
+    when the instance gets no GPU (the CPU build) - then clears the unit's start limit and starts it without waiting
+    for readiness.
   - C(restore) puts the last good copies of the files back (C(restored) is false, and nothing changes, when there is
     no complete copy); C(keep) keeps the files as the last good ones and enables the unit; C(last_good) only reads whether a complete
     copy is there (C(complete)).
@@ -68,7 +73,9 @@ options:
         Never logged or diffed.
     type: str
   memory_admission:
-    description: With O(step=start) or O(step=relaunch), refuse a start whose memory share is more than the memory available now (the gateway has none).
+    description:
+      - With O(step=start), O(step=relaunch) or O(step=roll_back), refuse a start while a stray process holds the GPU's device
+        nodes or whose memory share is more than the memory the plan's image sees free now (the gateway has none).
     type: bool
     default: true
   keep_last_good:

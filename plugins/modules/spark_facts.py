@@ -114,7 +114,6 @@ ansible_facts:
   type: dict
 """
 
-import glob
 import os
 import platform
 import time
@@ -134,6 +133,7 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_facts import
     package_name_problems,
     summarise,
 )
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._launch_checks import open_files
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._tools import tool_runner
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_instance import DOCKER_CLIENT
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_plan import INSTANCE_LABEL
@@ -148,22 +148,6 @@ def read(path):
             return handle.read()
     except OSError:
         return ""
-
-
-def open_files():
-    """(pid, command, paths of its open files) of every process readable."""
-    for fd_dir in glob.glob("/proc/[0-9]*/fd"):
-        pid = int(fd_dir.split("/")[2])
-        paths = []
-        try:
-            for entry in os.listdir(fd_dir):
-                try:
-                    paths.append(os.readlink(os.path.join(fd_dir, entry)))
-                except OSError:
-                    continue
-        except OSError:
-            continue
-        yield pid, read(f"/proc/{pid}/comm").strip(), paths
 
 
 def file_mtimes(folder):

@@ -75,6 +75,39 @@ def test_the_gate_fails_at_once_on_errors_waiting_cannot_fix(serve):
         assert result["elapsed"] < 30 and result["ok"] is False and result["reasons"]
 
 
+def test_a_start_is_refused_right_before_it_with_the_memory_the_image_sees_and_the_strays_on_the_device_nodes(serve):
+    """The launch checks on the real host and image: the memory probe runs the pinned image in a throwaway container
+    (the CPU build reports the kernel's available memory), and a process holding a device node named like the GPU's
+    (a stand-in: the lab has no GPU) is named. Nothing is started or stopped: the running instance keeps its container."""
+    before, containers = serving_state(serve), serve.check_output("docker ps --all --quiet --no-trunc")
+    serve.check_output("mknod -m 0666 /dev/nvidia9 c 1 3")
+    holder = "sparkfleet-test-device-holder"
+    try:
+        serve.check_output(f"systemd-run --unit {holder} sh -c 'exec 3</dev/nvidia9; exec sleep infinity'")
+        pid = wait_for_pid(serve, holder)
+        result = module(SERVE, "serving_unit", {"plan": {**planned(serve, "first"), "gpu_memory_utilization": 0.99}, "step": "start"})
+    finally:
+        serve.run(f"systemctl stop {holder}")
+        serve.run("rm -f /dev/nvidia9")
+    assert result.get("failed"), result
+    print(f"\nthe launch checks refused: {result['msg']}")
+    assert result["msg"].startswith(f"first: pid {pid} (sleep) holds /dev/nvidia9: the start was not attempted"), result["msg"]
+    assert " | first: gpu_memory_utilization 0.99 wants " in result["msg"]
+    assert "the CPU build in the image (the kernel's MemAvailable) sees, but only " in result["msg"]
+    assert serving_state(serve) == before and status(serve, 8001, key=KEY) == "200"
+    assert serve.check_output("docker ps --all --quiet --no-trunc") == containers, "the probe's throwaway container is gone"
+
+
+def wait_for_pid(host, unit):
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        pid = host.check_output(f"systemctl show --property=MainPID --value {unit}").strip()
+        if pid not in ("", "0"):
+            return int(pid)
+        time.sleep(0.5)
+    raise AssertionError(f"{unit} has no main process after 30 s")
+
+
 def test_an_interrupted_run_and_a_container_replaced_by_hand_are_relaunched_behind_the_gate(serve):
     """Check mode names both kinds of drift; one re-run relaunches the instance once, behind the gate."""
     changed = instances_json(max_num_seqs=8)

@@ -5,7 +5,7 @@ import pytest
 import yaml
 
 from ansible_collections.sparkfleet.vllm.plugins.filter.hardware import host_settings_problems
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._memory import admission_problem, parse_meminfo
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._memory import parse_meminfo
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._systemd import exec_line, quote_exec_argument
 
 # Recorded from this lab machine's /proc/meminfo (first lines).
@@ -43,13 +43,6 @@ def test_parse_meminfo_in_bytes():
     info = parse_meminfo(MEMINFO)
     assert info["MemTotal"] == 24594912 * 1024
     assert info["HugePages_Total"] == 0
-
-
-def test_admission():
-    info = parse_meminfo(MEMINFO)
-    assert admission_problem("llm", 0.5, info) is None
-    problem = admission_problem("llm", 0.95, info)
-    assert "22.28 GiB of the 23.46 GiB pool" in problem and "21.09 GiB is available" in problem
 
 
 ROLES = pathlib.Path(__file__).resolve().parents[4] / "roles"

@@ -283,6 +283,10 @@ def test_a_container_changed_by_hand_is_drift(host, container, reason):
     pytest.param(lambda plan: {**plan, "kept_files": [{k: v for k, v in kept.items() if k != "last_good"} for kept in plan["kept_files"]]},
                  "plan: lacks kept_files", id="last-good-missing"),
     pytest.param(lambda plan: {**plan, "gpu_memory_utilization": "0.5"}, "plan: lacks gpu_memory_utilization", id="share-as-text"),
+    pytest.param(lambda plan: {**plan, "memory_probe": ["/bin/sh", "-c", "id"]}, "plan: lacks memory_probe (the memory check the plan "
+                 "builder writes for the plan's run_image)", id="foreign-command"),
+    pytest.param(lambda plan: {**plan, "memory_probe": [*plan["memory_probe"][:-4], "other/image", *plan["memory_probe"][-3:]]},
+                 "plan: lacks memory_probe", id="probe-of-another-image"),
 ])
 def test_a_plan_that_is_not_this_releases_is_refused_writing_nothing(host, damage, fragment):
     set_state(host)
@@ -374,17 +378,34 @@ def test_a_unit_no_longer_planned_is_removed_with_its_files_and_check_mode_only_
     assert bad["failed"] and bad["msg"].startswith("plan: a removal needs name, unit, container and files (absolute paths)")
 
 
-def test_a_start_the_memory_cannot_hold_is_refused_before_the_unit_starts(host, tmp_path):
+def test_a_start_the_memory_the_image_sees_cannot_hold_is_refused_before_the_unit_starts(host, tmp_path):
+    """The probe runs the plan's image as the plan builder wrote it; its figures (recorded from the lab image's run,
+    scaled to a GB10's 121.69 GiB of which 99 are free, seed 002) refuse a share of 0.85 with the numbers, and a
+    process outside the collection's containers holding a device node is named in the same refusal."""
     from ansible_collections.sparkfleet.vllm.plugins.module_utils._serving_unit import UnitError, start
 
-    plan, _env_file = planned(host, gpu_memory_utilization=0.5)
-    meminfo = tmp_path / "meminfo"
-    meminfo.write_text("MemTotal:       127000000 kB\nMemAvailable:    40000000 kB\n")
-    drop_caches = tmp_path / "drop_caches"
+    plan, _env_file = planned(host, gpu_memory_utilization=0.85)
+    figures = json.dumps({"device": "cuda", "free": 99 * 1024**3, "total": int(121.69 * 1024**3)})
+    answers = {"docker ps": (0, "c0ffee\n", ""), "docker run": (0, figures + "\n", "")}
     ran = []
-    with pytest.raises(UnitError, match=r"^tiny: gpu_memory_utilization 0.5 wants 60.56 GiB of the 121.12 GiB pool, but only 38.15 GiB"):
-        start({**plan, "drop_caches": True}, True, False, lambda argv: ran.append(argv) or (0, "", ""), str(meminfo), str(drop_caches))
-    assert drop_caches.read_text() == "3\n" and ran == [["sync"]], "the cache was dropped first; the unit was not started"
+
+    def tools(argv):
+        ran.append(argv)
+        return answers.get(" ".join(argv[:2]).replace("/usr/bin/docker", "docker"), (0, "", ""))
+
+    drop_caches = tmp_path / "drop_caches"
+    exporter = (4242, "nvidia_gpu_expo", ["/dev/nvidia0", "/dev/nvidiactl", "/dev/null"])
+    persistenced = (1580, "nvidia-persistenced", ["/dev/nvidia0"])
+    with pytest.raises(UnitError) as refused:
+        start({**plan, "drop_caches": True}, True, False, tools, str(drop_caches), processes=lambda: [exporter, persistenced])
+    assert str(refused.value) == (
+        "tiny: pid 4242 (nvidia_gpu_expo) holds /dev/nvidia0, /dev/nvidiactl: the start was not attempted; stop them first (a stale "
+        "container: docker rm; a GPU exporter: stop it for the launch; what persists after that: reboot, seed 002) | tiny: "
+        "gpu_memory_utilization 0.85 wants 103.44 GiB of the 121.69 GiB CUDA in the image sees, but only 99.00 GiB is free now; lower "
+        "it, or free the memory first (stop what holds it; after failed starts on a GB10 only a reboot clears the residue, seed 002)")
+    assert ran[2] == plan["memory_probe"] and plan["memory_probe"][:4] == ["/usr/bin/docker", "run", "--rm", "--pull"]
+    assert plan["run_image"] in plan["memory_probe"] and "--network" in plan["memory_probe"]
+    assert drop_caches.read_text() == "3\n" and not [argv for argv in ran if argv[0] == "systemctl"], "the unit was not started"
 
 
 class Vllm(http.server.BaseHTTPRequestHandler):

@@ -1,0 +1,124 @@
+# Copyright: sparkfleet.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""What a vLLM start is checked against right before it (seed 002), private to the collection.
+
+The memory as the pinned image sees it: vLLM refuses to start when CUDA's free memory is below
+gpu_memory_utilization x its total ("Free memory on device ... less than desired GPU memory
+utilization"), and on a GB10 the driver keeps about 22 GiB that /proc/meminfo still counts as
+available, so the figure comes from the image's own torch in a throwaway container. A container
+handed no GPU (the CPU build) reports the kernel's available memory, which is what that build
+draws on. And the processes holding the GPU's device nodes, read at the launch rather than only
+at preflight: a zombie CUDA context or an exporter started since holds memory vLLM then lacks.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import typing as t
+
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_facts import device_holders
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_instance import DOCKER_CLIENT
+
+GIB = 1024**3
+DEVICE_NODES = ("/dev/nvidia*",)
+# seed 002's check, run by the image's python3: torch only when the container was handed a GPU (its device nodes exist).
+MEMORY_PROBE = (
+    "import json, os\n"
+    "if any(name.startswith('nvidia') for name in os.listdir('/dev')):\n"
+    "    import torch\n"
+    "    free, total = torch.cuda.mem_get_info()\n"
+    "    print(json.dumps({'device': 'cuda', 'free': free, 'total': total}))\n"
+    "else:\n"
+    "    info = dict(line.split(':', 1) for line in open('/proc/meminfo'))\n"
+    "    kib = {name: int(info[name].split()[0]) * 1024 for name in ('MemTotal', 'MemAvailable')}\n"
+    "    print(json.dumps({'device': 'cpu', 'free': kib['MemAvailable'], 'total': kib['MemTotal']}))\n"
+)
+
+
+def memory_probe_argv(image: str, gpus: bool) -> list[str]:
+    """The throwaway container that reads the memory: the plan's image, never pulled here (serving_host pulled and
+    verified it), no network, the GPU handed over as the instance's own container gets it."""
+    return [DOCKER_CLIENT, "run", "--rm", "--pull", "never", "--network", "none", "--ipc=host", *(["--gpus", "all"] if gpus else []),
+            "--entrypoint", "python3", image, "-c", MEMORY_PROBE]
+
+
+def probe_figures(rc: int, out: str, err: str) -> dict[str, t.Any] | str:
+    """The probe's {device, free, total} in bytes, or why it said nothing usable."""
+    if rc != 0:
+        lines = (err or out).strip().splitlines()
+        return f"exited {rc}: {lines[-1][-300:] if lines else 'no output'}"
+    try:
+        found = json.loads(out.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        found = None
+    if not isinstance(found, dict) or found.get("device") not in ("cuda", "cpu") or not all(
+            isinstance(found.get(key), int) and not isinstance(found.get(key), bool) and found[key] >= 0 for key in ("free", "total")) \
+            or not found["total"]:
+        return f"printed no memory figures: {out.strip()[-300:] or 'nothing'}"
+    return found
+
+
+def memory_problem(name: str, share: float, figures: dict[str, t.Any] | str) -> str | None:
+    """Why the memory the image sees cannot grant ``share`` now, or None; a probe that failed is a refusal too:
+    the start would meet the same device."""
+    if isinstance(figures, str):
+        return (f"{name}: the memory check in a throwaway container of the image {figures}; the start was not attempted "
+                "(vllm_memory_admission: false skips the check)")
+    wanted = share * figures["total"]
+    if wanted <= figures["free"]:
+        return None
+    seen = "CUDA in the image" if figures["device"] == "cuda" else "the CPU build in the image (the kernel's MemAvailable)"
+    return (f"{name}: gpu_memory_utilization {share} wants {wanted / GIB:.2f} GiB of the {figures['total'] / GIB:.2f} GiB "
+            f"{seen} sees, but only {figures['free'] / GIB:.2f} GiB is free now; lower it, or free the memory first (stop what "
+            "holds it; after failed starts on a GB10 only a reboot clears the residue, seed 002)")
+
+
+def open_files() -> t.Iterator[tuple[int, str, list[str]]]:
+    """(pid, command, paths of its open files) of every process readable."""
+    for fd_dir in glob.glob("/proc/[0-9]*/fd"):
+        pid = int(fd_dir.split("/")[2])
+        paths = []
+        try:
+            entries = os.listdir(fd_dir)
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                paths.append(os.readlink(os.path.join(fd_dir, entry)))
+            except OSError:
+                continue
+        yield pid, read_text(f"/proc/{pid}/comm").strip(), paths
+
+
+def read_text(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            return handle.read()
+    except OSError:
+        return ""
+
+
+def holders_problem(name: str, holders: t.Sequence[t.Mapping[str, t.Any]], own_containers: t.Collection[str],
+                    cgroup_of: t.Callable[[int], str]) -> str | None:
+    """Why another process holding the GPU's device nodes blocks the start, or None: the host's other instances and
+    ranks (the collection's labelled containers) hold them by right, nvidia-persistenced too (device_holders)."""
+    strays = [holder for holder in holders if not any(container in cgroup_of(holder["pid"]) for container in own_containers)]
+    if not strays:
+        return None
+    held = "; ".join(f"pid {holder['pid']} ({holder['command']}) holds {', '.join(holder['paths'])}" for holder in strays)
+    return (f"{name}: {held}: the start was not attempted; stop them first (a stale container: docker rm; a GPU exporter: stop it "
+            "for the launch; what persists after that: reboot, seed 002)")
+
+
+def launch_problems(name: str, share: float, probe: t.Sequence[str], run: t.Callable[[list[str]], tuple[int, str, str]],
+                    own_containers: t.Collection[str], device_nodes: t.Sequence[str] = DEVICE_NODES,
+                    processes: t.Callable[[], t.Iterable[tuple[int, str, t.Sequence[str]]]] = open_files) -> list[str]:
+    """Every reason the start of unit ``name`` must not be attempted now: strays on the device nodes, then the memory."""
+    holders = device_holders(processes(), device_nodes)
+    problems = [problem for problem in (holders_problem(name, holders, own_containers, lambda pid: read_text(f"/proc/{pid}/cgroup")),)
+                if problem]
+    figures = probe_figures(*run(list(probe)))
+    problem = memory_problem(name, share, figures)
+    return [*problems, *([problem] if problem else [])]
