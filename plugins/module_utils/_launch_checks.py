@@ -16,6 +16,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 import typing as t
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_facts import device_holders
@@ -23,6 +24,10 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_instance imp
 
 GIB = 1024**3
 DEVICE_NODES = ("/dev/nvidia*",)
+# Docker's container names; the collection's own (vllm-*, the gateway's sparkfleet-*) are never paused for a launch.
+CONTAINER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+OWN_PREFIXES = ("vllm-", "sparkfleet-")
+MAX_PAUSED = 16
 # seed 002's check, run by the image's python3: torch only when the container was handed a GPU (its device nodes exist).
 MEMORY_PROBE = (
     "import json, os\n"
@@ -122,3 +127,45 @@ def launch_problems(name: str, share: float, probe: t.Sequence[str], run: t.Call
     figures = probe_figures(*run(list(probe)))
     problem = memory_problem(name, share, figures)
     return [*problems, *([problem] if problem else [])]
+
+
+def paused_containers_problems(variable: str, value: t.Any) -> list[str]:
+    """Why ``value`` is not a list of other programs' containers to stop around each launch (seed 002: the
+    nvidia_gpu_exporter container holds about 9 GiB of the GPU's memory while it runs)."""
+    if not isinstance(value, list) or len(value) > MAX_PAUSED:
+        return [f"{variable}: {value!r} must be a list of at most {MAX_PAUSED} container names, such as [nvidia_gpu_exporter]"]
+    problems = []
+    for index, name in enumerate(value):
+        if not isinstance(name, str) or not CONTAINER_NAME.fullmatch(name):
+            problems.append(f"{variable}[{index}]: {name!r} is not a container name (letters, digits, '_.-', up to 128)")
+        elif name.startswith(OWN_PREFIXES):
+            problems.append(f"{variable}[{index}]: {name!r} names one of the collection's own containers ({', '.join(OWN_PREFIXES)}...), "
+                            "which a launch must never stop; list only other programs' containers, such as nvidia_gpu_exporter")
+    if len(set(map(str, value))) != len(value):
+        problems.append(f"{variable}: names a container twice")
+    return problems
+
+
+def pause_containers(names: t.Sequence[str], run: t.Callable[[list[str]], tuple[int, str, str]]) -> tuple[list[str], list[str]]:
+    """Stop those of ``names`` that run: (the ones stopped, to start again after the gate; what could not be stopped)."""
+    stopped, problems = [], []
+    for name in names:
+        rc, out, _err = run(["docker", "container", "inspect", "--format", "{{.State.Running}}", name])
+        if rc != 0 or out.strip() != "true":
+            continue
+        rc, out, err = run(["docker", "stop", "--time", "30", name])
+        if rc == 0:
+            stopped.append(name)
+        else:
+            problems.append(f"{name} could not be stopped for the launch: {(err or out).strip()[-200:]}")
+    return stopped, problems
+
+
+def resume_containers(names: t.Sequence[str], run: t.Callable[[list[str]], tuple[int, str, str]]) -> list[str]:
+    """Start again the containers a launch stopped; what could not be started."""
+    problems = []
+    for name in names:
+        rc, out, err = run(["docker", "start", name])
+        if rc != 0:
+            problems.append(f"{name}, stopped for the launch, could not be started again: {(err or out).strip()[-200:]}; start it by hand")
+    return problems

@@ -26,7 +26,15 @@ import time
 import typing as t
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._files import FileProblem, read_file, sync_files, write_atomically
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._launch_checks import DEVICE_NODES, launch_problems, memory_probe_argv, open_files
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._launch_checks import (
+    DEVICE_NODES,
+    launch_problems,
+    memory_probe_argv,
+    open_files,
+    pause_containers,
+    paused_containers_problems,
+    resume_containers,
+)
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._settings import path_problem
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._systemd import parse_show_states, show_states_args
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_client import read_endpoint
@@ -45,7 +53,8 @@ RELAUNCHING_KINDS = frozenset(("env", "unit"))
 ROLLED_BACK_KINDS = {"instance": frozenset(FILE_KINDS), "gateway": frozenset(("plan", "unit"))}
 SECRET_KINDS = frozenset(("env",))
 HIDDEN = "(the env file holds the API key; its content is not shown)\n"
-STEPS = ("prepare", "stop", "start", "restore", "keep", "last_good", "remove", "relaunch", "roll_back", "raise_flag", "clear_flag")
+STEPS = ("prepare", "stop", "start", "restore", "keep", "last_good", "remove", "relaunch", "roll_back", "raise_flag", "clear_flag",
+         "pause", "resume")
 GATEWAY = "gateway"
 DROP_CACHES = "/proc/sys/vm/drop_caches"
 
@@ -77,6 +86,8 @@ def plan_problem(plan: t.Any) -> str | None:
     if "memory_probe" in needed and plan.get("memory_probe") and plan["memory_probe"] not in [
             memory_probe_argv(str(plan.get("run_image")), gpus) for gpus in (False, True)]:
         missing.append("memory_probe (the memory check the plan builder writes for the plan's run_image)")
+    if not is_gateway(plan) and paused_containers_problems("paused_containers", plan.get("paused_containers")):
+        missing.append("paused_containers (other programs' containers, as vllm_launch_paused_containers lists them)")
     if missing or not isinstance(kept, list) or len(kept) != len(FILE_KINDS) or not all(
             isinstance(entry, dict) and all(str(entry.get(key, "")).startswith("/") for key in ("path", "last_good"))
             and entry.get("mode") in ("0600", "0644") for entry in kept):
@@ -427,6 +438,9 @@ def relaunch(plan: t.Mapping[str, t.Any], memory_admission: bool, flag: str | No
     long, what the rollback achieved and the engine log's error lines."""
     if check_mode:
         return {"changed": True}
+    paused = pause(plan, run)
+    if paused.get("failed"):
+        return paused
     if flag:
         raise_flag(flag, plan["name"], False)
         hand_back_to_watchdog(plan["watchdog_give_up"])
@@ -435,17 +449,40 @@ def relaunch(plan: t.Mapping[str, t.Any], memory_admission: bool, flag: str | No
         rollback = None if verdict["ok"] else roll_back(plan, memory_admission, run)[1]
     finally:
         flag_left = flag_not_cleared(flag) if flag else ""
+        left = "; ".join(resume_containers(paused["paused"], run))
+    after = "; ".join(part for part in (flag_left, left) if part)
     if rollback is None:
         kept = keep_gated(plan, False, run)["written"] if keep_last_good else []
         if not keep_last_good:
             enable(plan["unit"], run)
-        return {"changed": True, "gate": verdict, "kept": kept,
-                **({"failed": True, "msg": f"{plan['name']} passed its gate, but {flag_left}"} if flag_left else {})}
+        return {"changed": True, "gate": verdict, "kept": kept, "paused": paused["paused"],
+                **({"failed": True, "msg": f"{plan['name']} passed its gate, but {after}"} if after else {})}
     errors = " / ".join(verdict.get("log_errors", [])) or "none found"
     failed = "The LiteLLM gateway" if is_gateway(plan) else f"vLLM instance {plan['name']}"
-    return {"changed": True, "failed": True, "gate": verdict,
+    return {"changed": True, "failed": True, "gate": verdict, "paused": paused["paused"],
             "msg": (f"{failed} failed its relaunch: {verdict['msg']} (detected after {verdict.get('elapsed', '?')} s). "
-                    f"{rollback} Errors in the {'gateway' if is_gateway(plan) else 'engine'} log: {errors}" + (f". Also {flag_left}" if flag_left else ""))}
+                    f"{rollback} Errors in the {'gateway' if is_gateway(plan) else 'engine'} log: {errors}" + (f". Also {after}" if after else ""))}
+
+
+def pause(plan: t.Mapping[str, t.Any], run: Runner) -> dict[str, t.Any]:
+    """Stop the other programs' containers the plan lists that run (a GPU exporter holding memory, seed 002), before the
+    unit is stopped; ``paused`` names them, to start again after the gate. One that cannot be stopped fails the step
+    with nothing else stopped: the ones already stopped are started again."""
+    paused, problems = pause_containers(plan.get("paused_containers") or [], run)
+    if problems:
+        problems += resume_containers(paused, run)
+        return {"changed": bool(paused), "failed": True, "paused": [],
+                "msg": f"{plan['name']} was not relaunched, nothing of it was stopped: " + "; ".join(problems)}
+    return {"changed": bool(paused), "paused": paused}
+
+
+def resume(plan: t.Mapping[str, t.Any], paused: t.Sequence[str], run: Runner) -> dict[str, t.Any]:
+    """Start again what step pause stopped (only containers the plan lists); fails naming any that did not start."""
+    strays = [name for name in paused if name not in (plan.get("paused_containers") or [])]
+    if strays:
+        raise UnitError(f"paused: {', '.join(map(str, strays))} not in the plan's paused_containers; resume starts only what pause stopped")
+    problems = resume_containers(paused, run)
+    return {"changed": bool(paused), **({"failed": True, "msg": "; ".join(problems)} if problems else {})}
 
 
 def roll_back_judged(plan: t.Mapping[str, t.Any], memory_admission: bool, flag: str | None, check_mode: bool,
@@ -455,6 +492,9 @@ def roll_back_judged(plan: t.Mapping[str, t.Any], memory_admission: bool, flag: 
     when they do not serve."""
     if check_mode:
         return {"changed": last_good(plan)["complete"]}
+    paused = pause(plan, run)
+    if paused.get("failed"):
+        return {**paused, "served": False}
     if flag:
         raise_flag(flag, plan["name"], False)
         hand_back_to_watchdog(plan["watchdog_give_up"])
@@ -462,8 +502,11 @@ def roll_back_judged(plan: t.Mapping[str, t.Any], memory_admission: bool, flag: 
         served, outcome = roll_back(plan, memory_admission, run)
     finally:
         flag_left = flag_not_cleared(flag) if flag else ""
-    also = f" Also {flag_left}" if flag_left else ""
-    return {"changed": True, "served": served, "msg": outcome + also, **({} if served and not flag_left else {"failed": True})}
+        left = "; ".join(resume_containers(paused["paused"], run))
+    after = "; ".join(part for part in (flag_left, left) if part)
+    also = f" Also {after}" if after else ""
+    return {"changed": True, "served": served, "paused": paused["paused"], "msg": outcome + also,
+            **({} if served and not after else {"failed": True})}
 
 
 def hand_back_to_watchdog(give_up: str) -> None:
@@ -495,7 +538,7 @@ def checked(run: Runner, argv: list[str]) -> str:
 
 
 def step(name: str, plan: t.Any, check_mode: bool, run: Runner, env_text: str | None = None, memory_admission: bool = True,
-         keep_last_good: bool = True) -> dict[str, t.Any]:
+         keep_last_good: bool = True, paused: t.Sequence[str] = ()) -> dict[str, t.Any]:
     """One step of the transaction on one unit; UnitError says what stopped it and the fix."""
     problem = removal_problem(plan) if name == "remove" else plan_problem(plan)
     if problem:
@@ -529,6 +572,13 @@ def step(name: str, plan: t.Any, check_mode: bool, run: Runner, env_text: str | 
             raise UnitError(f"step roll_back: {plan['name']} is {'the gateway' if is_gateway(plan) else 'a cluster rank'}; only a single "
                             "instance is rolled back alone (a cluster's role rolls every rank back together)")
         return roll_back_judged(plan, memory_admission, flag, check_mode, run)
+    if name in ("pause", "resume") and (is_gateway(plan) or check_mode):
+        # The gateway holds no GPU; check mode stops and starts nothing.
+        return {"changed": False, "paused": []}
+    if name == "pause":
+        return pause(plan, run)
+    if name == "resume":
+        return resume(plan, paused, run)
     if name == "raise_flag":
         return raise_flag(flag, plan["name"], check_mode)
     if name == "clear_flag":

@@ -28,7 +28,7 @@ import typing as t
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._cluster import NETWORK_ENV, ray_start_args, serve_cluster_args
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._hardware_classes import resolve_class
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._launch_checks import memory_probe_argv
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._launch_checks import memory_probe_argv, paused_containers_problems
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._model_catalog import CATALOG, MAX_DRAFT_TOKENS, VERSION, catalog_problems
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._settings import path_problem
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._systemd import exec_line
@@ -711,6 +711,8 @@ def instance_plan(instance: t.Mapping[str, t.Any], start_after: list[str], optio
         "weights_host_path": weights_host_path,
         "gpu_memory_utilization": instance["gpu_memory_utilization"],
         "memory_probe": memory_probe_argv(image, bool(options["gpus"])),
+        "paused_containers": [str(name) for name in options["launch_paused_containers"]]
+        if isinstance(options["launch_paused_containers"], list) else [],
         "catalog": instance.get("catalog"),
         "memory": memory,
         "drop_caches": options["drop_caches"],
@@ -787,6 +789,7 @@ PLAN_OPTIONS: tuple[str, ...] = (
     "hardware_class", "hardware_overrides", "catalog_extra", "memory_total_bytes", "vllm_version", "drop_caches", "overrides",
     "cluster", "reserved_gmu", "gpus", "models_dir", "cache_dir", "config_dir", "env", "health_timeout", "host_addresses",
     "wait_online_enabled", "readiness_script", "start_limit_interval", "start_limit_burst", "restart_delay", "maintenance_flag",
+    "launch_paused_containers",
 )
 
 
@@ -834,6 +837,7 @@ def option_problems(options: t.Mapping[str, t.Any]) -> list[str]:
                       "/run/sparkfleet/vllm-maintenance")
     if not isinstance(options["allow_dev_mode"], bool):
         errors.append(f"vllm_allow_dev_mode: {options['allow_dev_mode']!r} must be true or false")
+    errors += paused_containers_problems("vllm_launch_paused_containers", options["launch_paused_containers"])
     for name, (maximum, why) in OPTION_BOUNDS.items():
         if not is_int(options[name]) or not 1 <= options[name] <= maximum:
             errors.append(f"vllm_{name}: {options[name]!r} must be a whole number from 1 to {maximum:,} ({why})")

@@ -46,6 +46,11 @@ description:
     when they do not serve (C(served)).
   - C(raise_flag) and C(clear_flag) raise and clear the maintenance flag around a relaunch the role orders
     itself (a cluster's), so the watchdog takes the stopped units for planned work.
+  - C(pause) stops the other programs' containers the plan lists (C(paused_containers), from
+    C(vllm_launch_paused_containers); seed 002's nvidia_gpu_exporter holds about 9 GiB of the GPU's memory) that run,
+    before a launch the role orders itself (a cluster's), and returns them (C(paused)); one that cannot be stopped fails
+    the step, the others started again. C(resume) starts O(paused) again after the gate, whatever its outcome. A
+    single instance's C(relaunch) and C(roll_back) do both themselves around the launch.
   - The gateway's plan (C(kind) C(gateway), C(__gateway_plan.serving_unit)) holds no memory share and no maintenance flag; its
     relaunch is gated by its model list, asked with the master key its env file holds (the env var its plan's C(key_env)
     names), without a warm-up request; its rollback puts back its last good unit and unit plan and keeps the key file and
@@ -65,7 +70,7 @@ options:
   step:
     description: The step to run.
     type: str
-    choices: [prepare, stop, start, restore, keep, last_good, remove, relaunch, roll_back, raise_flag, clear_flag]
+    choices: [prepare, stop, start, restore, keep, last_good, remove, relaunch, roll_back, raise_flag, clear_flag, pause, resume]
     default: prepare
   env_file:
     description:
@@ -78,6 +83,13 @@ options:
         nodes or whose memory share is more than the memory the plan's image sees free now (the gateway has none).
     type: bool
     default: true
+  paused:
+    description:
+      - With O(step=resume), the containers O(step=pause) stopped (its C(paused)); only names the plan's
+        C(paused_containers) lists are started.
+    type: list
+    elements: str
+    default: []
   keep_last_good:
     description:
       - With O(step=relaunch), keep the gated files as the last good settings. False leaves the settings before the
@@ -171,6 +183,13 @@ served:
   description: Whether the last good settings serve again after O(step=roll_back).
   returned: when O(step=roll_back) ran outside check mode
   type: bool
+paused:
+  description:
+    - The other programs' containers stopped for the launch (O(step=pause)), or stopped and started again around it
+      (O(step=relaunch), O(step=roll_back)).
+  returned: when O(step=pause), or O(step=relaunch) or O(step=roll_back) ran outside check mode
+  type: list
+  elements: str
 """
 
 from ansible.module_utils.basic import AnsibleModule
@@ -188,6 +207,7 @@ def main():
             env_file=dict(type="str", no_log=True),
             memory_admission=dict(type="bool", default=True),
             keep_last_good=dict(type="bool", default=True),
+            paused=dict(type="list", elements="str", default=[]),
         ),
         required_if=[("step", "prepare", ("env_file",))],
         supports_check_mode=True,
@@ -197,7 +217,7 @@ def main():
     params = module.params
     try:
         result = step(params["step"], params["plan"], module.check_mode, run, env_text=params["env_file"],
-                      memory_admission=params["memory_admission"], keep_last_good=params["keep_last_good"])
+                      memory_admission=params["memory_admission"], keep_last_good=params["keep_last_good"], paused=params["paused"])
     except FileProblem as error:
         module.fail_json(msg=str(error))
     if result.pop("failed", False):

@@ -137,10 +137,20 @@ def test_an_interrupted_run_and_a_container_replaced_by_hand_are_relaunched_behi
     assert "second would be relaunched" in check.stdout and "its unit is inactive" in check.stdout
     assert "its container runs config none" in check.stdout, "the container run by hand carries no config label"
 
-    started = time.monotonic()
-    rerun = site("--tags", "vllm", "-e", instances_json())
+    # A stand-in for seed 002's GPU exporter, which the role's default pauses around each launch (the lab has no GPU to hold).
+    exporter_started = "docker inspect --format '{{.State.Running}} {{.State.StartedAt}}' nvidia_gpu_exporter"
+    serve.check_output(f"docker run -d --init --name nvidia_gpu_exporter --network none --entrypoint sleep {image} infinity")
+    try:
+        before = serve.check_output(exporter_started)
+        started = time.monotonic()
+        rerun = site("--tags", "vllm", "-e", instances_json())
+        after = serve.check_output(exporter_started)
+    finally:
+        serve.run("docker rm --force nvidia_gpu_exporter")
     assert rerun.returncode == 0, rerun.stdout[-3000:]
     print(f"\ndrift: the re-run relaunched and gated second in {time.monotonic() - started:.0f} s")
+    assert after.startswith("true ") and after != before, "the exporter was stopped for the launch and started again after the gate"
+    assert "; stopped for the launch and started again: nvidia_gpu_exporter" in rerun.stdout, rerun.stdout[-3000:]
     assert running_hash(serve, "second") == planned(serve, "second")["config_hash"] != plan["config_hash"]
     assert serve.service("sparkfleet-vllm-second.service").is_running
     listed = json.loads(serve.check_output(f"curl -s -H 'Authorization: Bearer {KEY}' http://127.0.0.1:8002/v1/models"))

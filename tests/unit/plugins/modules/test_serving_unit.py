@@ -408,6 +408,32 @@ def test_a_start_the_memory_the_image_sees_cannot_hold_is_refused_before_the_uni
     assert drop_caches.read_text() == "3\n" and not [argv for argv in ran if argv[0] == "systemctl"], "the unit was not started"
 
 
+def test_a_launch_pauses_only_the_plans_exporters_and_a_stuck_one_stops_nothing_of_the_unit(host):
+    """Steps pause and resume, as the cluster role calls them around its ranks' launch (a relaunch does both itself)."""
+    from ansible_collections.sparkfleet.vllm.plugins.module_utils._serving_unit import UnitError, pause, resume
+
+    plan, _env_file = planned(host)
+    assert plan["paused_containers"] == ["nvidia_gpu_exporter"], "the role's default, seed 002's exporter"
+    state = {"nvidia_gpu_exporter": "true"}
+
+    def docker(argv):
+        if argv[1:3] == ["container", "inspect"]:
+            return 0, state[argv[-1]] + "\n", ""
+        if state.get("stuck"):
+            return 1, "", "Error response from daemon: tried to kill container, but did not receive an exit event"
+        state[argv[-1]] = "true" if argv[1] == "start" else "false"
+        return 0, "", ""
+
+    assert pause(plan, docker) == {"changed": True, "paused": ["nvidia_gpu_exporter"]} and state["nvidia_gpu_exporter"] == "false"
+    assert resume(plan, ["nvidia_gpu_exporter"], docker) == {"changed": True} and state["nvidia_gpu_exporter"] == "true"
+    with pytest.raises(UnitError, match=r"^paused: node_exporter not in the plan's paused_containers"):
+        resume(plan, ["node_exporter"], docker)
+    state["stuck"] = "yes"
+    stuck = pause(plan, docker)
+    assert stuck["failed"] and stuck["paused"] == [] and stuck["msg"].startswith(
+        "tiny was not relaunched, nothing of it was stopped: nvidia_gpu_exporter could not be stopped for the launch")
+
+
 class Vllm(http.server.BaseHTTPRequestHandler):
     """vLLM's API as the gate reads it: /v1/models lists the names the key it is sent serves."""
 
