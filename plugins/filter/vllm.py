@@ -152,6 +152,11 @@ options:
     description: The file that exists while a planned relaunch runs (C(vllm_maintenance_flag)); a file under C(/run).
     type: str
     required: true
+  launch_paused_containers:
+    description: Other programs' containers stopped around each launch (C(vllm_launch_paused_containers)).
+    type: list
+    elements: str
+    required: true
 """
 
 EXAMPLES = r"""
@@ -168,7 +173,8 @@ EXAMPLES = r"""
          health_timeout=vllm_health_timeout, host_addresses=ansible_facts.all_ipv4_addresses + ['127.0.0.1'],
          wait_online_enabled=true, readiness_script='/usr/local/libexec/sparkfleet/vllm_readiness.py',
          start_limit_interval=vllm_start_limit_interval, start_limit_burst=vllm_start_limit_burst,
-         restart_delay=vllm_restart_delay, maintenance_flag=vllm_maintenance_flag) }}
+         restart_delay=vllm_restart_delay, maintenance_flag=vllm_maintenance_flag,
+         launch_paused_containers=vllm_launch_paused_containers) }}
   no_log: true
 """
 

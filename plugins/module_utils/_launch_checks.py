@@ -45,8 +45,8 @@ MEMORY_PROBE = (
 def memory_probe_argv(image: str, gpus: bool) -> list[str]:
     """The throwaway container that reads the memory: the plan's image, never pulled here (serving_host pulled and
     verified it), no network, the GPU handed over as the instance's own container gets it."""
-    return [DOCKER_CLIENT, "run", "--rm", "--pull", "never", "--network", "none", "--ipc=host", *(["--gpus", "all"] if gpus else []),
-            "--entrypoint", "python3", image, "-c", MEMORY_PROBE]
+    return [DOCKER_CLIENT, "run", "--rm", "--pull", "never", "--network", "none", "--security-opt", "no-new-privileges",
+            *(["--gpus", "all"] if gpus else []), "--entrypoint", "python3", image, "-c", MEMORY_PROBE]
 
 
 def probe_figures(rc: int, out: str, err: str) -> dict[str, t.Any] | str:
@@ -105,6 +105,10 @@ def read_text(path: str) -> str:
         return ""
 
 
+def process_cgroup(pid: int) -> str:
+    return read_text(f"/proc/{pid}/cgroup")
+
+
 def holders_problem(name: str, holders: t.Sequence[t.Mapping[str, t.Any]], own_containers: t.Collection[str],
                     cgroup_of: t.Callable[[int], str]) -> str | None:
     """Why another process holding the GPU's device nodes blocks the start, or None: the host's other instances and
@@ -119,11 +123,11 @@ def holders_problem(name: str, holders: t.Sequence[t.Mapping[str, t.Any]], own_c
 
 def launch_problems(name: str, share: float, probe: t.Sequence[str], run: t.Callable[[list[str]], tuple[int, str, str]],
                     own_containers: t.Collection[str], device_nodes: t.Sequence[str] = DEVICE_NODES,
-                    processes: t.Callable[[], t.Iterable[tuple[int, str, t.Sequence[str]]]] = open_files) -> list[str]:
+                    processes: t.Callable[[], t.Iterable[tuple[int, str, t.Sequence[str]]]] = open_files,
+                    cgroup_of: t.Callable[[int], str] = process_cgroup) -> list[str]:
     """Every reason the start of unit ``name`` must not be attempted now: strays on the device nodes, then the memory."""
     holders = device_holders(processes(), device_nodes)
-    problems = [problem for problem in (holders_problem(name, holders, own_containers, lambda pid: read_text(f"/proc/{pid}/cgroup")),)
-                if problem]
+    problems = [problem for problem in (holders_problem(name, holders, own_containers, cgroup_of),) if problem]
     figures = probe_figures(*run(list(probe)))
     problem = memory_problem(name, share, figures)
     return [*problems, *([problem] if problem else [])]
@@ -146,13 +150,20 @@ def paused_containers_problems(variable: str, value: t.Any) -> list[str]:
     return problems
 
 
+def running_containers(names: t.Sequence[str], run: t.Callable[[list[str]], tuple[int, str, str]]) -> list[str]:
+    """Those of ``names`` that run under exactly that name (docker would also take a name for an ID's prefix)."""
+    running = []
+    for name in names:
+        rc, out, _err = run(["docker", "container", "inspect", "--format", "{{.State.Running}} {{.Name}}", name])
+        if rc == 0 and out.split() == ["true", f"/{name}"]:
+            running.append(name)
+    return running
+
+
 def pause_containers(names: t.Sequence[str], run: t.Callable[[list[str]], tuple[int, str, str]]) -> tuple[list[str], list[str]]:
     """Stop those of ``names`` that run: (the ones stopped, to start again after the gate; what could not be stopped)."""
     stopped, problems = [], []
-    for name in names:
-        rc, out, _err = run(["docker", "container", "inspect", "--format", "{{.State.Running}}", name])
-        if rc != 0 or out.strip() != "true":
-            continue
+    for name in running_containers(names, run):
         rc, out, err = run(["docker", "stop", "--time", "30", name])
         if rc == 0:
             stopped.append(name)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import calendar
 import json
 import os
+import re
 import time
 import typing as t
 
@@ -33,7 +34,9 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._launch_checks imp
     open_files,
     pause_containers,
     paused_containers_problems,
+    process_cgroup,
     resume_containers,
+    running_containers,
 )
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._settings import path_problem
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._systemd import parse_show_states, show_states_args
@@ -43,6 +46,8 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_health impor
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_instance import PLAN_SCHEMA_VERSION
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_plan import INSTANCE_LABEL, drift_reasons
 
+# An image reference as the plan builder writes run_image: never an option to docker.
+IMAGE_REFERENCE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/:@-]{0,511}")
 # What each of the plan's kept_files holds, in their order.
 FILE_KINDS = ("env", "plan", "unit")
 # A rewritten env file or unit makes the running unit stale; the plan file only describes it.
@@ -83,8 +88,8 @@ def plan_problem(plan: t.Any) -> str | None:
     needed = ("url", "health_timeout", "key_env") if is_gateway(plan) else ("gpu_memory_utilization", "memory_probe")
     missing += [key for key in needed if not (is_share(plan.get(key)) if key == "gpu_memory_utilization" else plan.get(key))]
     # The only command a plan brings to run is the memory check the plan builder wrote for its own image.
-    if "memory_probe" in needed and plan.get("memory_probe") and plan["memory_probe"] not in [
-            memory_probe_argv(str(plan.get("run_image")), gpus) for gpus in (False, True)]:
+    gpus = isinstance(plan.get("docker_run"), list) and "--gpus" in plan["docker_run"]
+    if "memory_probe" in needed and plan.get("memory_probe") and plan["memory_probe"] != memory_probe_argv(str(plan.get("run_image")), gpus):
         missing.append("memory_probe (the memory check the plan builder writes for the plan's run_image)")
     if not is_gateway(plan) and paused_containers_problems("paused_containers", plan.get("paused_containers")):
         missing.append("paused_containers (other programs' containers, as vllm_launch_paused_containers lists them)")
@@ -230,7 +235,8 @@ def stop(plan: t.Mapping[str, t.Any], check_mode: bool, run: Runner) -> dict[str
 
 def start(plan: t.Mapping[str, t.Any], memory_admission: bool, check_mode: bool, run: Runner,
           drop_caches_path: str = DROP_CACHES, device_nodes: t.Sequence[str] = DEVICE_NODES,
-          processes: t.Callable[[], t.Iterable[tuple[int, str, t.Sequence[str]]]] = open_files) -> dict[str, t.Any]:
+          processes: t.Callable[[], t.Iterable[tuple[int, str, t.Sequence[str]]]] = open_files,
+          cgroup_of: t.Callable[[int], str] = process_cgroup) -> dict[str, t.Any]:
     """Drop the page cache (seed 002: on a unified pool it counts against the memory vLLM finds
     free), refuse a start that a stray holder of the GPU's device nodes or the memory the pinned
     image sees now cannot grant (_launch_checks), clear the start limit (a deliberate relaunch is
@@ -247,8 +253,8 @@ def start(plan: t.Mapping[str, t.Any], memory_admission: bool, check_mode: bool,
     # The gateway plans no share of the pool and holds no GPU, so it has nothing to admit.
     if memory_admission and not is_gateway(plan):
         own = checked(run, ["docker", "ps", "--quiet", "--no-trunc", "--filter", f"label={INSTANCE_LABEL}"]).split()
-        problems = launch_problems(plan["name"], float(plan["gpu_memory_utilization"]), plan["memory_probe"], run, own, device_nodes,
-                                   processes)
+        share, probe = admitted(plan)
+        problems = launch_problems(plan["name"], share, probe, run, own, device_nodes, processes, cgroup_of)
         if problems:
             raise UnitError(" | ".join(problems))
     rc, out, err = run(["systemctl", "reset-failed", plan["unit"]])
@@ -401,15 +407,19 @@ def launch(plan: t.Mapping[str, t.Any], memory_admission: bool, run: Runner) -> 
     return gate_files(plan, run)
 
 
-def restored_share(plan: t.Mapping[str, t.Any]) -> dict[str, t.Any]:
-    """The plan with the restored plan file's memory share: the last good settings are admitted on
-    their own share, which may be smaller than the one that just failed."""
+def admitted(plan: t.Mapping[str, t.Any]) -> tuple[float, list[str]]:
+    """The memory share and the memory check a start is admitted on: those of the plan file on the host, which a
+    rollback has just restored (the last good settings start on their own share, which may be smaller than the one
+    that failed, and with their own image, which the new one may not be), else the plan's."""
     copy = read_file(plan["kept_files"][1]["path"])
     try:
-        share = json.loads(copy[0])["gpu_memory_utilization"] if copy else None
-    except (ValueError, KeyError, TypeError):
-        share = None
-    return {**plan, "gpu_memory_utilization": share} if is_share(share) else dict(plan)
+        found = json.loads(copy[0]) if copy else None
+    except ValueError:
+        found = None
+    if not isinstance(found, dict) or not is_share(found.get("gpu_memory_utilization")) or not IMAGE_REFERENCE.fullmatch(
+            str(found.get("run_image"))):
+        return float(plan["gpu_memory_utilization"]), list(plan["memory_probe"])
+    return float(found["gpu_memory_utilization"]), memory_probe_argv(found["run_image"], "--gpus" in plan["memory_probe"])
 
 
 def roll_back(plan: t.Mapping[str, t.Any], memory_admission: bool, run: Runner) -> tuple[bool, str]:
@@ -420,7 +430,7 @@ def roll_back(plan: t.Mapping[str, t.Any], memory_admission: bool, run: Runner) 
             return False, f"There were no last good settings to roll back to; the {noun(plan)} is stopped."
     except FileProblem as error:
         return False, f"The rollback could not run ({error}); the {noun(plan)} is down."
-    again = launch(restored_share(plan), memory_admission, run)
+    again = launch(plan, memory_admission, run)
     if again["ok"] and is_gateway(plan):
         return True, "The last good unit was relaunched, on the keys and routing of now, and answers again."
     if again["ok"]:
@@ -441,10 +451,10 @@ def relaunch(plan: t.Mapping[str, t.Any], memory_admission: bool, flag: str | No
     paused = pause(plan, run)
     if paused.get("failed"):
         return paused
-    if flag:
-        raise_flag(flag, plan["name"], False)
-        hand_back_to_watchdog(plan["watchdog_give_up"])
     try:
+        if flag:
+            raise_flag(flag, plan["name"], False)
+            hand_back_to_watchdog(plan["watchdog_give_up"])
         verdict = launch(plan, memory_admission, run)
         rollback = None if verdict["ok"] else roll_back(plan, memory_admission, run)[1]
     finally:
@@ -464,10 +474,13 @@ def relaunch(plan: t.Mapping[str, t.Any], memory_admission: bool, flag: str | No
                     f"{rollback} Errors in the {'gateway' if is_gateway(plan) else 'engine'} log: {errors}" + (f". Also {after}" if after else ""))}
 
 
-def pause(plan: t.Mapping[str, t.Any], run: Runner) -> dict[str, t.Any]:
+def pause(plan: t.Mapping[str, t.Any], run: Runner, check_mode: bool = False) -> dict[str, t.Any]:
     """Stop the other programs' containers the plan lists that run (a GPU exporter holding memory, seed 002), before the
     unit is stopped; ``paused`` names them, to start again after the gate. One that cannot be stopped fails the step
     with nothing else stopped: the ones already stopped are started again."""
+    if check_mode:
+        running = running_containers(plan.get("paused_containers") or [], run)
+        return {"changed": bool(running), "paused": running}
     paused, problems = pause_containers(plan.get("paused_containers") or [], run)
     if problems:
         problems += resume_containers(paused, run)
@@ -495,10 +508,10 @@ def roll_back_judged(plan: t.Mapping[str, t.Any], memory_admission: bool, flag: 
     paused = pause(plan, run)
     if paused.get("failed"):
         return {**paused, "served": False}
-    if flag:
-        raise_flag(flag, plan["name"], False)
-        hand_back_to_watchdog(plan["watchdog_give_up"])
     try:
+        if flag:
+            raise_flag(flag, plan["name"], False)
+            hand_back_to_watchdog(plan["watchdog_give_up"])
         served, outcome = roll_back(plan, memory_admission, run)
     finally:
         flag_left = flag_not_cleared(flag) if flag else ""
@@ -572,11 +585,12 @@ def step(name: str, plan: t.Any, check_mode: bool, run: Runner, env_text: str | 
             raise UnitError(f"step roll_back: {plan['name']} is {'the gateway' if is_gateway(plan) else 'a cluster rank'}; only a single "
                             "instance is rolled back alone (a cluster's role rolls every rank back together)")
         return roll_back_judged(plan, memory_admission, flag, check_mode, run)
-    if name in ("pause", "resume") and (is_gateway(plan) or check_mode):
-        # The gateway holds no GPU; check mode stops and starts nothing.
+    if name in ("pause", "resume") and is_gateway(plan):
         return {"changed": False, "paused": []}
     if name == "pause":
-        return pause(plan, run)
+        return pause(plan, run, check_mode)
+    if name == "resume" and check_mode:
+        return {"changed": bool(paused)}
     if name == "resume":
         return resume(plan, paused, run)
     if name == "raise_flag":

@@ -48,8 +48,8 @@ description:
     itself (a cluster's), so the watchdog takes the stopped units for planned work.
   - C(pause) stops the other programs' containers the plan lists (C(paused_containers), from
     C(vllm_launch_paused_containers); seed 002's nvidia_gpu_exporter holds about 9 GiB of the GPU's memory) that run,
-    before a launch the role orders itself (a cluster's), and returns them (C(paused)); one that cannot be stopped fails
-    the step, the others started again. C(resume) starts O(paused) again after the gate, whatever its outcome. A
+    before a launch the role orders itself (a cluster's), and returns them (C(paused); in check mode those it would stop,
+    stopping none); one that cannot be stopped fails the step, the others started again. C(resume) starts O(paused) again after the gate, whatever its outcome. A
     single instance's C(relaunch) and C(roll_back) do both themselves around the launch.
   - The gateway's plan (C(kind) C(gateway), C(__gateway_plan.serving_unit)) holds no memory share and no maintenance flag; its
     relaunch is gated by its model list, asked with the master key its env file holds (the env var its plan's C(key_env)
@@ -85,8 +85,8 @@ options:
     default: true
   paused:
     description:
-      - With O(step=resume), the containers O(step=pause) stopped (its C(paused)); only names the plan's
-        C(paused_containers) lists are started.
+      - With O(step=resume), the containers O(step=pause) stopped (its C(paused)); a name the plan's C(paused_containers)
+        does not list fails the step, starting nothing.
     type: list
     elements: str
     default: []

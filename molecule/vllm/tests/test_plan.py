@@ -4,6 +4,7 @@ Runs after the measurement tests and before test_serving.py on the same converge
 test leaves both instances serving the scenario's settings.
 """
 
+import datetime
 import json
 import os
 import subprocess
@@ -98,6 +99,12 @@ def test_a_start_is_refused_right_before_it_with_the_memory_the_image_sees_and_t
     assert serve.check_output("docker ps --all --quiet --no-trunc") == containers, "the probe's throwaway container is gone"
 
 
+def moment(docker_time):
+    """Docker's RFC 3339 time with nanoseconds, to the microsecond."""
+    whole, _dot, fraction = docker_time.rstrip("Z").partition(".")
+    return datetime.datetime.fromisoformat(f"{whole}.{(fraction + '000000')[:6]}")
+
+
 def wait_for_pid(host, unit):
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -149,7 +156,9 @@ def test_an_interrupted_run_and_a_container_replaced_by_hand_are_relaunched_behi
         serve.run("docker rm --force nvidia_gpu_exporter")
     assert rerun.returncode == 0, rerun.stdout[-3000:]
     print(f"\ndrift: the re-run relaunched and gated second in {time.monotonic() - started:.0f} s")
-    assert after.startswith("true ") and after != before, "the exporter was stopped for the launch and started again after the gate"
+    assert after.startswith("true ") and after != before, "the exporter was stopped for the launch and started again"
+    instance_started = serve.check_output("docker inspect --format '{{.State.StartedAt}}' vllm-second")
+    assert moment(after.split()[1]) > moment(instance_started), "the exporter started again only after the instance's start, once gated"
     assert "; stopped for the launch and started again: nvidia_gpu_exporter" in rerun.stdout, rerun.stdout[-3000:]
     assert running_hash(serve, "second") == planned(serve, "second")["config_hash"] != plan["config_hash"]
     assert serve.service("sparkfleet-vllm-second.service").is_running

@@ -31,8 +31,8 @@ def test_the_probe_reports_the_kernels_available_memory_without_a_gpu():
 
 def test_the_probe_is_the_plans_image_without_network_and_the_gpu_only_when_the_instance_gets_one():
     cpu, gpu = memory_probe_argv("registry.local/vllm@sha256:" + "a" * 64, False), memory_probe_argv("img", True)
-    assert cpu[:8] == ["/usr/bin/docker", "run", "--rm", "--pull", "never", "--network", "none", "--ipc=host"]
-    assert "--gpus" not in cpu and gpu[8:10] == ["--gpus", "all"] and cpu[-3:-1] == ["registry.local/vllm@sha256:" + "a" * 64, "-c"]
+    assert cpu[:9] == ["/usr/bin/docker", "run", "--rm", "--pull", "never", "--network", "none", "--security-opt", "no-new-privileges"]
+    assert "--gpus" not in cpu and gpu[9:11] == ["--gpus", "all"] and cpu[-3:-1] == ["registry.local/vllm@sha256:" + "a" * 64, "-c"]
 
 
 @pytest.mark.parametrize(("rc", "out", "err", "fragment"), [
@@ -90,14 +90,17 @@ def test_only_other_programs_containers_may_be_paused_for_a_launch(value, fragme
 class Docker:
     """Containers by name -> running, as docker answers; a name in ``stuck`` cannot be stopped or started."""
 
-    def __init__(self, running, stuck=()):
-        self.running, self.stuck, self.calls = dict(running), set(stuck), []
+    def __init__(self, running, stuck=(), names=None):
+        self.running, self.stuck, self.calls, self.names = dict(running), set(stuck), [], dict(names or {})
 
     def __call__(self, argv):
         self.calls.append(argv)
         name = argv[-1]
         if argv[1:3] == ["container", "inspect"]:
-            return (0, f"{str(self.running[name]).lower()}\n", "") if name in self.running else (1, "", f"Error: No such container: {name}")
+            if name not in self.running:
+                return 1, "", f"Error: No such container: {name}"
+            # Docker takes a name it does not know for an ID's prefix: "c0ffee" finds the instance container vllm-tiny.
+            return 0, f"{str(self.running[name]).lower()} /{self.names.get(name, name)}\n", ""
         if name in self.stuck:
             return 1, "", f"Error response from daemon: cannot {argv[1]} container {name}"
         self.running[name] = argv[1] == "start"
@@ -109,6 +112,8 @@ def test_running_exporters_are_stopped_and_only_they_are_started_again():
     stopped, problems = pause_containers(["nvidia_gpu_exporter", "idle_exporter", "absent"], docker)
     assert (stopped, problems) == (["nvidia_gpu_exporter"], []) and docker.running == {"nvidia_gpu_exporter": False, "idle_exporter": False}
     assert resume_containers(stopped, docker) == [] and docker.running["nvidia_gpu_exporter"]
+    by_prefix = Docker({"c0ffee": True}, names={"c0ffee": "vllm-tiny"})
+    assert pause_containers(["c0ffee"], by_prefix) == ([], []) and by_prefix.running["c0ffee"], "an ID prefix never stops another container"
     stuck = Docker({"nvidia_gpu_exporter": True}, stuck={"nvidia_gpu_exporter"})
     assert pause_containers(["nvidia_gpu_exporter"], stuck)[1] == [
         "nvidia_gpu_exporter could not be stopped for the launch: Error response from daemon: cannot stop container nvidia_gpu_exporter"]

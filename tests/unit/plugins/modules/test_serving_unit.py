@@ -285,8 +285,10 @@ def test_a_container_changed_by_hand_is_drift(host, container, reason):
     pytest.param(lambda plan: {**plan, "gpu_memory_utilization": "0.5"}, "plan: lacks gpu_memory_utilization", id="share-as-text"),
     pytest.param(lambda plan: {**plan, "memory_probe": ["/bin/sh", "-c", "id"]}, "plan: lacks memory_probe (the memory check the plan "
                  "builder writes for the plan's run_image)", id="foreign-command"),
-    pytest.param(lambda plan: {**plan, "memory_probe": [*plan["memory_probe"][:-4], "other/image", *plan["memory_probe"][-3:]]},
+    pytest.param(lambda plan: {**plan, "memory_probe": [*plan["memory_probe"][:-3], "other/image", *plan["memory_probe"][-2:]]},
                  "plan: lacks memory_probe", id="probe-of-another-image"),
+    pytest.param(lambda plan: {**plan, "memory_probe": [*plan["memory_probe"][:-4], "--gpus", "all", *plan["memory_probe"][-4:]]},
+                 "plan: lacks memory_probe", id="probe-given-a-gpu-the-instance-lacks"),
 ])
 def test_a_plan_that_is_not_this_releases_is_refused_writing_nothing(host, damage, fragment):
     set_state(host)
@@ -396,8 +398,11 @@ def test_a_start_the_memory_the_image_sees_cannot_hold_is_refused_before_the_uni
     drop_caches = tmp_path / "drop_caches"
     exporter = (4242, "nvidia_gpu_expo", ["/dev/nvidia0", "/dev/nvidiactl", "/dev/null"])
     persistenced = (1580, "nvidia-persistenced", ["/dev/nvidia0"])
+    other_instance = (3131, "VLLM::EngineCore", ["/dev/nvidia0"])
+    cgroups = {4242: "0::/system.slice/docker-beef.scope\n", 3131: "0::/system.slice/docker-c0ffee.scope\n"}
     with pytest.raises(UnitError) as refused:
-        start({**plan, "drop_caches": True}, True, False, tools, str(drop_caches), processes=lambda: [exporter, persistenced])
+        start({**plan, "drop_caches": True}, True, False, tools, str(drop_caches), processes=lambda: [exporter, persistenced, other_instance],
+              cgroup_of=cgroups.get)
     assert str(refused.value) == (
         "tiny: pid 4242 (nvidia_gpu_expo) holds /dev/nvidia0, /dev/nvidiactl: the start was not attempted; stop them first (a stale "
         "container: docker rm; a GPU exporter: stop it for the launch; what persists after that: reboot, seed 002) | tiny: "
@@ -418,12 +423,14 @@ def test_a_launch_pauses_only_the_plans_exporters_and_a_stuck_one_stops_nothing_
 
     def docker(argv):
         if argv[1:3] == ["container", "inspect"]:
-            return 0, state[argv[-1]] + "\n", ""
+            return 0, f"{state[argv[-1]]} /{argv[-1]}\n", ""
         if state.get("stuck"):
             return 1, "", "Error response from daemon: tried to kill container, but did not receive an exit event"
         state[argv[-1]] = "true" if argv[1] == "start" else "false"
         return 0, "", ""
 
+    assert pause(plan, docker, check_mode=True) == {"changed": True, "paused": ["nvidia_gpu_exporter"]}, "check mode says what it would stop"
+    assert state["nvidia_gpu_exporter"] == "true", "and stops nothing"
     assert pause(plan, docker) == {"changed": True, "paused": ["nvidia_gpu_exporter"]} and state["nvidia_gpu_exporter"] == "false"
     assert resume(plan, ["nvidia_gpu_exporter"], docker) == {"changed": True} and state["nvidia_gpu_exporter"] == "true"
     with pytest.raises(UnitError, match=r"^paused: node_exporter not in the plan's paused_containers"):
@@ -432,6 +439,23 @@ def test_a_launch_pauses_only_the_plans_exporters_and_a_stuck_one_stops_nothing_
     stuck = pause(plan, docker)
     assert stuck["failed"] and stuck["paused"] == [] and stuck["msg"].startswith(
         "tiny was not relaunched, nothing of it was stopped: nvidia_gpu_exporter could not be stopped for the launch")
+
+
+def test_an_exporter_paused_for_a_relaunch_starts_again_when_the_flag_cannot_be_raised(host):
+    from ansible_collections.sparkfleet.vllm.plugins.module_utils._files import FileProblem
+    from ansible_collections.sparkfleet.vllm.plugins.module_utils._serving_unit import relaunch
+
+    plan, _env_file = planned(host)
+    (host / "run").write_text("a file where the flag's folder should be")
+    calls = []
+
+    def docker(argv):
+        calls.append(argv[:2])
+        return (0, "true /nvidia_gpu_exporter\n", "") if argv[1:3] == ["container", "inspect"] else (0, "", "")
+
+    with pytest.raises(FileProblem, match="vllm-maintenance: cannot be read"):
+        relaunch(plan, False, plan["maintenance_flag"], False, docker)
+    assert calls == [["docker", "container"], ["docker", "stop"], ["docker", "start"]], "stopped for the launch, started again"
 
 
 class Vllm(http.server.BaseHTTPRequestHandler):
@@ -535,16 +559,17 @@ def test_last_good_settings_that_do_not_serve_either_are_named_and_the_instance_
     assert not (host / "run" / "vllm-maintenance").exists()
 
 
-def test_the_last_good_settings_are_admitted_on_their_own_memory_share(host):
-    from ansible_collections.sparkfleet.vllm.plugins.module_utils._serving_unit import restored_share
+def test_the_last_good_settings_are_admitted_on_their_own_memory_share_and_image(host):
+    from ansible_collections.sparkfleet.vllm.plugins.module_utils._serving_unit import admitted
 
     good, good_env = planned(host, gpu_memory_utilization=0.3)
     set_state(host)
     run(host, good, good_env)
-    failing, _failing_env = planned(host, gpu_memory_utilization=0.8)
-    assert restored_share(failing)["gpu_memory_utilization"] == 0.3
+    failing, _failing_env = planned(host, gpu_memory_utilization=0.8, image=IMAGE.replace("ab" * 32, "cd" * 32))
+    assert admitted(failing) == (0.3, good["memory_probe"]), "the restored files' share, checked with their own image"
+    assert good["run_image"] in good["memory_probe"] and failing["run_image"] not in good["memory_probe"]
     (host / "config" / "tiny.json").write_text("{damaged")
-    assert restored_share(failing)["gpu_memory_utilization"] == 0.8, "a damaged copy is admitted on the share that failed"
+    assert admitted(failing) == (0.8, failing["memory_probe"]), "a damaged copy is admitted on the share and image that failed"
 
 
 def test_a_failed_relaunch_without_last_good_settings_stops_the_unit(host, vllm):
