@@ -40,6 +40,9 @@ ROLLOUT_SETTINGS: tuple[Setting, ...] = (
     Setting("rollout_noise_floor_pct", "number", "Least margin in percent, on top of the measured spread, a figure may worsen by "
             "before it is a regression.", Range(0, 50, "seed 001 saw 5 % run to run; past 50 % no regression is caught",
                                                 unit="percent")),
+    Setting("rollout_judge_speed", "bool", "Judge throughput and time per output token against the spread plus the floor; "
+            "false judges answers, streams and failed requests only (figures that are not comparable, a box shared with "
+            "other work) and the report says so."),
     Setting("rollout_max_changed_answers", "number", "Changed greedy answers against the settings before that a unit may show.",
             Range(0, len(BUILTIN_CASES) // 4, f"past a quarter of the {len(BUILTIN_CASES)} cases the diff no longer gates",
                   whole=True)),
@@ -158,8 +161,9 @@ def judge_unit(unit: t.Mapping[str, t.Any], launch: t.Mapping[str, t.Any], befor
         reasons.append(f"correctness: {len(gate['changed'])} greedy answers changed ({', '.join(map(str, gate['changed']))}), "
                        f"more than rollout_max_changed_answers ({limit})")
     floor = settings["rollout_noise_floor_pct"]
+    judged = JUDGED if settings["rollout_judge_speed"] else ()
     for concurrency in settings["rollout_concurrencies"]:
-        for name, higher_is_better in JUDGED:
+        for name, higher_is_better in judged:
             old, new = figure(before["summary"], concurrency, name), figure(after["summary"], concurrency, name)
             if not old or not new or old.get("mean") is None or new.get("mean") is None:
                 reasons.append(f"{name} at {concurrency}: not measured {'before' if not old or old.get('mean') is None else 'after'}")
@@ -175,7 +179,8 @@ def judge_unit(unit: t.Mapping[str, t.Any], launch: t.Mapping[str, t.Any], befor
         if failed_new > failed_old:
             reasons.append(f"failed requests at {concurrency}: {failed_old} before, {failed_new} after")
     return {**record, "verdict": "regressed" if reasons else "upgraded", "ok": not reasons,
-            "reasons": reasons or [f"no worse than before: {gate['reason']}; every figure within its spread plus {floor} %"]}
+            "reasons": reasons or [f"no worse than before: {gate['reason']}; " + (f"every figure within its spread plus {floor} %" if judged else
+                                   "speed not judged (rollout_judge_speed false), no more failed requests")]}
 
 
 def cell(side: t.Mapping[str, t.Any] | None, concurrency: int, name: str) -> str:

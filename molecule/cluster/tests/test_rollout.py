@@ -3,8 +3,8 @@ behind the real LiteLLM gateway. A good change (max_num_seqs 8 on every unit) up
 units, the cluster whole in one batch, each batch drained at the gateway. Check mode and a bad
 change rolled back on the canary are the vllm scenario's (its two instances; the suite's lanes
 end closer together that way). The lab measures small (two repeats at two streams of 64-token
-prompts, on two busy cores): the figures' noise floor is wide, so the lab proves the path; the
-speed verdict is unit-tested."""
+prompts, on two busy cores): its figures are not comparable, so the lab judges answers, streams
+and failed requests (rollout_judge_speed false); the speed verdict is unit-tested."""
 
 import json
 import time
@@ -13,8 +13,10 @@ import pytest
 from site_runner import ROOT, docker_host, playbook
 
 HEAD, OTHER = "sparkfleet-molecule-node-1", "sparkfleet-molecule-node-2"
+# The lab's figures are not comparable: the cluster's rollout runs beside the other lanes' work on two cores (a good change
+# was once judged 1568 % slower per token), so speed is not judged here; the speed verdict is unit-tested.
 SMALL = {"rollout_repeats": 2, "rollout_concurrencies": [2], "rollout_prompts_per_concurrency": 2, "rollout_input_tokens": 64,
-         "rollout_output_tokens": 16, "rollout_correctness_max_tokens": 16, "rollout_noise_floor_pct": 50,
+         "rollout_output_tokens": 16, "rollout_correctness_max_tokens": 16, "rollout_judge_speed": False,
          "rollout_documents_dir": str(ROOT / "docs" / "hardware")}
 GOOD_CLUSTER = {"model": "/models/tiny-llama", "served_model_names": ["tiny-tp2"], "port": 8010,
                 "api_key": "{{ lookup('ansible.builtin.env', 'SPARKFLEET_LAB_API_KEY') }}", "tensor_parallel_size": 2,

@@ -142,6 +142,13 @@ def test_throughput_worse_than_the_spread_plus_the_floor_is_a_regression_within_
                                  "(allowed: the spread plus rollout_noise_floor_pct, 8.9 %)"]
 
 
+def test_speed_is_not_judged_when_the_operator_says_the_figures_are_not_comparable():
+    slower = bench(50.0, 52.0, tpot=40.0)
+    assert not verdict(slower)["ok"]
+    record = rollout_verdict(UNIT, {"ok": True}, CORRECT, bench(100.0, 104.0), CORRECT, slower, {**JUDGED, "rollout_judge_speed": False})
+    assert record["verdict"] == "upgraded" and record["reasons"][0].endswith("speed not judged (rollout_judge_speed false), no more failed requests")
+
+
 def test_a_slower_token_is_a_regression():
     record = verdict(bench(100.0, 104.0, tpot=12.0))
     assert [reason.split(":")[0] for reason in record["reasons"]] == ["mean_tpot_ms at 1", "mean_tpot_ms at 4"]
