@@ -49,8 +49,9 @@ description:
   - C(pause) stops the other programs' containers the plan lists (C(paused_containers), from
     C(vllm_launch_paused_containers); seed 002's nvidia_gpu_exporter holds about 9 GiB of the GPU's memory) that run,
     before a launch the role orders itself (a cluster's), and returns them (C(paused); in check mode those it would stop,
-    stopping none); one that cannot be stopped fails the step, the others started again. C(resume) starts O(paused) again after the gate, whatever its outcome. A
-    single instance's C(relaunch) and C(roll_back) do both themselves around the launch.
+    stopping none); one that cannot be stopped fails the step, the others started again. C(resume) starts O(paused)
+    again after the gate, whatever its outcome. A single instance's C(relaunch) and C(roll_back) do both themselves
+    around the launch.
   - The gateway's plan (C(kind) C(gateway), C(__gateway_plan.serving_unit)) holds no memory share and no maintenance flag; its
     relaunch is gated by its model list, asked with the master key its env file holds (the env var its plan's C(key_env)
     names), without a warm-up request; its rollback puts back its last good unit and unit plan and keeps the key file and
