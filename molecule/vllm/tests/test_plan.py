@@ -7,6 +7,7 @@ test leaves both instances serving the scenario's settings.
 import datetime
 import json
 import os
+import shlex
 import subprocess
 import time
 
@@ -81,15 +82,20 @@ def test_a_start_is_refused_right_before_it_with_the_memory_the_image_sees_and_t
     (the CPU build reports the kernel's available memory), and a process holding a device node named like the GPU's
     (a stand-in: the lab has no GPU) is named. Nothing is started or stopped: the running instance keeps its container."""
     before, containers = serving_state(serve), serve.check_output("docker ps --all --quiet --no-trunc")
+    # A start is admitted on the plan file it starts from: a copy of first's with a share the lab cannot grant.
+    plan = {**planned(serve, "first"), "gpu_memory_utilization": 0.99}
+    greedy = "/tmp/sparkfleet-test-greedy-first.json"
+    serve.check_output(f"printf '%s' {shlex.quote(json.dumps(plan))} > {greedy}")
+    plan["kept_files"] = [plan["kept_files"][0], {**plan["kept_files"][1], "path": greedy}, plan["kept_files"][2]]
     serve.check_output("mknod -m 0666 /dev/nvidia9 c 1 3")
     holder = "sparkfleet-test-device-holder"
     try:
         serve.check_output(f"systemd-run --unit {holder} sh -c 'exec 3</dev/nvidia9; exec sleep infinity'")
         pid = wait_for_pid(serve, holder)
-        result = module(SERVE, "serving_unit", {"plan": {**planned(serve, "first"), "gpu_memory_utilization": 0.99}, "step": "start"})
+        result = module(SERVE, "serving_unit", {"plan": plan, "step": "start"})
     finally:
         serve.run(f"systemctl stop {holder}")
-        serve.run("rm -f /dev/nvidia9")
+        serve.run(f"rm -f /dev/nvidia9 {greedy}")
     assert result.get("failed"), result
     print(f"\nthe launch checks refused: {result['msg']}")
     assert result["msg"].startswith(f"first: pid {pid} (sleep) holds /dev/nvidia9: the start was not attempted"), result["msg"]
