@@ -126,11 +126,9 @@ def launch_problems(name: str, share: float, probe: t.Sequence[str], run: t.Call
                     processes: t.Callable[[], t.Iterable[tuple[int, str, t.Sequence[str]]]] = open_files,
                     cgroup_of: t.Callable[[int], str] = process_cgroup) -> list[str]:
     """Every reason the start of unit ``name`` must not be attempted now: strays on the device nodes, then the memory."""
-    holders = device_holders(processes(), device_nodes)
-    problems = [problem for problem in (holders_problem(name, holders, own_containers, cgroup_of),) if problem]
-    figures = probe_figures(*run(list(probe)))
-    problem = memory_problem(name, share, figures)
-    return [*problems, *([problem] if problem else [])]
+    holders = holders_problem(name, device_holders(processes(), device_nodes), own_containers, cgroup_of)
+    memory = memory_problem(name, share, probe_figures(*run(list(probe))))
+    return [problem for problem in (holders, memory) if problem]
 
 
 def paused_containers_problems(variable: str, value: t.Any) -> list[str]:

@@ -133,21 +133,14 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_facts import
     package_name_problems,
     summarise,
 )
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._launch_checks import open_files
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._launch_checks import open_files, process_cgroup
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._launch_checks import read_text as read
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._tools import tool_runner
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_instance import DOCKER_CLIENT
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_plan import INSTANCE_LABEL
 
 DMI_FIELDS = ("sys_vendor", "product_name", "board_vendor", "board_name", "bios_version")
 APT_LISTS = "/var/lib/apt/lists"
-
-
-def read(path):
-    try:
-        with open(path, encoding="utf-8", errors="replace") as handle:
-            return handle.read()
-    except OSError:
-        return ""
 
 
 def file_mtimes(folder):
@@ -214,7 +207,7 @@ def main():
         containers = dict(line.split(" ", 1) for line in out.splitlines() if " " in line) if rc == 0 else {}
     holders = device_holders(open_files(), module.params["device_nodes"])
     for holder in holders:
-        cgroup = read(f"/proc/{holder['pid']}/cgroup")
+        cgroup = process_cgroup(holder["pid"])
         holder["container"] = next((name for cid, name in containers.items() if cid in cgroup), None)
     systemctl = module.get_bin_path("systemctl")
     units_text = ""
