@@ -120,7 +120,11 @@ options:
     type: dict
     required: true
   health_timeout:
-    description: Default seconds of the health gate (C(vllm_health_timeout)).
+    description: Default seconds of the health gate for a warm start (C(vllm_health_timeout)).
+    type: int
+    required: true
+  cold_timeout:
+    description: Default seconds of the health gate for a cold start, which compiles (C(vllm_cold_timeout)).
     type: int
     required: true
   host_addresses:
@@ -157,6 +161,18 @@ options:
     type: list
     elements: str
     required: true
+  cache_backup_dir:
+    description: Where the compile caches are backed up (C(vllm_cache_backup_dir)); empty for none.
+    type: str
+    required: true
+  cache_backup_location:
+    description: C(host) or C(controller) (C(vllm_cache_backup_location)).
+    type: str
+    required: true
+  host_name:
+    description: The host's inventory name, under which its backups are kept.
+    type: str
+    required: true
 """
 
 EXAMPLES = r"""
@@ -170,11 +186,12 @@ EXAMPLES = r"""
          hardware_overrides={}, catalog_extra=vllm_catalog_extra, memory_total_bytes=none, vllm_version=vllm_version,
          drop_caches=vllm_drop_caches, overrides=vllm_instance_overrides, cluster=none, reserved_gmu=0, gpus=vllm_gpus,
          models_dir=vllm_models_dir, cache_dir=vllm_cache_dir, config_dir=vllm_config_dir, env=vllm_env,
-         health_timeout=vllm_health_timeout, host_addresses=ansible_facts.all_ipv4_addresses + ['127.0.0.1'],
+         health_timeout=vllm_health_timeout, cold_timeout=vllm_cold_timeout, host_addresses=ansible_facts.all_ipv4_addresses + ['127.0.0.1'],
          wait_online_enabled=true, readiness_script='/usr/local/libexec/sparkfleet/vllm_readiness.py',
          start_limit_interval=vllm_start_limit_interval, start_limit_burst=vllm_start_limit_burst,
          restart_delay=vllm_restart_delay, maintenance_flag=vllm_maintenance_flag,
-         launch_paused_containers=vllm_launch_paused_containers) }}
+         launch_paused_containers=vllm_launch_paused_containers, cache_backup_dir=vllm_cache_backup_dir,
+         cache_backup_location=vllm_cache_backup_location, host_name=inventory_hostname) }}
   no_log: true
 """
 

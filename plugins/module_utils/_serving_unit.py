@@ -40,11 +40,11 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._launch_checks imp
 )
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._settings import path_problem
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._systemd import parse_show_states, show_states_args
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_client import read_endpoint
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_client import cold_start, read_endpoint
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_gate import Endpoint, gate
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_health import parse_env_file
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_health import is_warm, mark_warm, parse_env_file
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_instance import PLAN_SCHEMA_VERSION
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_plan import INSTANCE_LABEL, drift_reasons
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_plan import INSTANCE_LABEL, STAMP_PATH, drift_reasons
 
 # An image reference as the plan builder writes run_image: never an option to docker.
 IMAGE_REFERENCE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/:@-]{0,511}")
@@ -91,6 +91,8 @@ def plan_problem(plan: t.Any) -> str | None:
     gpus = isinstance(plan.get("docker_run"), list) and "--gpus" in plan["docker_run"]
     if "memory_probe" in needed and plan.get("memory_probe") and plan["memory_probe"] != memory_probe_argv(str(plan.get("run_image")), gpus):
         missing.append("memory_probe (the memory check the plan builder writes for the plan's run_image)")
+    if not is_gateway(plan) and not (cold_start(plan.get("cold_start")) and STAMP_PATH.fullmatch(plan["cold_start"]["stamp"])):
+        missing.append("cold_start (its timeout, restarts, restart window and the warm stamp under the cache folder's jit/<image>/warm/)")
     if not is_gateway(plan) and paused_containers_problems("paused_containers", plan.get("paused_containers")):
         missing.append("paused_containers (other programs' containers, as vllm_launch_paused_containers lists them)")
     if missing or not isinstance(kept, list) or len(kept) != len(FILE_KINDS) or not all(
@@ -297,12 +299,20 @@ def keep(plan: t.Mapping[str, t.Any], check_mode: bool) -> dict[str, t.Any]:
 
 
 def keep_gated(plan: t.Mapping[str, t.Any], check_mode: bool, run: Runner) -> dict[str, t.Any]:
-    """A unit that passed its gate: its files kept as the last good settings, then the unit enabled
-    so it starts at boot (step keep, and a relaunch once gated)."""
+    """A unit that passed its gate: its files kept as the last good settings, its settings stamped warm on the image's
+    caches (a cluster's workers run no readiness wait that would), then the unit enabled so it starts at boot (step
+    keep, and a relaunch once gated)."""
     kept = keep(plan, check_mode)
+    stamp = (plan.get("cold_start") or {}).get("stamp")
+    stamped = bool(stamp) and not is_warm(stamp)
+    if stamped and not check_mode:
+        try:
+            mark_warm(stamp)
+        except OSError as error:
+            raise UnitError(f"{stamp}: the warm stamp cannot be written ({error.strerror}); run the task as root") from error
     if not check_mode:
         enable(plan["unit"], run)
-    return kept
+    return {**kept, "changed": kept["changed"] or stamped, "stamped": stamped}
 
 
 def removal_problem(removal: t.Any) -> str | None:

@@ -118,12 +118,23 @@ def instance_endpoint(plan: t.Mapping[str, t.Any], env: t.Mapping[str, str]) -> 
         "model": plan["model"],
         "served_names": list(plan["served_names"]),
         "health_timeout": plan["health_timeout"],
+        "cold_start": cold_start(plan.get("cold_start")),
         "weights": plan["weights"],
         "container": plan["container"],
         "container_url": plan["container_url"],
         "image": plan["run_image"],
         "tool_parser": tool_parser(plan.get("serve_args")),
     }
+
+
+def cold_start(found: t.Any) -> dict[str, t.Any] | None:
+    """The plan file's cold_start when it is whole (None: a damaged or older file, whose starts are judged warm)."""
+    if not isinstance(found, dict) or not isinstance(found.get("stamp"), str) or not found["stamp"].startswith("/"):
+        return None
+    numbers = [found.get(key) for key in ("timeout", "restarts", "restart_window")]
+    if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in numbers):
+        return None
+    return {key: found[key] for key in ("timeout", "stamp", "restarts", "restart_window")}
 
 
 def tool_parser(serve_args: t.Any) -> str | None:
@@ -163,8 +174,9 @@ def read_endpoint(env_path: str, settings_path: str, name: str) -> dict[str, t.A
 
 def resolve(params: t.Mapping[str, t.Any]) -> dict[str, t.Any]:
     """The endpoint a module measures: from ``instance``, overridden by explicit url, api_key and model."""
-    endpoint: dict[str, t.Any] = {"url": None, "api_key": None, "model": None, "served_names": [], "health_timeout": None, "weights": None,
-                                  "container": None, "container_url": "http://127.0.0.1:8000", "image": None, "tool_parser": None}
+    endpoint: dict[str, t.Any] = {"url": None, "api_key": None, "model": None, "served_names": [], "health_timeout": None,
+                                  "cold_start": None, "weights": None, "container": None, "container_url": "http://127.0.0.1:8000",
+                                  "image": None, "tool_parser": None}
     if params.get("instance"):
         endpoint.update(read_instance(params["config_dir"], params["instance"]))
     for key in ("url", "api_key", "model"):

@@ -14,7 +14,7 @@ import json
 import typing as t
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_client import answered, http
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_health import container_snapshot, error_lines, wait_until_ready
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_health import container_snapshot, error_lines, start_timeout, wait_until_ready
 
 Runner = t.Callable[[list[str]], tuple[int, str, str]]
 
@@ -28,11 +28,19 @@ class Endpoint(t.NamedTuple):
     served_names: list[str]
     container: str | None
     timeout: float
+    # A start that compiles (seed 001): its container may exit once and be started again by its unit within the window.
+    cold: bool = False
+    restarts_allowed: int = 0
+    restart_window: float = 0
 
     @classmethod
     def of_instance(cls, found: t.Mapping[str, t.Any], timeout: float | None = None) -> Endpoint:
-        """The endpoint of a deployed instance as _vllm_client reads it; its planned timeout unless one is given."""
-        return cls(found["url"], found["api_key"], found["served_names"], found["container"], timeout or found["health_timeout"])
+        """The endpoint of a deployed instance as _vllm_client reads it, with its planned timeout unless one is given: the
+        warm one, or while its settings never served on the image's caches the cold one and the cold start's restart."""
+        planned, cold = start_timeout(found["health_timeout"], found.get("cold_start"))
+        cold_start = found.get("cold_start") or {}
+        return cls(found["url"], found["api_key"], found["served_names"], found["container"], timeout or planned, cold,
+                   int(cold_start.get("restarts", 0)) if cold else 0, float(cold_start.get("restart_window", 0)) if cold else 0)
 
 
 # Seconds between the gate's polls: a served endpoint is passed within one interval and one poll of
@@ -54,8 +62,9 @@ def gate(endpoint: Endpoint, run: Runner | None, interval: float = POLL_INTERVAL
         return container_snapshot(out) if rc == 0 else None
 
     result = wait_until_ready(lambda: http("GET", base + "/v1/models", endpoint.api_key, timeout=5),
-                              inspect if watched else None, endpoint.served_names, endpoint.timeout, interval)
-    result.update(changed=False, url=base)
+                              inspect if watched else None, endpoint.served_names, endpoint.timeout, interval,
+                              restarts_allowed=endpoint.restarts_allowed, restart_window=endpoint.restart_window)
+    result.update(changed=False, url=base, start="cold" if endpoint.cold else "warm", timeout=endpoint.timeout)
     if not result["ok"]:
         if watched:
             _rc, out, err = run(["docker", "logs", "--tail", "1000", watched])

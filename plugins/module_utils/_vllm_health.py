@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import re
 import socket
 import ssl
@@ -136,6 +137,33 @@ def container_failure(baseline: t.Mapping[str, t.Any] | None, current: t.Mapping
     return None
 
 
+def is_warm(stamp: str | None) -> bool:
+    """Whether a start of these settings already served on the image's caches (the plan's cold_start stamp exists)."""
+    return bool(stamp) and os.path.exists(stamp)
+
+
+def mark_warm(stamp: str) -> None:
+    """Stamp the settings' start as good: the caches it filled hold their compiled kernels. OSError when it cannot."""
+    os.makedirs(os.path.dirname(stamp), mode=0o755, exist_ok=True)
+    if not os.path.exists(stamp):
+        with open(stamp + ".tmp", "w", encoding="ascii") as handle:
+            handle.write(f"{int(time.time())}\n")
+        os.replace(stamp + ".tmp", stamp)
+
+
+def start_timeout(warm_timeout: float, cold_start: t.Mapping[str, t.Any] | None) -> tuple[float, bool]:
+    """(seconds to wait, cold): a start without its stamp compiles and gets the cold timeout."""
+    if not cold_start or is_warm(cold_start.get("stamp")):
+        return warm_timeout, False
+    return max(float(cold_start["timeout"]), warm_timeout), True
+
+
+def restartable(current: t.Mapping[str, t.Any] | None) -> bool:
+    """A failure a cold start may get past once: the engine exited by itself (seed 001: compiled, found too little KV
+    cache and exited) and its unit replaced it. Docker's refusal to start it and an OOM kill are not that shape."""
+    return current is None or not (current.get("oom_killed") or current.get("start_error"))
+
+
 def wait_until_ready(
     fetch_models: t.Callable[[], Reply],
     inspect: t.Callable[[], dict[str, t.Any] | None] | None,
@@ -144,24 +172,42 @@ def wait_until_ready(
     interval: float = 2,
     clock: t.Callable[[], float] = time.monotonic,
     sleep: t.Callable[[float], None] = time.sleep,
+    restarts_allowed: int = 0,
+    restart_window: float = 0,
 ) -> dict[str, t.Any]:
     """Poll until the endpoint serves every expected name, the container fails, a fatal error
-    comes, or ``timeout`` passes. The result: ok, reasons, elapsed, served names, container state."""
+    comes, or ``timeout`` passes. The result: ok, reasons, elapsed, served names, container state,
+    ``restarts`` (the failures passed over) and ``restartable`` (the container failed in a way a
+    cold start may get past once). A cold start passes ``restarts_allowed`` 1: the first
+    exit of the container is waited past for ``restart_window`` seconds, in which its unit starts
+    a new one (the old one, still there, is no failure meanwhile)."""
     started = clock()
     baseline = inspect() if inspect else None
-    result: dict[str, t.Any] = {"ok": False, "served_model_names": [], "state": None, "restart_count": None}
+    result: dict[str, t.Any] = {"ok": False, "served_model_names": [], "state": None, "restart_count": None, "restarts": [],
+                                "restartable": False}
+    exited: dict[str, t.Any] = {}
     while True:
         verdict, reason, served = models_verdict(fetch_models(), expected_names)
         result["served_model_names"] = served
         current = inspect() if inspect else None
         failure = container_failure(baseline, current) if inspect else None
-        if current and not failure and (baseline is None or baseline["status"] == "created"):
+        if exited and (current is None or current["id"] == exited["id"]):
+            # The exited container until its unit replaces it: waited on, up to the window.
+            failure = None if clock() < exited["until"] else f"{exited['failure']}, and no new container started within {restart_window:g} s"
+        elif failure and len(result["restarts"]) < restarts_allowed and restartable(current):
+            result["restarts"].append(failure)
+            exited = {"id": (current or baseline or {}).get("id"), "until": clock() + restart_window, "failure": failure}
+            baseline, failure, reason = None, None, f"{failure}; waiting for its unit to start it again"
+        elif exited:
+            exited = {}
+        if current and not failure and not exited and (baseline is None or baseline["status"] == "created"):
             # The unit may create and start the container after the wait began: watch it from its first run.
             baseline = current
         if current:
             result.update(state=current["status"], restart_count=current["restart_count"])
         if failure:
             verdict, reason = FAIL, failure
+            result["restartable"] = restartable(current) and not exited
         if verdict == READY:
             result.update(ok=True, reason="ready")
             break

@@ -114,12 +114,22 @@ CONFIG_HASH_LABEL = "sparkfleet.vllm.config-hash"
 INSTANCE_LABEL = "sparkfleet.vllm.instance"
 # Environment names the role sets itself: an instance's env may never replace them.
 OWNED_ENV = frozenset({"VLLM_API_KEY", "VLLM_HOST_IP", "VLLM_PORT", "PYTHONPATH"})
-CACHE_MOUNTS = (
-    ("huggingface", "/root/.cache/huggingface"),
+# The downloads' cache, shared by every image on the host.
+HF_CACHE = ("huggingface", "/root/.cache/huggingface")
+# What a start compiles (seed 002: torch.compile's AOT artifacts, FlashInfer's and Triton's JIT kernels), kept per
+# image under jit/<image key>/: a start never loads kernels another image built, and their folders stay set aside.
+JIT_CACHES = (
     ("vllm", "/root/.cache/vllm"),
     ("flashinfer", "/root/.cache/flashinfer"),
     ("triton", "/root/.triton"),
 )
+# The stamps of the settings that started well on an image's caches, one file named by each settings' cache key.
+WARM_STAMPS = "warm"
+# A stamp's path as the plan writes it (serving_unit writes there as root: nothing else is accepted).
+STAMP_PATH = re.compile(rf"(?:/(?!\.\.?/)[^/\0]+)+/jit/[0-9a-f]{{16}}/{WARM_STAMPS}/[0-9a-f]{{16}}")
+# Seconds a cold start's gate waits for the unit to start its container again after the compile-then-exit
+# (seed 001), beyond the unit's RestartSec: docker removes the old one and creates the new.
+RESTART_SLACK = 120
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,7 +153,7 @@ INSTANCE_KEYS: tuple[Key, ...] = (
         choices=("present", "absent")),
     Key("catalog", "catalog", "A model catalog entry (docs/catalog.md): brings the weights path and the entry's settings, "
         "and its limits are checked (context, drafter size, modalities, known-broken combinations, memory)."),
-    Key("image", "image", "The image, `repo[:tag]@sha256:<64 hex>`; default `vllm_image`."),
+    Key("image", "image", "The image, `repo[:tag]@sha256:<64 hex>`; default `vllm_image`.", required=True),
     Key("model", "weights", "The weights: a path under `/models` (the staged `vllm_models_dir`) or a model id.", required=True),
     Key("served_model_names", "tokens", "Names clients use (`--served-model-name`); unique across the host's instances.",
         flag="--served-model-name", required=True),
@@ -185,7 +195,10 @@ INSTANCE_KEYS: tuple[Key, ...] = (
         flag="--speculative-config"),
     Key("extra_args", "extra_args", "Further `vllm serve` arguments; never a flag the role owns (any spelling argparse accepts)."),
     Key("env", "env", "Environment added to `vllm_env`; never `VLLM_API_KEY` or another name the role owns."),
-    Key("health_timeout", "positive", "Seconds the gate waits for this instance; default `vllm_health_timeout`.",
+    Key("health_timeout", "positive", "Seconds the gate waits for a warm start of this instance; default `vllm_health_timeout`.",
+        maximum=14_400, bound="seed 002's coldest first boot took 45 minutes; a gate of hours hides a hung start"),
+    Key("cold_timeout", "positive", "Seconds the gate waits for a start that compiles (no good start of these settings on "
+        "this image yet); default `vllm_cold_timeout`, at least `health_timeout`.",
         maximum=14_400, bound="seed 002's coldest first boot took 45 minutes; a gate of hours hides a hung start"),
     Key("allow_drafter_on_base_model", "bool", "Accept a drafter on a model that is not instruction-tuned."),
     Key("allow_load_time_quantization", "bool", "Accept `quantization` converting an unquantized checkpoint while it loads "
@@ -522,6 +535,11 @@ def instance_problems(instance: t.Mapping[str, t.Any], options: t.Mapping[str, t
             continue
         errors += check_value(where, key, value, options)
     errors += dev_route_problems(where, instance, options)
+    warm, cold = instance.get("health_timeout") or options["health_timeout"], instance.get("cold_timeout") or options["cold_timeout"]
+    if is_int(warm) and is_int(cold) and 0 < cold < warm <= KEYS_BY_NAME["health_timeout"].maximum:
+        errors.append(f"{where}.cold_timeout: {cold} s is shorter than the {warm} s health_timeout of its warm starts, while a "
+                      "start that compiles takes longest (seed 002: 25-45 minutes, later boots 7-10). Raise cold_timeout "
+                      "(vllm_cold_timeout) to at least health_timeout")
     if instance.get("enable_auto_tool_choice") and not instance.get("tool_call_parser"):
         errors.append(f"{where}.enable_auto_tool_choice is true without tool_call_parser; vLLM refuses to start. "
                       "Set tool_call_parser (for example gemma4) or turn auto tool choice off")
@@ -653,6 +671,24 @@ def env_file(api_key: str, environment: t.Mapping[str, t.Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def image_key(image: str) -> str:
+    """The name of an image's compile-cache folder: its digest's first 16 hex digits (the same image through a
+    mirror or under another name shares it), else a hash of a floating reference."""
+    _name, separator, digest = image.partition("@sha256:")
+    return digest[:16] if separator and re.fullmatch(r"[0-9a-f]{64}", digest) else hashlib.sha256(image.encode()).hexdigest()[:16]
+
+
+def jit_folder(cache_dir: str, image: str) -> str:
+    return f"{cache_dir}/jit/{image_key(image)}"
+
+
+def cache_key(image: str, command: t.Sequence[str], environment: t.Mapping[str, t.Any]) -> str:
+    """What a start compiles for: the image, the serve command and the environment (never the API key). A start with
+    the same key loads the kernels the last one compiled; any other compiles anew (seed 001: a new --max-model-len)."""
+    digest = hashlib.sha256(json.dumps({"image": image, "command": list(command), "env": dict(environment)}, sort_keys=True).encode())
+    return digest.hexdigest()[:16]
+
+
 def config_hash(run: t.Sequence[str], env_text: str) -> str:
     """What a container was started with; a running container with another hash is drift."""
     digest = hashlib.sha256(json.dumps({"run": list(run), "env": env_text}, sort_keys=True).encode())
@@ -672,6 +708,8 @@ def instance_plan(instance: t.Mapping[str, t.Any], start_after: list[str], optio
         environment.update({**cluster.get("node_env", {}), **cluster["network_env"]})
     env_text = env_file(instance["api_key"], environment)
     timeout = instance.get("health_timeout") or options["health_timeout"]
+    cold_timeout = instance.get("cold_timeout") or options["cold_timeout"]
+    jit = jit_folder(options["cache_dir"], instance["image"])
     run = [DOCKER_CLIENT, "run", "--name", container, "--ipc=host", "--env-file", files["env_path"]]
     publications = [] if cluster else published_ports(instance)
     for publication in publications:
@@ -681,7 +719,8 @@ def instance_plan(instance: t.Mapping[str, t.Any], start_after: list[str], optio
     run += ["--device", "/dev/infiniband", "--ulimit", "memlock=-1"] if cluster and cluster["rdma"] else []
     run += ["--volume", f"{options['models_dir']}:/models:ro"]
     run += ["--volume", f"{helper_folder(options) / GUARD_FILE}:{GUARD_DIR}/{GUARD_FILE}:ro"]
-    run += [argument for cache, target in CACHE_MOUNTS for argument in ("--volume", f"{options['cache_dir']}/{cache}:{target}")]
+    run += ["--volume", f"{options['cache_dir']}/{HF_CACHE[0]}:{HF_CACHE[1]}"]
+    run += [argument for cache, target in JIT_CACHES for argument in ("--volume", f"{jit}/{cache}:{target}")]
     run += ["--gpus", "all"] if options["gpus"] else []
     args = serve_args(instance, cluster)
     command = container_command(image, args, cluster)
@@ -719,6 +758,16 @@ def instance_plan(instance: t.Mapping[str, t.Any], start_after: list[str], optio
         "maintenance_flag": options["maintenance_flag"],
         "start_after": start_after,
         "health_timeout": timeout,
+        # A start on caches no start of these settings filled yet (no stamp) is cold: it waits cold_timeout, and a
+        # single instance's unit may exit once after compiling and start again on its own (seed 001's 31B);
+        # a cluster's role relaunches every rank once instead (restarts 0: a rank never restarts alone).
+        "cold_start": {
+            "timeout": cold_timeout,
+            "jit_dir": jit,
+            "stamp": f"{jit}/{WARM_STAMPS}/{cache_key(instance['image'], command, environment)}",
+            "restarts": 0 if cluster else 1,
+            "restart_window": options["restart_delay"] + RESTART_SLACK,
+        },
         "config_hash": digest,
         "launch_check": {
             "path": weights_host_path,
@@ -733,7 +782,8 @@ def instance_plan(instance: t.Mapping[str, t.Any], start_after: list[str], optio
         "nodes": list(cluster.get("nodes") or []),
     }
     readiness = ["/usr/bin/python3", options["readiness_script"], "--container", container, "--url", url,
-                 "--env-file", files["env_path"], "--timeout", str(timeout), *[f"--served-name={n}" for n in plan["served_names"]]]
+                 "--env-file", files["env_path"], "--timeout", str(timeout),
+                 "--cold-timeout", str(cold_timeout), "--stamp", plan["cold_start"]["stamp"], *[f"--served-name={n}" for n in plan["served_names"]]]
     # A worker serves no API: its unit is up once its container runs; the head's readiness covers the cluster.
     plan["unit_file"] = unit_file(plan, readiness if not cluster or cluster["rank"] == 0 else None, options)
     return plan, env_text
@@ -773,7 +823,8 @@ def unit_file(plan: t.Mapping[str, t.Any], readiness: t.Sequence[str] | None, op
         # A rank restarted alone never rejoins its group (vLLM 32136): the cluster role restarts all ranks together.
         "Restart=no" if plan.get("cluster") else "Restart=on-failure",
         f"RestartSec={options['restart_delay']}",
-        f"TimeoutStartSec={plan['health_timeout'] + 60}",
+        # The readiness wait gives up after the warm or the cold timeout, as the stamp says; systemd after the longer.
+        f"TimeoutStartSec={plan['cold_start']['timeout'] + 60}",
         "TimeoutStopSec=60",
         "",
         "[Install]",
@@ -787,10 +838,13 @@ def unit_file(plan: t.Mapping[str, t.Any], readiness: t.Sequence[str] | None, op
 PLAN_OPTIONS: tuple[str, ...] = (
     "image", "allow_floating_tag", "allow_wildcard_bind", "allow_dev_mode", "guard_digest", "registry_mirror", "gmu_cap",
     "hardware_class", "hardware_overrides", "catalog_extra", "memory_total_bytes", "vllm_version", "drop_caches", "overrides",
-    "cluster", "reserved_gmu", "gpus", "models_dir", "cache_dir", "config_dir", "env", "health_timeout", "host_addresses",
+    "cluster", "reserved_gmu", "gpus", "models_dir", "cache_dir", "config_dir", "env", "health_timeout", "cold_timeout",
+    "host_addresses",
     "wait_online_enabled", "readiness_script", "start_limit_interval", "start_limit_burst", "restart_delay", "maintenance_flag",
-    "launch_paused_containers",
+    "launch_paused_containers", "cache_backup_dir", "cache_backup_location", "host_name",
 )
+CACHE_BACKUP_LOCATIONS = ("host", "controller")
+HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
 
 
 # The settings of the units' restarts and the gate: whole numbers, with the largest any operator means.
@@ -799,6 +853,7 @@ OPTION_BOUNDS = {
     "start_limit_burst": (20, "starts; on GB10 each crash leaks unified memory, about 35 left a box needing a power cycle"),
     "restart_delay": (3_600, "seconds between automatic restarts"),
     "health_timeout": (14_400, "seconds; seed 002's coldest first boot took 45 minutes, a gate of hours hides a hung start"),
+    "cold_timeout": (14_400, "seconds; seed 002's coldest first boot took 45 minutes, a gate of hours hides a hung start"),
 }
 
 
@@ -838,6 +893,7 @@ def option_problems(options: t.Mapping[str, t.Any]) -> list[str]:
     if not isinstance(options["allow_dev_mode"], bool):
         errors.append(f"vllm_allow_dev_mode: {options['allow_dev_mode']!r} must be true or false")
     errors += paused_containers_problems("vllm_launch_paused_containers", options["launch_paused_containers"])
+    errors += cache_backup_problems(options)
     for name, (maximum, why) in OPTION_BOUNDS.items():
         if not is_int(options[name]) or not 1 <= options[name] <= maximum:
             errors.append(f"vllm_{name}: {options[name]!r} must be a whole number from 1 to {maximum:,} ({why})")
@@ -852,6 +908,40 @@ def option_problems(options: t.Mapping[str, t.Any]) -> list[str]:
     if mirror and not TOKEN.fullmatch(mirror):
         errors.append(f"vllm_registry_mirror: {mirror!r} must be host[:port] without spaces")
     return errors
+
+
+def cache_backup_problems(options: t.Mapping[str, t.Any]) -> list[str]:
+    backup, location = options["cache_backup_dir"], options["cache_backup_location"]
+    if location not in CACHE_BACKUP_LOCATIONS:
+        return [f"vllm_cache_backup_location: {location!r} must be host (a folder on the host: another disk, a mounted share) "
+                "or controller"]
+    if backup in ("", None):
+        return []
+    problem = path_problem(backup, 2)
+    if problem:
+        return [f"vllm_cache_backup_dir: {backup!r} {problem}; give a folder a reinstall does not wipe, or leave it empty"]
+    if location == "host" and (f"{backup}/".startswith(f"{options['cache_dir']}/") or f"{options['cache_dir']}/".startswith(f"{backup}/")):
+        return [f"vllm_cache_backup_dir: {backup!r} and vllm_cache_dir {options['cache_dir']!r} hold one another; a backup "
+                "belongs on another disk or a share, apart from the caches it keeps"]
+    if not (isinstance(options["host_name"], str) and HOST_NAME.fullmatch(options["host_name"])):
+        return [f"vllm_cache_backup_dir: the backups are kept per host, under the inventory name, and {options['host_name']!r} "
+                "is no folder name (letters, digits, dots, dashes and underscores); rename the host in the inventory"]
+    return []
+
+
+def compile_caches(plans: t.Sequence[t.Mapping[str, t.Any]], options: t.Mapping[str, t.Any]) -> list[dict[str, t.Any]]:
+    """Each planned image's compile-cache folder, its planned stamps and its backup's path (a folder on the host, or
+    a tar on the controller), per host; none without vllm_cache_backup_dir."""
+    if not options["cache_backup_dir"]:
+        return []
+    caches: dict[str, dict[str, t.Any]] = {}
+    for plan in plans:
+        jit = plan["cold_start"]["jit_dir"]
+        backup = f"{options['cache_backup_dir']}/{options['host_name']}/{image_key(plan['image'])}"
+        entry = caches.setdefault(jit, {"jit_dir": jit, "stamps": [], "backup": backup + (".tar" if options["cache_backup_location"] == "controller" else "")})
+        stamp = plan["cold_start"]["stamp"].rsplit("/", 1)[1]
+        entry["stamps"] += [] if stamp in entry["stamps"] else [stamp]
+    return list(caches.values())
 
 
 def pool_share(instances: t.Any, defaults: t.Any) -> float:
@@ -878,7 +968,7 @@ def build_plan(instances: t.Any, defaults: t.Any, **given: t.Any) -> dict[str, t
     options["variable"] = "cluster_instance" if options["cluster"] else "vllm_instances"
     options["owned_env"] = OWNED_ENV | set(NETWORK_ENV) if options["cluster"] else OWNED_ENV
     plan: dict[str, t.Any] = {"instances": [], "absent": [], "errors": [], "warnings": [], "env_files": {},
-                              "endpoints": [], "hardware_class": options["hardware_class"]}
+                              "endpoints": [], "compile_caches": [], "hardware_class": options["hardware_class"]}
     hardware = resolve_class(options["hardware_class"], options["hardware_overrides"])
     extra_problems = catalog_problems(options["catalog_extra"])
     plan["errors"] = hardware["errors"] + extra_problems
@@ -918,8 +1008,9 @@ def build_plan(instances: t.Any, defaults: t.Any, **given: t.Any) -> dict[str, t
     # what the containers mount (the models, the caches, the readiness wait and the key middleware).
     plan["folders"] = [
         *[{"path": path, "mode": "0700"} for path in (options["config_dir"], f"{options['config_dir']}/last-good")],
-        *[{"path": path, "mode": "0755"} for path in (options["models_dir"], *[f"{options['cache_dir']}/{cache}" for cache, _target in CACHE_MOUNTS],
-                                                      str(helper_folder(options)))],
+        *[{"path": path, "mode": "0755"} for path in (options["models_dir"], f"{options['cache_dir']}/{HF_CACHE[0]}", str(helper_folder(options)))],
+        *[{"path": f"{jit_folder(options['cache_dir'], image)}/{cache}", "mode": "0755"}
+          for image in dict.fromkeys(i["image"] for i in present) for cache in (*(name for name, _target in JIT_CACHES), WARM_STAMPS)],
     ]
     plan["helpers"] = [{"path": options["readiness_script"], "mode": "0644", "source": READINESS_SOURCE},
                        *[{"path": str(helper_folder(options) / name), "mode": "0644", "source": source}
@@ -931,6 +1022,7 @@ def build_plan(instances: t.Any, defaults: t.Any, **given: t.Any) -> dict[str, t
         plan["endpoints"].append({"name": public["name"], "port": public["port"], "bind_addresses": public["bind_addresses"],
                                   "served_names": public["served_names"], "api_key": instance["api_key"],
                                   "head": not public["cluster"] or public["cluster"]["head"]})
+    plan["compile_caches"] = compile_caches(plan["instances"], options)
     plan["absent"] = [i["name"] for i in merged if i.get("state") == "absent"]
     return plan
 

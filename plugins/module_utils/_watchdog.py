@@ -392,10 +392,11 @@ def needs_probe(memory: t.Mapping[str, t.Any], metrics: t.Mapping[str, float] | 
 
 def grace_seconds(plan: t.Mapping[str, t.Any], memory: t.Mapping[str, t.Any], settings: t.Mapping[str, t.Any]) -> tuple[int, str]:
     """A start after which the unit already served with this config hash is warm (its caches hold the
-    compiled kernels); any other is cold and gets the plan's own health timeout."""
+    compiled kernels); any other is cold and gets the plan's cold timeout (the gate's for a start that compiles)."""
     if plan.get("config_hash") and plan["config_hash"] in memory["warm_hashes"]:
         return settings["warm_grace"], "warm"
-    return int(plan.get("health_timeout") or settings["warm_grace"]), "cold"
+    cold_start = plan.get("cold_start") if isinstance(plan.get("cold_start"), dict) else {}
+    return int(cold_start.get("timeout") or plan.get("health_timeout") or settings["warm_grace"]), "cold"
 
 
 def assess(plan: t.Mapping[str, t.Any], memory: dict[str, t.Any], seen: t.Mapping[str, t.Any],

@@ -21,6 +21,10 @@ description:
     yet" (connection refused or reset, a timeout, HTTP 5xx) is waited on.
   - The verdict is the same function the vllm role's units run as their readiness wait at boot, and the gate the
     same one M(sparkfleet.vllm.serving_unit) runs in a single instance's relaunch.
+  - With O(instance), a start whose settings never served on the image's compile caches (no warm stamp) is cold
+    (seeds 001 and 002) - it is waited on for the plan's cold timeout, and a single instance's container may exit
+    once and be started again by its unit before that counts as a failure (a cluster's role relaunches every rank once
+    instead).
 author: sparkfleet.vllm contributors (@sparkfleet)
 options:
   instance:
@@ -47,7 +51,9 @@ options:
     description: Name of the serving container to watch; omit to poll the endpoint only.
     type: str
   timeout:
-    description: Seconds to wait for the endpoint to become ready; default the instance's planned timeout, or 600.
+    description:
+      - Seconds to wait for the endpoint to become ready; default the instance's planned timeout (the warm one, or the
+        cold one while its settings never served on the image's caches), or 600.
     type: int
   interval:
     description: Seconds between polls (one C(/v1/models) request and one C(docker inspect) each).
@@ -140,6 +146,23 @@ log_errors:
   returned: when the gate fails and O(container) is given
   type: list
   elements: str
+start:
+  description: C(cold) when the gate waited on a start that compiles (no warm stamp), else C(warm).
+  returned: always
+  type: str
+timeout:
+  description: The seconds the gate would wait.
+  returned: always
+  type: float
+restarts:
+  description: The container failures a cold start got past (its unit started it again).
+  returned: always
+  type: list
+  elements: str
+restartable:
+  description: Whether the failure was one a cold start may get past once (the engine exited; not an OOM kill or docker's refusal).
+  returned: always
+  type: bool
 warmup_reply:
   description: The warm-up request's reply text.
   returned: when O(warmup) is true and the gate passed

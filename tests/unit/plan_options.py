@@ -33,6 +33,8 @@ TEST_HOST = {
     "wait_online_enabled": False,
     "memory_total_bytes": None,
     "readiness_script": NODE_SETTINGS["options"]["readiness_script"],
+    # inventory_hostname.
+    "host_name": "spark-1",
 }
 
 

@@ -4,6 +4,11 @@ next instance starts only after this one is ready, and at every boot.
 The verdict is sparkfleet.vllm's plugins/module_utils/_vllm_health.py, which the vllm role
 installs beside this file: the boot path and the health gate judge alike. This file only
 supplies the HTTP call and docker inspect. Exits 0 once ready, 1 with the reason otherwise.
+
+A start whose settings never served on this image's caches (no stamp) compiles: it is waited on
+for the cold timeout, and once ready the stamp is written, so later starts get the warm one. When
+a cold start's engine exits after compiling (seed 001), systemd restarts the unit and this wait
+runs again.
 """
 
 import argparse
@@ -16,7 +21,7 @@ import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _vllm_health import Reply, container_snapshot, exception_reply, parse_env_file, wait_until_ready  # noqa: E402
+from _vllm_health import Reply, container_snapshot, exception_reply, mark_warm, parse_env_file, start_timeout, wait_until_ready  # noqa: E402
 
 
 def get(url, api_key, timeout=5):
@@ -39,14 +44,23 @@ def main(argv=None):
     parser.add_argument("--url", required=True)
     parser.add_argument("--env-file", required=True)
     parser.add_argument("--timeout", type=float, required=True)
+    parser.add_argument("--cold-timeout", type=float, required=True)
+    parser.add_argument("--stamp", required=True)
     parser.add_argument("--served-name", action="append", required=True)
     args = parser.parse_args(argv)
+    timeout, cold = start_timeout(args.timeout, {"timeout": args.cold_timeout, "stamp": args.stamp})
     with open(args.env_file, encoding="utf-8") as handle:
         api_key = parse_env_file(handle.read()).get("VLLM_API_KEY")
     url = args.url.rstrip("/") + "/v1/models"
-    result = wait_until_ready(lambda: get(url, api_key), lambda: inspect(args.container), args.served_name, args.timeout)
-    print(f"{args.container}: {result['reason']} after {result['elapsed']} s", file=sys.stderr)
-    return 0 if result["ok"] else 1
+    result = wait_until_ready(lambda: get(url, api_key), lambda: inspect(args.container), args.served_name, timeout)
+    print(f"{args.container}: {'cold' if cold else 'warm'} start, {result['reason']} after {result['elapsed']} s", file=sys.stderr)
+    if not result["ok"]:
+        return 1
+    try:
+        mark_warm(args.stamp)
+    except OSError as error:
+        print(f"{args.stamp}: the warm stamp cannot be written ({error.strerror}); the next start waits the cold timeout", file=sys.stderr)
+    return 0
 
 
 if __name__ == "__main__":

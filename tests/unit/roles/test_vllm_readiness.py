@@ -40,22 +40,39 @@ def serve(status, body=b""):
     return server
 
 
-def wait(installed, server, timeout="20"):
+def wait(installed, server, timeout="20", cold_timeout="30"):
     # As on the host: nothing of the collection or Ansible importable, only the installed files side by side.
     return subprocess.run(
         [sys.executable, str(installed / "vllm_readiness.py"), "--container", "vllm-absent-in-this-test", "--url",
-         f"http://127.0.0.1:{server.server_port}", "--env-file", str(installed / "llm.env"), "--timeout", timeout, "--served-name=tiny"],
+         f"http://127.0.0.1:{server.server_port}", "--env-file", str(installed / "llm.env"), "--timeout", timeout,
+         "--cold-timeout", cold_timeout, "--stamp", str(installed / "jit" / "warm" / "key"), "--served-name=tiny"],
         capture_output=True, text=True, check=False, timeout=60, env={name: value for name, value in os.environ.items() if name != "PYTHONPATH"},
     )
 
 
-def test_ready_when_the_model_is_listed(installed):
+def test_ready_when_the_model_is_listed_and_the_settings_stamped_warm(installed):
     server = serve(200, json.dumps({"data": [{"id": "tiny"}]}).encode())
     try:
         result = wait(installed, server)
+        assert result.returncode == 0 and "cold start, ready" in result.stderr
+        assert (installed / "jit" / "warm" / "key").is_file(), "the first good start stamps its settings warm"
+        again = wait(installed, server)
     finally:
         server.shutdown()
-    assert result.returncode == 0 and "ready" in result.stderr
+    assert again.returncode == 0 and "warm start, ready" in again.stderr
+
+
+def test_a_cold_start_waits_the_cold_timeout_and_a_warm_one_the_warm(installed):
+    server = serve(503)
+    try:
+        cold = wait(installed, server, timeout="1", cold_timeout="4")
+        (installed / "jit" / "warm").mkdir(parents=True)
+        (installed / "jit" / "warm" / "key").write_text("1\n")
+        warm = wait(installed, server, timeout="1", cold_timeout="4")
+    finally:
+        server.shutdown()
+    assert cold.returncode == 1 and "cold start, not ready after 4 s" in cold.stderr, cold.stderr
+    assert warm.returncode == 1 and "warm start, not ready after 1 s" in warm.stderr, warm.stderr
 
 
 def test_a_refused_key_fails_at_once(installed):

@@ -14,8 +14,11 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_health impor
     container_failure,
     container_snapshot,
     exception_reply,
+    is_warm,
+    mark_warm,
     models_verdict,
     parse_env_file,
+    start_timeout,
     wait_until_ready,
 )
 
@@ -232,3 +235,61 @@ def test_a_model_list_whose_ids_are_not_names_is_another_server():
 def test_snapshot_of_inspect_output_of_another_shape_is_none():
     assert container_snapshot(json.dumps([{"Id": "abc", "State": "running"}])) is None
     assert container_snapshot(json.dumps({"Id": "abc", "RestartCount": "2", "State": {}}))["restart_count"] == 0
+
+
+def snapshots(*specs):
+    """The inspect answers of a scripted container history, one per poll; the last repeats."""
+    states = [None if spec is None else container_snapshot(inspect_json(**spec)) for spec in specs]
+    return lambda: states.pop(0) if len(states) > 1 else states[0]
+
+
+COMPILED_THEN_EXITED = {"status": "exited", "exit_code": 1}
+
+
+def test_a_cold_start_gets_past_one_exit_when_its_unit_starts_the_container_again():
+    """Seed 001: the 31B's first start compiles, finds too little KV cache and exits; the unit starts it again on the
+    caches it filled, and that start serves."""
+    inspect = snapshots({}, COMPILED_THEN_EXITED, COMPILED_THEN_EXITED, None, {"container_id": "new", "status": "created"},
+                        {"container_id": "new"})
+    replies = iter([Reply(None, "", "refused", True)] * 6 + [Reply(200, MODELS)])
+    clock = Clock()
+    result = wait_until_ready(lambda: next(replies), inspect, ["tiny"], timeout=2700, clock=clock, sleep=clock.sleep,
+                              restarts_allowed=1, restart_window=130)
+    assert result["ok"] and result["restarts"] == ["the container is exited (exit code 1)"]
+
+
+@pytest.mark.parametrize(("history", "reason"), [
+    # The second exit fails: one compile-then-exit is the seed's shape, a second is a crash loop.
+    (({}, COMPILED_THEN_EXITED, {"container_id": "new"}, {"container_id": "new", **COMPILED_THEN_EXITED}), "exited (exit code 1)"),
+    # A unit that does not start it again (its start limit hit, or a cluster's rank) fails after the window.
+    (({}, COMPILED_THEN_EXITED), "and no new container started within 130 s"),
+    # An OOM kill is not a compile-then-exit: on GB10 each one leaks unified memory.
+    (({}, {"status": "exited", "exit_code": 137, "oom": True}), "killed by the OOM killer"),
+])
+def test_a_cold_start_fails_past_its_one_restart(history, reason):
+    clock = Clock()
+    result = wait_until_ready(lambda: Reply(None, "", "refused", True), snapshots(*history), ["tiny"], timeout=2700, clock=clock,
+                              sleep=clock.sleep, restarts_allowed=1, restart_window=130)
+    assert not result["ok"] and reason in result["reason"] and clock.now < 2700
+
+
+def test_a_warm_start_fails_at_its_first_exit_and_says_a_restart_could_help():
+    clock = Clock()
+    result = wait_until_ready(lambda: Reply(None, "", "refused", True), snapshots({}, COMPILED_THEN_EXITED), ["tiny"], timeout=1200,
+                              clock=clock, sleep=clock.sleep)
+    assert not result["ok"] and result["elapsed"] == 0 and result["restarts"] == [] and result["restartable"]
+    oom = wait_until_ready(lambda: Reply(None, "", "refused", True), snapshots({}, {"status": "exited", "oom": True}), ["tiny"],
+                           timeout=1200, clock=Clock(), sleep=lambda _s: None)
+    assert not oom["restartable"]
+
+
+def test_the_stamp_decides_the_timeout_and_is_written_once(tmp_path):
+    stamp = tmp_path / "jit" / "a" / "warm" / "b"
+    cold_start = {"timeout": 2700, "stamp": str(stamp)}
+    assert start_timeout(1200, cold_start) == (2700, True)
+    assert start_timeout(1200, None) == (1200, False), "a plan file without cold_start is judged as before"
+    mark_warm(str(stamp))
+    written = stamp.read_text()
+    assert is_warm(str(stamp)) and start_timeout(1200, cold_start) == (1200, False)
+    mark_warm(str(stamp))
+    assert stamp.read_text() == written and list(stamp.parent.iterdir()) == [stamp]

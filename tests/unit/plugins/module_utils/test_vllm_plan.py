@@ -22,6 +22,7 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_plan import 
     INSTANCE_KEYS,
     OWNED_FLAGS,
     PLAN_OPTIONS,
+    STAMP_PATH,
     build_plan,
     drift_reasons,
     key_table_markdown,
@@ -316,10 +317,49 @@ def test_docker_run_owns_the_container_and_carries_the_hash():
     llm = plan(instance(), gpus=True, models_dir="/srv/models", cache_dir="/var/cache/sv")["instances"][0]
     run = llm["docker_run"]
     assert run[:8] == ["/usr/bin/docker", "run", "--name", "vllm-llm", "--ipc=host", "--env-file", "/etc/sparkfleet/vllm/llm.env", "--publish"]
-    assert "/srv/models:/models:ro" in run and "/var/cache/sv/vllm:/root/.cache/vllm" in run and run[run.index("--gpus") + 1] == "all"
+    assert "/srv/models:/models:ro" in run and run[run.index("--gpus") + 1] == "all"
     assert f"sparkfleet.vllm.config-hash={llm['config_hash']}" in run
     assert run[run.index(llm["run_image"]) + 1:] == llm["serve_args"]
     assert "--gpus" not in plan(instance(), gpus=False)["instances"][0]["docker_run"]
+
+
+def test_compile_caches_are_kept_per_image_and_the_downloads_shared():
+    llm = plan(instance(), cache_dir="/var/cache/sv")["instances"][0]
+    jit = f"/var/cache/sv/jit/{DIGEST.removeprefix('sha256:')[:16]}"
+    assert llm["cold_start"]["jit_dir"] == jit
+    volumes = [llm["docker_run"][i + 1] for i, arg in enumerate(llm["docker_run"]) if arg == "--volume"]
+    assert {f"{jit}/vllm:/root/.cache/vllm", f"{jit}/flashinfer:/root/.cache/flashinfer", f"{jit}/triton:/root/.triton",
+            "/var/cache/sv/huggingface:/root/.cache/huggingface"} <= set(volumes)
+    other = plan(instance(), cache_dir="/var/cache/sv", image=f"other/image@sha256:{'b' * 64}")["instances"][0]
+    assert other["cold_start"]["jit_dir"] == "/var/cache/sv/jit/" + "b" * 16, "another image's kernels are never loaded"
+    mirrored = plan(instance(), cache_dir="/var/cache/sv", registry_mirror="mirror.lan:5000")["instances"][0]
+    assert mirrored["cold_start"]["jit_dir"] == jit, "the same image through a mirror shares its caches"
+    two = plan(instance(), instance(name="b", port=8002, served_model_names=["b"], gpu_memory_utilization=0.1, image=f"other/image@sha256:{'b' * 64}"),
+               cache_dir="/var/cache/sv")
+    folders = [folder["path"] for folder in two["folders"]]
+    assert {f"{jit}/warm", f"{jit}/triton", "/var/cache/sv/jit/" + "b" * 16 + "/vllm", "/var/cache/sv/huggingface"} <= set(folders)
+
+
+def test_a_start_is_cold_until_its_settings_served_on_the_image():
+    llm = plan(instance(), cache_dir="/var/cache/sv")["instances"][0]
+    cold = llm["cold_start"]
+    assert cold["timeout"] == 2700 and cold["restarts"] == 1 and cold["restart_window"] == 10 + 120
+    assert STAMP_PATH.fullmatch(cold["stamp"]) and cold["stamp"].startswith(cold["jit_dir"] + "/warm/")
+    assert "TimeoutStartSec=2760" in llm["unit_file"].splitlines(), "at boot systemd waits as long as a cold start may take"
+    line = next(line for line in llm["unit_file"].splitlines() if line.startswith("ExecStartPost="))
+    assert "--timeout 1200 --cold-timeout 2700 --stamp " + cold["stamp"] in line
+    # What compiles differently is another stamp; the key and the published port are not.
+    for changed in (instance(max_model_len=1024), instance(env={"X": "1"})):
+        assert plan(changed, cache_dir="/var/cache/sv")["instances"][0]["cold_start"]["stamp"] != cold["stamp"]
+    for same in (instance(api_key="z" * 32), instance(port=9000)):
+        assert plan(same, cache_dir="/var/cache/sv")["instances"][0]["cold_start"]["stamp"] == cold["stamp"]
+    assert plan(instance(cold_timeout=5000, health_timeout=600))["instances"][0]["cold_start"]["timeout"] == 5000
+
+
+@pytest.mark.parametrize(("changes", "options"), [({"cold_timeout": 600}, {}), ({}, {"cold_timeout": 900, "health_timeout": 1000})])
+def test_a_cold_timeout_shorter_than_the_warm_one_is_refused(changes, options):
+    errors = plan(instance(**changes), **options)["errors"]
+    assert len(errors) == 1 and "cold_timeout" in errors[0] and "Raise cold_timeout (vllm_cold_timeout)" in errors[0]
 
 
 def test_config_hash_follows_every_setting_and_the_key():
@@ -572,3 +612,35 @@ def test_the_model_sources_listen_address_is_one_plain_address(address, fragment
 
     problem = vllm_listen_address_problem(address)
     assert (fragment in problem) if fragment else problem == ""
+
+
+def test_the_compile_caches_are_backed_up_per_host_and_image_where_the_operator_says():
+    assert plan(instance())["compile_caches"] == [], "no backup without vllm_cache_backup_dir"
+    two = plan(instance(), instance(name="b", port=8002, served_model_names=["b"], gpu_memory_utilization=0.1, max_model_len=512),
+               cache_dir="/var/cache/sv", cache_backup_dir="/mnt/backup")
+    first, second = two["instances"]
+    key = DIGEST.removeprefix("sha256:")[:16]
+    assert two["compile_caches"] == [{
+        "jit_dir": f"/var/cache/sv/jit/{key}", "backup": f"/mnt/backup/spark-1/{key}",
+        "stamps": [first["cold_start"]["stamp"].rsplit("/", 1)[1], second["cold_start"]["stamp"].rsplit("/", 1)[1]],
+    }], "one folder per image, both instances' stamps in it"
+    controller = plan(instance(), cache_backup_dir="/srv/sparkfleet/caches", cache_backup_location="controller")["compile_caches"]
+    assert controller[0]["backup"] == f"/srv/sparkfleet/caches/spark-1/{key}.tar"
+
+
+@pytest.mark.parametrize(("options", "fragment"), [
+    ({"cache_backup_dir": "backups"}, "vllm_cache_backup_dir: 'backups' "),
+    ({"cache_backup_dir": "/var/cache/sv/backup", "cache_dir": "/var/cache/sv"}, "hold one another"),
+    ({"cache_backup_dir": "/var/cache", "cache_dir": "/var/cache/sv"}, "hold one another"),
+    ({"cache_backup_dir": "/mnt/b", "cache_backup_location": "nfs"}, "vllm_cache_backup_location: 'nfs' must be host"),
+    ({"cache_backup_dir": "/mnt/b", "host_name": "../spark"}, "rename the host in the inventory"),
+])
+def test_a_backup_place_that_could_not_keep_the_caches_apart_is_refused(options, fragment):
+    found = errors(instance(), **options)
+    assert len(found) == 1 and fragment in found[0], found
+
+
+def test_no_image_anywhere_is_refused_naming_vllm_image():
+    """vllm_image defaults to empty: an inventory that sets neither it nor the instance's image got a traceback."""
+    found = errors(instance(), image="")
+    assert found == ["vllm_instances[0] (llm).image: missing; The image, `repo[:tag]@sha256:<64 hex>`; default `vllm_image`."]

@@ -103,6 +103,10 @@ def test_a_container_down_for_three_samples_is_started_and_then_given_its_cold_g
     assert memory["grace_until"] == 1060.0 + 1200 and len(memory["restarts"]) == 1
     during = assess(PLAN, memory, down, SETTINGS_DEFAULT, 1100.0)
     assert during["verdict"] == "grace" and during["action"] == "none"
+    compiling_plan = {**PLAN, "cold_start": {"timeout": 2700, "stamp": "/c/jit/a/warm/b"}}
+    memory_cold = new_memory()
+    compiling = [assess(compiling_plan, memory_cold, down, SETTINGS_DEFAULT, 1000.0 + 30 * index) for index in range(3)][-1]
+    assert "cold grace of 2700 s" in compiling["why"], "a cold start is given the plan's cold timeout, as the gate waits"
 
 
 def test_a_container_gone_under_a_unit_systemd_holds_active_is_restarted_not_started():

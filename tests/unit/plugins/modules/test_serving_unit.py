@@ -128,7 +128,7 @@ def planned(host, **changes):
     """The vllm role's plan of one instance, its files in the test's folders; and its env file."""
     instance = {"name": "tiny", "model": "/models/tiny-llama", "served_model_names": ["tiny"], "port": 8001, "api_key": KEY, **changes}
     result = build_plan([instance], ROLE_DEFAULTS["vllm_instance_defaults"],
-                        **plan_options(image=IMAGE, hardware_class="cpu_lab", config_dir=str(host / "config")))
+                        **plan_options(image=IMAGE, hardware_class="cpu_lab", config_dir=str(host / "config"), cache_dir=str(host / "cache")))
     assert result["errors"] == []
     plan = result["instances"][0]
     plan["kept_files"][2] = {**plan["kept_files"][2], "path": str(host / "units" / plan["unit"])}
@@ -534,6 +534,8 @@ def test_a_failed_relaunch_serves_the_last_good_settings_gated_with_their_own_ke
     kept = files(host)
     failing, failing_env = planned(host, port=vllm.server_port, api_key="n" * 32, served_model_names=["renamed"], extra_args=["--no-such-flag"])
     run(host, failing, failing_env)
+    # Settings that served on these caches before: their first exit is a failure (a cold start's is in test_vllm_health).
+    pathlib.Path(failing["cold_start"]["stamp"]).write_text("1\n")
     result = relaunch(host, failing)
     assert result["failed"] and result["msg"].startswith(
         "vLLM instance tiny failed its relaunch: vLLM health gate failed: the container is exited (exit code 2) (detected after ")
@@ -714,6 +716,10 @@ def test_vllm_health_gates_a_deployed_instance_from_its_files_with_the_same_gate
 
     ready = gate()
     assert ready["ok"] and ready["warmup_reply"] == "Hello, operator" and ready["served_model_names"] == ["tiny"]
+    assert (ready["start"], ready["timeout"]) == ("cold", 2700), "no start of these settings served on the image's caches yet"
+    assert run(host, plan, step="keep")["stamped"] and pathlib.Path(plan["cold_start"]["stamp"]).is_file()
+    assert not run(host, plan, step="keep")["stamped"]
+    assert (gate()["start"], gate()["timeout"]) == ("warm", 1200)
     set_state(host, containers={plan["container"]: exited_with_a_bad_flag()},
               logs={plan["container"]: (RECORDED / "docker-logs-bad-flag.stderr").read_text()})
     failed = gate()

@@ -1,0 +1,98 @@
+#!/usr/bin/python
+# Copyright: sparkfleet.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: compile_caches
+short_description: Back up an image's compile caches where a reinstall does not wipe them, and bring them back
+version_added: 0.11.0
+description:
+  - Works on the folders the vllm role plans per image, C(<vllm_cache_dir>/jit/<image key>) - vLLM's torch.compile
+    artifacts, FlashInfer's and Triton's JIT kernels and the warm stamps of the settings that started well on them
+    (seed 002 - restoring them skips 30-45 minutes of compilation on a fresh deploy).
+  - C(back_up) replaces the copy in a folder on the host (another disk, a mounted share) with a whole new one when the
+    host holds stamps the copy lacks; the new copy is swapped in by renames, so the copy is never half written.
+  - C(restore) copies a folder backup in when it holds planned stamps the host lacks - the files the host lacks, the
+    stamps last.
+  - For a backup on the controller, C(archive) writes a tar of the folder (0644, as readable as the
+    kernels in it: the role fetches it without privilege escalation, which would read it whole into memory) when the host holds stamps its last
+    backup lacked, the role fetches it, and C(archived) records its stamps and removes it; C(lacking) names the
+    folders missing planned stamps, the role copies their archives in beside them, and C(unpack) extracts the files
+    the host lacks (stamps last) and removes the archive.
+  - Only folders and regular files are copied or extracted, under plain relative names; links are never followed
+    or recreated.
+author: sparkfleet.vllm contributors (@sparkfleet)
+options:
+  action:
+    description: What to do with each folder of O(caches).
+    type: str
+    required: true
+    choices: [back_up, restore, archive, archived, lacking, unpack]
+  caches:
+    description: The plan's C(compile_caches) - each with C(jit_dir), C(stamps) (the planned warm stamps) and C(backup).
+    type: list
+    elements: dict
+    required: true
+  archived_stamps:
+    description: For C(archived), the stamps each fetched archive holds, by C(jit_dir) (the C(archive) action's result).
+    type: dict
+    default: {}
+attributes:
+  check_mode:
+    support: full
+    description: Reads the stamps on both sides and says what would be copied, archived or extracted; writes nothing.
+  diff_mode:
+    support: none
+    description: Reports the folders it works on in RV(done), not a diff of their many files.
+notes:
+  - Run as root; the caches are root's (the containers write them).
+"""
+
+EXAMPLES = r"""
+- name: Bring back the compile caches a reinstall wiped, from another disk
+  sparkfleet.vllm.compile_caches:
+    action: restore
+    caches: "{{ __vllm_plan.compile_caches }}"
+
+- name: Back them up after the instances passed their gates
+  sparkfleet.vllm.compile_caches:
+    action: back_up
+    caches: "{{ __vllm_plan.compile_caches }}"
+"""
+
+RETURN = r"""
+done:
+  description:
+    - One entry per image folder the action worked on (or would, in check mode) - C(jit_dir), the C(stamps) involved,
+      and C(from), C(to), C(archive), C(restore) and C(files) as the action has them.
+  returned: always
+  type: list
+  elements: dict
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._compile_caches import CacheProblem, apply
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            action=dict(type="str", required=True, choices=["back_up", "restore", "archive", "archived", "lacking", "unpack"]),
+            caches=dict(type="list", elements="dict", required=True),
+            archived_stamps=dict(type="dict", default={}),
+        ),
+        supports_check_mode=True,
+    )
+    try:
+        result = apply(module.params["action"], module.params["caches"], module.check_mode, module.params["archived_stamps"])
+    except CacheProblem as error:
+        module.fail_json(msg=str(error), done=[])
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()
