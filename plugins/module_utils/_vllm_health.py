@@ -206,7 +206,8 @@ def wait_until_ready(
         if current:
             result.update(state=current["status"], restart_count=current["restart_count"])
         if failure:
-            verdict, reason = FAIL, failure
+            again = f", after its cold start had exited once already ({result['restarts'][0]})" if result["restarts"] else ""
+            verdict, reason = FAIL, failure + again
             result["restartable"] = restartable(current) and not exited
         if verdict == READY:
             result.update(ok=True, reason="ready")

@@ -213,6 +213,9 @@ def test_a_killed_worker_fails_the_cluster_and_a_failed_reapply_rolls_every_rank
     output = result.stdout + result.stderr
     assert result.returncode != 0 and "is relaunched, every rank together" in output, output[-3000:]
     assert "Cluster lab-tp2 failed its relaunch" in output and KEY not in output
+    # New settings start cold: the head's first exit relaunches every rank once more together, the second fails.
+    assert "Cluster lab-tp2 started cold and the container is exited (exit code 2) (the compile-then-exit of seed 001): " \
+        "every rank is relaunched once more on the caches it filled" in output, output[-3000:]
     assert "The last good settings of every rank were relaunched and serve again." in output
     assert "TASK [sparkfleet.vllm.cluster : Raise the maintenance flag]" in output
     # The NCCL the ranks would load was read from the image in a throwaway container: the lab's CPU build carries none.

@@ -260,7 +260,8 @@ def test_a_cold_start_gets_past_one_exit_when_its_unit_starts_the_container_agai
 
 @pytest.mark.parametrize(("history", "reason"), [
     # The second exit fails: one compile-then-exit is the seed's shape, a second is a crash loop.
-    (({}, COMPILED_THEN_EXITED, {"container_id": "new"}, {"container_id": "new", **COMPILED_THEN_EXITED}), "exited (exit code 1)"),
+    (({}, COMPILED_THEN_EXITED, {"container_id": "new"}, {"container_id": "new", **COMPILED_THEN_EXITED}),
+     "exited (exit code 1), after its cold start had exited once already (the container is exited (exit code 1))"),
     # A unit that does not start it again (its start limit hit, or a cluster's rank) fails after the window.
     (({}, COMPILED_THEN_EXITED), "and no new container started within 130 s"),
     # An OOM kill is not a compile-then-exit: on GB10 each one leaks unified memory.
