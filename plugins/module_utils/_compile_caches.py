@@ -16,6 +16,7 @@ Private to the collection; the compile_caches module is its caller.
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import shutil
@@ -48,6 +49,9 @@ def cache_problem(cache: t.Any) -> str | None:
             return f"caches: {key} {cache.get(key)!r} {problem}; give the plan's compile_caches (__vllm_plan.compile_caches)"
     if not re.fullmatch(r".+/jit/[0-9a-f]{16}", cache["jit_dir"]):
         return f"caches: jit_dir {cache['jit_dir']!r} is not an image's compile-cache folder (<vllm_cache_dir>/jit/<image key>)"
+    # A backup folder is replaced whole: never anything but one image's copy under the operator's backup folder.
+    if not re.fullmatch(r".+/[^/]+/[0-9a-f]{16}(\.tar)?", cache["backup"]):
+        return f"caches: backup {cache['backup']!r} is not an image's backup (<vllm_cache_backup_dir>/<host>/<image key>)"
     stamps = cache.get("stamps")
     if not isinstance(stamps, list) or not all(isinstance(s, str) and STAMP.fullmatch(s) for s in stamps):
         return "caches: stamps must be the plan's warm stamps (16 hex digits each)"
@@ -75,17 +79,68 @@ def regular_files(folder: str) -> list[str]:
     return sorted(found, key=lambda path: path.split(os.sep)[0] == WARM)
 
 
+def open_beneath(root: str, relative: str, create: bool) -> int:
+    """A descriptor of ``relative`` under ``root``, every folder on the way opened without following a link (the
+    containers write these folders: one could plant a link to a host folder, or swap a file for one, meanwhile).
+    ``create`` makes the missing folders and creates the file, failing when it exists (FileExistsError)."""
+    parts = relative.split(os.sep)
+    folder = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for part in parts[:-1]:
+            if create:
+                try:
+                    os.mkdir(part, 0o755, dir_fd=folder)
+                except FileExistsError:
+                    pass
+            inner = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=folder)
+            os.close(folder)
+            folder = inner
+        flags = (os.O_WRONLY | os.O_CREAT | os.O_EXCL) if create else os.O_RDONLY
+        return os.open(parts[-1], flags | os.O_NOFOLLOW, 0o644, dir_fd=folder)
+    finally:
+        os.close(folder)
+
+
+def crosses_link(error: OSError) -> bool:
+    """A path a link interrupts (a folder or the file itself replaced by one): skipped, never followed."""
+    return isinstance(error, NotADirectoryError) or error.errno == errno.ELOOP
+
+
+def copy_stream(reader: t.BinaryIO, target: str, relative: str) -> bool:
+    """Write ``relative`` under ``target`` from ``reader`` unless it is there; False when it was there."""
+    try:
+        descriptor = open_beneath(target, relative, create=True)
+    except FileExistsError:
+        return False
+    except OSError as error:
+        if crosses_link(error):
+            return False
+        raise
+    with os.fdopen(descriptor, "wb") as writer:
+        os.fchmod(writer.fileno(), 0o644)
+        shutil.copyfileobj(reader, writer)
+    return True
+
+
+def readable_files(folder: str) -> t.Iterator[tuple[str, t.BinaryIO]]:
+    """(relative name, open file) of each regular file under ``folder``, the stamps last; a file gone or behind a link
+    by the time it is opened is left out."""
+    for relative in regular_files(folder):
+        try:
+            descriptor = open_beneath(folder, relative, create=False)
+        except FileNotFoundError:
+            continue
+        except OSError as error:
+            if crosses_link(error):
+                continue
+            raise
+        with os.fdopen(descriptor, "rb") as reader:
+            yield relative, reader
+
+
 def copy_missing(source: str, target: str) -> list[str]:
     """Copy the files of ``source`` that ``target`` lacks (the stamps last); what is there already stays as it is."""
-    copied = []
-    for relative in regular_files(source):
-        destination = os.path.join(target, relative)
-        if os.path.lexists(destination):
-            continue
-        os.makedirs(os.path.dirname(destination), mode=0o755, exist_ok=True)
-        shutil.copy2(os.path.join(source, relative), destination, follow_symlinks=False)
-        copied.append(relative)
-    return copied
+    return [relative for relative, reader in readable_files(source) if copy_stream(reader, target, relative)]
 
 
 def lacking(cache: t.Mapping[str, t.Any], _check_mode: bool) -> dict[str, t.Any] | None:
@@ -150,8 +205,10 @@ def write_tar(folder: str, path: str) -> None:
     try:
         with os.fdopen(descriptor, "wb") as handle, tarfile.open(fileobj=handle, mode="w") as tar:
             os.fchmod(handle.fileno(), 0o644)
-            for relative in regular_files(folder):
-                tar.add(os.path.join(folder, relative), arcname=relative, recursive=False)
+            for relative, reader in readable_files(folder):
+                info = tar.gettarinfo(arcname=relative, fileobj=reader)
+                if info.isfile():
+                    tar.addfile(info, reader)
         os.replace(temporary, path)
     except BaseException:
         if os.path.lexists(temporary):
@@ -159,12 +216,18 @@ def write_tar(folder: str, path: str) -> None:
         raise
 
 
-def archived(cache: t.Mapping[str, t.Any], stamps: t.Sequence[str]) -> None:
-    """The controller holds the archive: record its stamps and remove it from the host."""
+def archived(cache: t.Mapping[str, t.Any], stamps: t.Any, check_mode: bool) -> dict[str, t.Any] | None:
+    """The controller holds the archive: record the stamps it held (the archive action's, given back by the role) and
+    remove it from the host. None for a folder whose archive was not fetched."""
+    held = [str(s) for s in stamps if STAMP.fullmatch(str(s))] if isinstance(stamps, list) else []
+    if not held:
+        return None
     path = cache["jit_dir"] + ARCHIVE_SUFFIX
-    guarded(lambda: write_atomically(cache["jit_dir"] + RECORD_SUFFIX, "".join(f"{s}\n" for s in stamps), 0o644), path, "recorded")
-    if os.path.lexists(path):
-        os.unlink(path)
+    if not check_mode:
+        guarded(lambda: write_atomically(cache["jit_dir"] + RECORD_SUFFIX, "".join(f"{s}\n" for s in held), 0o644), path, "recorded")
+        if os.path.lexists(path):
+            os.unlink(path)
+    return {"jit_dir": cache["jit_dir"], "stamps": held}
 
 
 def unpack(cache: t.Mapping[str, t.Any], check_mode: bool) -> dict[str, t.Any] | None:
@@ -189,17 +252,9 @@ def extract_missing(path: str, target: str) -> list[str]:
     with tarfile.open(path, mode="r:") as tar:
         members = [m for m in tar.getmembers() if m.isfile() and safe_name(m.name)]
         for member in sorted(members, key=lambda m: m.name.split("/")[0] == WARM):
-            destination = os.path.join(target, member.name)
-            if os.path.lexists(destination):
-                continue
-            os.makedirs(os.path.dirname(destination), mode=0o755, exist_ok=True)
             source = tar.extractfile(member)
-            if source is None:
-                continue
-            with source, open(destination, "xb") as handle:
-                shutil.copyfileobj(source, handle)
-            os.chmod(destination, 0o644)
-            written.append(member.name)
+            if source is not None and copy_stream(source, target, member.name):
+                written.append(member.name)
     return written
 
 
@@ -230,11 +285,7 @@ def apply(action: str, caches: t.Sequence[t.Any], check_mode: bool, archived_sta
     if problems:
         raise CacheProblem(problems[0])
     if action == "archived":
-        held = archived_stamps or {}
-        done = [{"jit_dir": cache["jit_dir"], "stamps": held[cache["jit_dir"]]} for cache in caches if cache["jit_dir"] in held]
-        if not check_mode:
-            for entry, cache in zip(done, [c for c in caches if c["jit_dir"] in held], strict=True):
-                archived(cache, [s for s in entry["stamps"] if STAMP.fullmatch(str(s))])
-        return {"changed": bool(done), "done": done}
-    done = [entry for entry in (ACTIONS[action](cache, check_mode) for cache in caches) if entry]
+        done = [entry for entry in (archived(cache, (archived_stamps or {}).get(cache["jit_dir"]), check_mode) for cache in caches) if entry]
+    else:
+        done = [entry for entry in (ACTIONS[action](cache, check_mode) for cache in caches) if entry]
     return {"changed": bool(done) and action not in READ_ONLY, "done": done}

@@ -80,6 +80,18 @@ def test_a_restore_keeps_what_the_host_has_and_follows_no_link(host, tmp_path):
     assert not (jit / "triton" / "leak").exists() and not (jit / "linked").exists()
 
 
+def test_a_link_a_container_planted_in_its_cache_folder_is_never_written_through(host, tmp_path):
+    """The containers write jit/<image key>/ as root: a link there to a host folder must not carry a restore out."""
+    compiled(tmp_path / "disk" / "spark-1" / ("c" * 16), STAMP)
+    outside = tmp_path / "etc-cron.d"
+    outside.mkdir()
+    jit = tmp_path / "cache" / "jit" / ("c" * 16)
+    jit.mkdir(parents=True)
+    (jit / "triton").symlink_to(outside)
+    apply("restore", [host], check_mode=False)
+    assert list(outside.iterdir()) == [] and (jit / "warm" / STAMP).is_file()
+
+
 def test_nothing_is_restored_when_the_backup_lacks_the_planned_stamps(host, tmp_path):
     compiled(tmp_path / "disk" / "spark-1" / ("c" * 16), OTHER)
     assert apply("restore", [host], check_mode=False) == {"changed": False, "done": []}
@@ -142,8 +154,10 @@ def test_an_archive_extracts_plain_files_under_plain_names_only(host, tmp_path):
 @pytest.mark.parametrize(("cache", "fragment"), [
     ({"jit_dir": "/var/lib/sparkfleet", "stamps": [], "backup": "/mnt/b/x"}, "is not an image's compile-cache folder"),
     ({"jit_dir": "relative/jit/" + "c" * 16, "stamps": [], "backup": "/mnt/b/x"}, "jit_dir"),
-    ({"jit_dir": "/var/cache/jit/" + "c" * 16, "stamps": ["../x"], "backup": "/mnt/b/x"}, "stamps must be the plan's"),
+    ({"jit_dir": "/var/cache/jit/" + "c" * 16, "stamps": ["../x"], "backup": "/mnt/b/spark-1/" + "c" * 16}, "stamps must be the plan's"),
     ({"jit_dir": "/var/cache/jit/" + "c" * 16, "stamps": [], "backup": "/"}, "backup"),
+    # A backup is replaced whole (the old copy removed): a path that is no image's copy is never touched.
+    ({"jit_dir": "/var/cache/jit/" + "c" * 16, "stamps": [], "backup": "/etc/ssh"}, "is not an image's backup"),
 ])
 def test_caches_not_as_the_plan_gives_them_are_refused_before_anything_is_read(cache, fragment):
     with pytest.raises(CacheProblem, match="caches: ") as raised:
