@@ -39,6 +39,10 @@ class CacheProblem(FileProblem):
     """A cache folder or backup that cannot be read or written, with the fix."""
 
 
+class NotRegular(OSError):
+    """What was listed as a regular file is something else by the time it is opened: skipped."""
+
+
 def cache_problem(cache: t.Any) -> str | None:
     """Why ``cache`` is not an entry of the plan's compile_caches (None: it is)."""
     if not isinstance(cache, dict):
@@ -95,15 +99,20 @@ def open_beneath(root: str, relative: str, create: bool) -> int:
             inner = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=folder)
             os.close(folder)
             folder = inner
-        flags = (os.O_WRONLY | os.O_CREAT | os.O_EXCL) if create else os.O_RDONLY
-        return os.open(parts[-1], flags | os.O_NOFOLLOW, 0o644, dir_fd=folder)
+        # Never blocking on a FIFO, never a terminal: a file swapped for either, or for a device node, is no regular file.
+        flags = (os.O_WRONLY | os.O_CREAT | os.O_EXCL) if create else (os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+        descriptor = os.open(parts[-1], flags | os.O_NOFOLLOW, 0o644, dir_fd=folder)
+        if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+            os.close(descriptor)
+            raise NotRegular(relative)
+        return descriptor
     finally:
         os.close(folder)
 
 
 def crosses_link(error: OSError) -> bool:
-    """A path a link interrupts (a folder or the file itself replaced by one): skipped, never followed."""
-    return isinstance(error, NotADirectoryError) or error.errno == errno.ELOOP
+    """A path a link interrupts (a folder or the file itself replaced by one), or no regular file: skipped, never followed."""
+    return isinstance(error, (NotADirectoryError, NotRegular)) or error.errno == errno.ELOOP
 
 
 def copy_stream(reader: t.BinaryIO, target: str, relative: str) -> bool:
@@ -152,6 +161,8 @@ def lacking(cache: t.Mapping[str, t.Any], _check_mode: bool) -> dict[str, t.Any]
 
 def restore_folder(cache: t.Mapping[str, t.Any], check_mode: bool) -> dict[str, t.Any] | None:
     """Bring a host folder backup in when it holds planned stamps the host lacks; None when there is nothing to bring."""
+    if backup_root_problem(cache):
+        raise CacheProblem(backup_root_problem(cache))
     wanted = set(cache["stamps"]) - stamps_in(cache["jit_dir"])
     brought = wanted & stamps_in(cache["backup"])
     if not brought:
@@ -162,6 +173,8 @@ def restore_folder(cache: t.Mapping[str, t.Any], check_mode: bool) -> dict[str, 
 
 def back_up_folder(cache: t.Mapping[str, t.Any], check_mode: bool) -> dict[str, t.Any] | None:
     """Replace the host folder backup with a copy of the image's folder when the host holds stamps it lacks."""
+    if backup_root_problem(cache):
+        raise CacheProblem(backup_root_problem(cache))
     held = stamps_in(cache["jit_dir"])
     if not held - stamps_in(cache["backup"]):
         return None
@@ -171,25 +184,41 @@ def back_up_folder(cache: t.Mapping[str, t.Any], check_mode: bool) -> dict[str, 
 
 
 def replace_copy(source: str, backup: str) -> None:
-    """A whole new copy beside the backup, then swapped in: a host reinstalled meanwhile finds the old copy or the new."""
+    """A whole new copy beside the backup, then swapped in: a reader finds the old copy or the new, and a swap that
+    fails puts the old one back."""
     os.makedirs(os.path.dirname(backup), mode=0o755, exist_ok=True)
     fresh, old = temporary_path(backup), temporary_path(backup)
     os.makedirs(fresh, mode=0o755)
     try:
         copy_missing(source, fresh)
-        if os.path.lexists(backup):
+        had_one = os.path.lexists(backup)
+        if had_one:
             os.rename(backup, old)
-        os.rename(fresh, backup)
+        try:
+            os.rename(fresh, backup)
+        except OSError:
+            if had_one:
+                os.rename(old, backup)
+            raise
     finally:
         shutil.rmtree(fresh, ignore_errors=True)
-        shutil.rmtree(old, ignore_errors=True)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def backup_root_problem(cache: t.Mapping[str, t.Any]) -> str | None:
+    """A folder backup needs vllm_cache_backup_dir to exist: one missing is most likely a share not mounted, which the
+    backup would otherwise fill the root disk in place of and a restore find empty without a word."""
+    root = os.path.dirname(os.path.dirname(cache["backup"]))
+    if os.path.isdir(root):
+        return None
+    return (f"vllm_cache_backup_dir: {root} does not exist on the host (a share not mounted, or a disk not attached?); "
+            "mount it or create it, or leave vllm_cache_backup_dir empty")
 
 
 def archive(cache: t.Mapping[str, t.Any], check_mode: bool) -> dict[str, t.Any] | None:
     """A tar of the image's folder for the controller when the host holds stamps its last one lacked (its record)."""
     held = stamps_in(cache["jit_dir"])
-    record = read_file(cache["jit_dir"] + RECORD_SUFFIX)
-    if not held - set(record[0].decode("ascii", "replace").split() if record else ()):
+    if not held - recorded(cache):
         return None
     path = cache["jit_dir"] + ARCHIVE_SUFFIX
     if not check_mode:
@@ -224,10 +253,22 @@ def archived(cache: t.Mapping[str, t.Any], stamps: t.Any, check_mode: bool) -> d
         return None
     path = cache["jit_dir"] + ARCHIVE_SUFFIX
     if not check_mode:
-        guarded(lambda: write_atomically(cache["jit_dir"] + RECORD_SUFFIX, "".join(f"{s}\n" for s in held), 0o644), path, "recorded")
+        record(cache, held)
         if os.path.lexists(path):
             os.unlink(path)
     return {"jit_dir": cache["jit_dir"], "stamps": held}
+
+
+def recorded(cache: t.Mapping[str, t.Any]) -> set[str]:
+    """The stamps the controller's archive holds, as the host recorded them."""
+    found = read_file(cache["jit_dir"] + RECORD_SUFFIX)
+    return {name for name in (found[0].decode("ascii", "replace").split() if found else ()) if STAMP.fullmatch(name)}
+
+
+def record(cache: t.Mapping[str, t.Any], stamps: t.Sequence[str]) -> None:
+    if stamps:
+        path = cache["jit_dir"] + RECORD_SUFFIX
+        guarded(lambda: write_atomically(path, "".join(f"{s}\n" for s in stamps), 0o644), path, "recorded in")
 
 
 def unpack(cache: t.Mapping[str, t.Any], check_mode: bool) -> dict[str, t.Any] | None:
@@ -243,7 +284,11 @@ def unpack(cache: t.Mapping[str, t.Any], check_mode: bool) -> dict[str, t.Any] |
     finally:
         if os.path.lexists(path):
             os.unlink(path)
-    return {"jit_dir": cache["jit_dir"], "from": path, "files": len(files), "stamps": sorted(stamps_in(cache["jit_dir"]))}
+    # The controller holds what came from it: the next backup is made only for stamps started since.
+    brought = sorted(name.rsplit("/", 1)[1] for name in files if name.startswith(f"{WARM}/"))
+    held = stamps_in(cache["jit_dir"])
+    record(cache, sorted(set(brought) | recorded(cache)) if brought else [])
+    return {"jit_dir": cache["jit_dir"], "from": path, "files": len(files), "stamps": sorted(held)}
 
 
 def extract_missing(path: str, target: str) -> list[str]:

@@ -185,7 +185,9 @@ def prepare(plan: t.Mapping[str, t.Any], env_text: str, check_mode: bool, run: R
             kept = keep(plan, False)
     return {"changed": bool(synced["content"] or synced["metadata"]) or kept["changed"] or (enabling and not drift),
             "written": synced["content"], "fixed": synced["metadata"], "enabled": enabling, "kept": kept["written"],
-            "drift": drift, "unit_state": state, "diff": synced["diff"]}
+            "drift": drift, "unit_state": state, "diff": synced["diff"],
+            # Whether a start of these settings served on the image's caches here (a cluster's gate is cold when any node lacks it).
+            "warm": is_warm((plan.get("cold_start") or {}).get("stamp"))}
 
 
 def routing_drift(plan: t.Mapping[str, t.Any], container: t.Mapping[str, t.Any] | None) -> list[str]:

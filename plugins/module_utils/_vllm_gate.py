@@ -14,7 +14,14 @@ import json
 import typing as t
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_client import answered, http
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_health import container_snapshot, error_lines, start_timeout, wait_until_ready
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_health import (
+    DockerUnanswered,
+    container_snapshot,
+    error_lines,
+    missing_container,
+    start_timeout,
+    wait_until_ready,
+)
 
 Runner = t.Callable[[list[str]], tuple[int, str, str]]
 
@@ -34,11 +41,16 @@ class Endpoint(t.NamedTuple):
     restart_window: float = 0
 
     @classmethod
-    def of_instance(cls, found: t.Mapping[str, t.Any], timeout: float | None = None) -> Endpoint:
+    def of_instance(cls, found: t.Mapping[str, t.Any], timeout: float | None = None, cold: bool | None = None) -> Endpoint:
         """The endpoint of a deployed instance as _vllm_client reads it, with its planned timeout unless one is given: the
-        warm one, or while its settings never served on the image's caches the cold one and the cold start's restart."""
-        planned, cold = start_timeout(found["health_timeout"], found.get("cold_start"))
+        warm one, or while its settings never served on the image's caches the cold one and the cold start's restart.
+        ``cold`` overrides the stamp here (a cluster's head is cold when any node's caches are)."""
+        planned, stamped_cold = start_timeout(found["health_timeout"], found.get("cold_start"))
         cold_start = found.get("cold_start") or {}
+        if cold is not None and cold_start:
+            planned, stamped_cold = (max(float(cold_start["timeout"]), float(found["health_timeout"])), True) if cold else \
+                (float(found["health_timeout"]), False)
+        cold = stamped_cold
         return cls(found["url"], found["api_key"], found["served_names"], found["container"], timeout or planned, cold,
                    int(cold_start.get("restarts", 0)) if cold else 0, float(cold_start.get("restart_window", 0)) if cold else 0)
 
@@ -58,7 +70,9 @@ def gate(endpoint: Endpoint, run: Runner | None, interval: float = POLL_INTERVAL
     watched = endpoint.container if run is not None else None
 
     def inspect() -> dict[str, t.Any] | None:
-        rc, out, _err = run(["docker", "inspect", watched])
+        rc, out, err = run(["docker", "inspect", watched])
+        if rc != 0 and not missing_container(err):
+            raise DockerUnanswered(err.strip())
         return container_snapshot(out) if rc == 0 else None
 
     result = wait_until_ready(lambda: http("GET", base + "/v1/models", endpoint.api_key, timeout=5),

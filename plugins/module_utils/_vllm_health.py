@@ -164,6 +164,15 @@ def restartable(current: t.Mapping[str, t.Any] | None) -> bool:
     return current is None or not (current.get("oom_killed") or current.get("start_error"))
 
 
+class DockerUnanswered(Exception):
+    """docker inspect failed for another reason than a missing container: this poll says nothing of the container."""
+
+
+def missing_container(stderr: str) -> bool:
+    """Whether docker inspect's error says the container does not exist (not that docker did not answer)."""
+    return "No such object" in stderr or "No such container" in stderr
+
+
 def wait_until_ready(
     fetch_models: t.Callable[[], Reply],
     inspect: t.Callable[[], dict[str, t.Any] | None] | None,
@@ -180,25 +189,38 @@ def wait_until_ready(
     ``restarts`` (the failures passed over) and ``restartable`` (the container failed in a way a
     cold start may get past once). A cold start passes ``restarts_allowed`` 1: the first
     exit of the container is waited past for ``restart_window`` seconds, in which its unit starts
-    a new one (the old one, still there, is no failure meanwhile)."""
+    a new one (the old one, still there, is no failure meanwhile), and the new start gets its own
+    ``timeout``, as each start of the unit does at boot. ``inspect`` raises DockerUnanswered for a
+    poll that cannot see the container."""
     started = clock()
-    baseline = inspect() if inspect else None
+    deadline = started + timeout
+
+    def look() -> tuple[bool, dict[str, t.Any] | None]:
+        try:
+            return True, inspect() if inspect else None
+        except DockerUnanswered:
+            return False, None
+
+    seen, baseline = look()
     result: dict[str, t.Any] = {"ok": False, "served_model_names": [], "state": None, "restart_count": None, "restarts": [],
                                 "restartable": False}
     exited: dict[str, t.Any] = {}
     while True:
         verdict, reason, served = models_verdict(fetch_models(), expected_names)
         result["served_model_names"] = served
-        current = inspect() if inspect else None
-        failure = container_failure(baseline, current) if inspect else None
-        if exited and (current is None or current["id"] == exited["id"]):
+        seen, current = look()
+        failure = container_failure(baseline, current) if inspect and seen else None
+        # The container that failed: the one watched, or the one first seen already dead.
+        failed = current if current and (baseline is None or current["id"] == baseline["id"]) else None
+        if exited and seen and (current is None or current["id"] == exited["id"]):
             # The exited container until its unit replaces it: waited on, up to the window.
             failure = None if clock() < exited["until"] else f"{exited['failure']}, and no new container started within {restart_window:g} s"
-        elif failure and len(result["restarts"]) < restarts_allowed and restartable(current):
+        elif failure and len(result["restarts"]) < restarts_allowed and restartable(failed):
             result["restarts"].append(failure)
-            exited = {"id": (current or baseline or {}).get("id"), "until": clock() + restart_window, "failure": failure}
+            exited = {"id": (baseline or current or {}).get("id"), "until": clock() + restart_window, "failure": failure}
             baseline, failure, reason = None, None, f"{failure}; waiting for its unit to start it again"
-        elif exited:
+            deadline = max(deadline, clock() + timeout)
+        elif exited and seen:
             exited = {}
         if current and not failure and not exited and (baseline is None or baseline["status"] == "created"):
             # The unit may create and start the container after the wait began: watch it from its first run.
@@ -208,15 +230,16 @@ def wait_until_ready(
         if failure:
             again = f", after its cold start had exited once already ({result['restarts'][0]})" if result["restarts"] else ""
             verdict, reason = FAIL, failure + again
-            result["restartable"] = restartable(current) and not exited
+            result["restartable"] = restartable(failed) and not exited
         if verdict == READY:
             result.update(ok=True, reason="ready")
             break
         if verdict == FAIL:
             result["reason"] = reason
             break
-        if clock() - started > timeout:
-            result["reason"] = f"not ready after {timeout:g} s: {reason}"
+        if clock() > deadline:
+            when = f"{timeout:g} s after its cold start's restart" if result["restarts"] else f"after {timeout:g} s"
+            result["reason"] = f"not ready {when}: {reason}"
             break
         sleep(interval)
     result["elapsed"] = round(clock() - started, 1)

@@ -153,7 +153,7 @@ INSTANCE_KEYS: tuple[Key, ...] = (
         choices=("present", "absent")),
     Key("catalog", "catalog", "A model catalog entry (docs/catalog.md): brings the weights path and the entry's settings, "
         "and its limits are checked (context, drafter size, modalities, known-broken combinations, memory)."),
-    Key("image", "image", "The image, `repo[:tag]@sha256:<64 hex>`; default `vllm_image`.", required=True),
+    Key("image", "image", "The image, `repo[:tag]@sha256:<64 hex>`; here or through `vllm_image`, its default.", required=True),
     Key("model", "weights", "The weights: a path under `/models` (the staged `vllm_models_dir`) or a model id.", required=True),
     Key("served_model_names", "tokens", "Names clients use (`--served-model-name`); unique across the host's instances.",
         flag="--served-model-name", required=True),

@@ -23,6 +23,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import math
+import os
 import re
 import typing as t
 import urllib.parse
@@ -391,11 +392,14 @@ def needs_probe(memory: t.Mapping[str, t.Any], metrics: t.Mapping[str, float] | 
 
 
 def grace_seconds(plan: t.Mapping[str, t.Any], memory: t.Mapping[str, t.Any], settings: t.Mapping[str, t.Any]) -> tuple[int, str]:
-    """A start after which the unit already served with this config hash is warm (its caches hold the
-    compiled kernels); any other is cold and gets the plan's cold timeout (the gate's for a start that compiles)."""
-    if plan.get("config_hash") and plan["config_hash"] in memory["warm_hashes"]:
-        return settings["warm_grace"], "warm"
+    """A start is warm when its caches hold the compiled kernels: the plan's warm stamp is there (a plan of an older
+    release: the unit already served with this config hash); any other is cold and gets the plan's cold timeout,
+    as the gate gives a start that compiles."""
     cold_start = plan.get("cold_start") if isinstance(plan.get("cold_start"), dict) else {}
+    stamp = cold_start.get("stamp")
+    warm = os.path.exists(stamp) if isinstance(stamp, str) and stamp else plan.get("config_hash") in memory["warm_hashes"]
+    if warm:
+        return settings["warm_grace"], "warm"
     return int(cold_start.get("timeout") or plan.get("health_timeout") or settings["warm_grace"]), "cold"
 
 

@@ -17,13 +17,15 @@ description:
     host holds stamps the copy lacks; the new copy is swapped in by renames, so the copy is never half written.
   - C(restore) copies a folder backup in when it holds planned stamps the host lacks - the files the host lacks, the
     stamps last.
-  - For a backup on the controller, C(archive) writes a tar of the folder (0644, as readable as the
-    kernels in it: the role fetches it without privilege escalation, which would read it whole into memory) when the host holds stamps its last
-    backup lacked, the role fetches it, and C(archived) records its stamps and removes it; C(lacking) names the
-    folders missing planned stamps, the role copies their archives in beside them, and C(unpack) extracts the files
-    the host lacks (stamps last) and removes the archive.
-  - Only folders and regular files are copied or extracted, under plain relative names; links are never followed
-    or recreated.
+  - For a backup on the controller, C(archive) writes a tar of the folder when the host holds stamps its last backup
+    lacked; the role fetches it and C(archived) records its stamps and removes it. The tar is 0644, as readable as the
+    kernels in it, because the role fetches it without privilege escalation (with it, Ansible reads the whole file into
+    memory). C(lacking) names the folders missing planned stamps, the role copies their archives in beside them, and
+    C(unpack) extracts the files the host lacks (stamps last), records them as the controller's and removes the archive.
+  - A folder backup needs its root, the role's C(vllm_cache_backup_dir), to exist (a share not mounted fails, named).
+  - Only folders and regular files are copied or extracted, under plain relative names; each file is opened through
+    folders opened without following links, and one that is no regular file by then (a link, FIFO or device node) is
+    skipped.
 author: sparkfleet.vllm contributors (@sparkfleet)
 options:
   action:

@@ -37,6 +37,13 @@ options:
     description: Where the vllm role keeps the instances' plan and env files.
     type: path
     default: /etc/sparkfleet/vllm
+  cold:
+    description:
+      - With O(instance), whether the start is cold (true) or warm (false) whatever the instance's own warm stamp says;
+        unset reads the stamp. The cluster role sets it true when any node lacks its stamp (a reinstalled worker compiles
+        while the head's caches are warm).
+    type: bool
+    version_added: 0.11.0
   url:
     description: Base URL of the endpoint, without C(/v1); required without O(instance).
     type: str
@@ -183,7 +190,7 @@ def endpoint_of(module):
             endpoint = read_instance(params["config_dir"], params["instance"])
         except ValueError as error:
             module.fail_json(msg=str(error), ok=False, reasons=[str(error)])
-        return Endpoint.of_instance(endpoint, params["timeout"])
+        return Endpoint.of_instance(endpoint, params["timeout"], params["cold"])
     missing = [name for name in ("url", "api_key", "served_model_names") if not params[name]]
     if missing:
         reason = f"give instance, or {', '.join(missing)}"
@@ -196,6 +203,7 @@ def main():
         argument_spec=dict(
             instance=dict(type="str"),
             config_dir=dict(type="path", default="/etc/sparkfleet/vllm"),
+            cold=dict(type="bool"),
             url=dict(type="str"),
             api_key=dict(type="str", no_log=True),
             served_model_names=dict(type="list", elements="str"),

@@ -224,6 +224,7 @@ def test_the_compile_caches_come_back_after_a_reinstall_from_the_host_or_the_con
     stamps = sorted(planned(serve, name)["cold_start"]["stamp"].rsplit("/", 1)[1] for name in ("first", "second"))
     folder = f"/srv/sparkfleet-cache-backup/{SERVE}/{jit.rsplit('/', 1)[1]}"
     on_host = json.dumps({"vllm_cache_backup_dir": "/srv/sparkfleet-cache-backup"})
+    serve.check_output("mkdir /srv/sparkfleet-cache-backup")
     try:
         backed_up = site("--tags", "vllm", "-e", instances_json(), "-e", on_host)
         assert backed_up.returncode == 0, backed_up.stdout[-3000:]
@@ -248,6 +249,7 @@ def test_the_compile_caches_come_back_after_a_reinstall_from_the_host_or_the_con
     with tarfile.open(archive) as tar:
         assert sorted(name for name in tar.getnames() if name.startswith("warm/")) == [f"warm/{stamp}" for stamp in stamps]
     assert not serve.file(f"{jit}.backup.tar").exists, "the host's archive is removed once fetched"
+    assert sorted((controller / SERVE / f"{jit.rsplit('/', 1)[1]}.tar.stamps").read_text().split()) == stamps
     again = site("--tags", "vllm", "-e", instances_json(), "-e", to_controller)
     assert again.returncode == 0 and "changed=0" in again.stdout.split("PLAY RECAP")[1], "the controller holds every stamp already"
     serve.check_output(f"rm -rf {jit}/warm {jit}.backed-up")

@@ -21,7 +21,17 @@ import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _vllm_health import Reply, container_snapshot, exception_reply, mark_warm, parse_env_file, start_timeout, wait_until_ready  # noqa: E402
+from _vllm_health import (  # noqa: E402
+    DockerUnanswered,
+    Reply,
+    container_snapshot,
+    exception_reply,
+    mark_warm,
+    missing_container,
+    parse_env_file,
+    start_timeout,
+    wait_until_ready,
+)
 
 
 def get(url, api_key, timeout=5):
@@ -35,6 +45,8 @@ def get(url, api_key, timeout=5):
 
 def inspect(container):
     completed = subprocess.run(["docker", "inspect", container], capture_output=True, text=True, check=False)
+    if completed.returncode != 0 and not missing_container(completed.stderr):
+        raise DockerUnanswered(completed.stderr.strip())
     return container_snapshot(completed.stdout) if completed.returncode == 0 else None
 
 

@@ -8,7 +8,7 @@ import tarfile
 
 import pytest
 
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._compile_caches import ARCHIVE_SUFFIX, RESTORE_SUFFIX, CacheProblem, apply
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._compile_caches import ARCHIVE_SUFFIX, RECORD_SUFFIX, RESTORE_SUFFIX, CacheProblem, apply
 
 STAMP, OTHER = "a" * 16, "b" * 16
 
@@ -28,6 +28,7 @@ def compiled(jit, *stamps, kernel=b"ptx"):
 @pytest.fixture
 def host(tmp_path):
     jit = tmp_path / "cache" / "jit" / ("c" * 16)
+    (tmp_path / "disk").mkdir()
     return {"jit_dir": str(jit), "stamps": [STAMP], "backup": str(tmp_path / "disk" / "spark-1" / ("c" * 16))}
 
 
@@ -112,6 +113,7 @@ def test_the_controller_round_trip_archives_records_and_unpacks(host, tmp_path):
     os.replace(archive, host["backup"])  # what the role's fetch does
     assert apply("archived", [host], check_mode=False, archived_stamps={host["jit_dir"]: [STAMP]})["changed"]
     assert apply("archive", [host], check_mode=False) == {"changed": False, "done": []}, "the record says the controller has it"
+    os.unlink(host["jit_dir"] + RECORD_SUFFIX)
 
     for name in ("warm", "triton", "vllm"):
         for parent, _dirs, files in os.walk(jit / name, topdown=False):
@@ -119,13 +121,14 @@ def test_the_controller_round_trip_archives_records_and_unpacks(host, tmp_path):
                 os.unlink(os.path.join(parent, file))
             os.rmdir(parent)
     lacking = apply("lacking", [host], check_mode=False)
-    assert lacking == {"changed": False, "done": [{"jit_dir": host["jit_dir"], "backup": host["backup"],
-                                                    "restore": host["jit_dir"] + RESTORE_SUFFIX, "stamps": [STAMP]}]}
+    wanted = {"jit_dir": host["jit_dir"], "backup": host["backup"], "restore": host["jit_dir"] + RESTORE_SUFFIX, "stamps": [STAMP]}
+    assert lacking == {"changed": False, "done": [wanted]}
     os.link(host["backup"], lacking["done"][0]["restore"])  # what the role's copy does
     unpacked = apply("unpack", [host], check_mode=False)["done"]
     assert unpacked == [{"jit_dir": host["jit_dir"], "from": host["jit_dir"] + RESTORE_SUFFIX, "files": 3, "stamps": [STAMP]}]
     assert (jit / "triton" / "k1" / "kernel.cubin").read_bytes() == b"ptx" and not os.path.exists(host["jit_dir"] + RESTORE_SUFFIX)
     assert apply("lacking", [host], check_mode=False)["done"] == []
+    assert apply("archive", [host], check_mode=False)["done"] == [], "what came from the controller is not sent back to it"
 
 
 def member(tar, name, kind=tarfile.REGTYPE, data=b"x", target=""):
@@ -165,9 +168,54 @@ def test_caches_not_as_the_plan_gives_them_are_refused_before_anything_is_read(c
     assert fragment in str(raised.value)
 
 
+def test_a_backup_folder_that_is_not_there_is_a_share_not_mounted_and_fails_both_ways(host, tmp_path):
+    compiled(tmp_path / "cache" / "jit" / ("c" * 16), STAMP)
+    (tmp_path / "disk").rmdir()
+    for action in ("back_up", "restore"):
+        with pytest.raises(CacheProblem, match="vllm_cache_backup_dir: .*/disk does not exist on the host"):
+            apply(action, [host], check_mode=False)
+    assert not (tmp_path / "disk").exists(), "the root disk is not filled in the share's place"
+
+
+def test_a_failed_swap_keeps_the_old_backup(host, tmp_path, monkeypatch):
+    compiled(tmp_path / "cache" / "jit" / ("c" * 16), STAMP)
+    apply("back_up", [host], check_mode=False)
+    (tmp_path / "cache" / "jit" / ("c" * 16) / "warm" / OTHER).write_text("1\n")
+    renames = []
+
+    def failing_second_rename(source, target):
+        renames.append(target)
+        if len(renames) == 2:
+            raise OSError(28, "No space left on device")
+        real_rename(source, target)
+
+    real_rename = os.rename
+    monkeypatch.setattr(os, "rename", failing_second_rename)
+    with pytest.raises(CacheProblem, match="No space left on device"):
+        apply("back_up", [host], check_mode=False)
+    monkeypatch.undo()
+    assert sorted(os.listdir(host["backup"] + "/warm")) == [STAMP], "the old copy is back in its place"
+    assert os.listdir(tmp_path / "disk" / "spark-1") == ["c" * 16]
+
+
+def test_a_fifo_or_device_swapped_in_after_the_listing_is_not_read(host, tmp_path, monkeypatch):
+    """A container may mknod or mkfifo in its cache folder between the listing and the copy: neither is read."""
+    from ansible_collections.sparkfleet.vllm.plugins.module_utils import _compile_caches
+
+    jit = compiled(tmp_path / "cache" / "jit" / ("c" * 16), STAMP)
+    os.mkfifo(jit / "triton" / "pipe")
+    listed = _compile_caches.regular_files(str(jit))
+    monkeypatch.setattr(_compile_caches, "regular_files", lambda folder: [*listed, "triton/pipe"] if folder == str(jit) else [])
+    backed = apply("back_up", [host], check_mode=False)
+    assert backed["changed"] and not os.path.exists(host["backup"] + "/triton/pipe")
+    archived = apply("archive", [{**host, "backup": host["backup"] + ".tar"}], check_mode=False)["done"][0]
+    with tarfile.open(archived["archive"]) as tar:
+        assert "triton/pipe" not in tar.getnames()
+
+
 def test_a_backup_folder_that_cannot_be_written_fails_naming_it(host, tmp_path):
     compiled(tmp_path / "cache" / "jit" / ("c" * 16), STAMP)
-    (tmp_path / "disk").write_text("a file where the folder belongs\n")
+    (tmp_path / "disk" / "spark-1").write_text("a file where the folder belongs\n")
     with pytest.raises(CacheProblem, match=r"cannot be backed up to .*/disk/spark-1/c{16} \(") as raised:
         apply("back_up", [host], check_mode=False)
     assert "free space" in str(raised.value)

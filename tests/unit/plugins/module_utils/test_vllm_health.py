@@ -10,6 +10,7 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_health impor
     FAIL,
     READY,
     WAIT,
+    DockerUnanswered,
     Reply,
     container_failure,
     container_snapshot,
@@ -294,3 +295,43 @@ def test_the_stamp_decides_the_timeout_and_is_written_once(tmp_path):
     assert is_warm(str(stamp)) and start_timeout(1200, cold_start) == (1200, False)
     mark_warm(str(stamp))
     assert stamp.read_text() == written and list(stamp.parent.iterdir()) == [stamp]
+
+
+def test_a_replacement_seen_before_the_exit_waits_on_the_new_container_not_the_window():
+    """A poll that misses the exit sees the new container straight away: the new one is watched, not taken for the old."""
+    inspect = snapshots({}, {"container_id": "new"}, {"container_id": "new"})
+    replies = iter([Reply(None, "", "refused", True)] * 200 + [Reply(200, MODELS)])
+    clock = Clock()
+    result = wait_until_ready(lambda: next(replies), inspect, ["tiny"], timeout=2700, clock=clock, sleep=clock.sleep,
+                              restarts_allowed=1, restart_window=130)
+    assert result["ok"] and clock.now == 400 and result["restarts"] == ["the container was replaced (its start failed and it was started again)"]
+
+
+def test_docker_not_answering_is_no_exit_and_spends_no_restart():
+    answers = iter([{}, "unanswered", "unanswered", {}, {}])
+
+    def inspect():
+        answer = next(answers, {})
+        if answer == "unanswered":
+            raise DockerUnanswered("Cannot connect to the Docker daemon")
+        return container_snapshot(inspect_json(**answer))
+
+    replies = iter([Reply(None, "", "refused", True)] * 4 + [Reply(200, MODELS)])
+    clock = Clock()
+    result = wait_until_ready(lambda: next(replies), inspect, ["tiny"], timeout=2700, clock=clock, sleep=clock.sleep,
+                              restarts_allowed=1, restart_window=130)
+    assert result["ok"] and result["restarts"] == []
+
+
+def test_the_start_after_a_passed_over_exit_gets_its_own_timeout():
+    """As at boot, where each start of the unit waits its own timeout: a long compile, the exit and the warm start."""
+    inspect = snapshots({}, *[{}] * 9, COMPILED_THEN_EXITED, None, {"container_id": "new"})
+    replies = iter([Reply(None, "", "refused", True)] * 14 + [Reply(200, MODELS)])
+    clock = Clock()
+    result = wait_until_ready(lambda: next(replies), inspect, ["tiny"], timeout=20, interval=2, clock=clock, sleep=clock.sleep,
+                              restarts_allowed=1, restart_window=130)
+    assert result["ok"] and clock.now == 28 > 20
+    clock = Clock()
+    late = wait_until_ready(lambda: Reply(None, "", "refused", True), snapshots({}, COMPILED_THEN_EXITED, {"container_id": "new"}), ["tiny"],
+                            timeout=20, clock=clock, sleep=clock.sleep, restarts_allowed=1, restart_window=130)
+    assert late["reason"].startswith("not ready 20 s after its cold start's restart: ") and clock.now == 22

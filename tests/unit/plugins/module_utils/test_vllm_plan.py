@@ -643,4 +643,4 @@ def test_a_backup_place_that_could_not_keep_the_caches_apart_is_refused(options,
 def test_no_image_anywhere_is_refused_naming_vllm_image():
     """vllm_image defaults to empty: an inventory that sets neither it nor the instance's image got a traceback."""
     found = errors(instance(), image="")
-    assert found == ["vllm_instances[0] (llm).image: missing; The image, `repo[:tag]@sha256:<64 hex>`; default `vllm_image`."]
+    assert found == ["vllm_instances[0] (llm).image: missing; The image, `repo[:tag]@sha256:<64 hex>`; here or through `vllm_image`, its default."]

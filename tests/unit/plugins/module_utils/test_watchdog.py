@@ -103,10 +103,6 @@ def test_a_container_down_for_three_samples_is_started_and_then_given_its_cold_g
     assert memory["grace_until"] == 1060.0 + 1200 and len(memory["restarts"]) == 1
     during = assess(PLAN, memory, down, SETTINGS_DEFAULT, 1100.0)
     assert during["verdict"] == "grace" and during["action"] == "none"
-    compiling_plan = {**PLAN, "cold_start": {"timeout": 2700, "stamp": "/c/jit/a/warm/b"}}
-    memory_cold = new_memory()
-    compiling = [assess(compiling_plan, memory_cold, down, SETTINGS_DEFAULT, 1000.0 + 30 * index) for index in range(3)][-1]
-    assert "cold grace of 2700 s" in compiling["why"], "a cold start is given the plan's cold timeout, as the gate waits"
 
 
 def test_a_container_gone_under_a_unit_systemd_holds_active_is_restarted_not_started():
@@ -444,3 +440,18 @@ def test_a_host_has_peers_through_a_cluster_or_a_gateway_in_either_direction():
                 "solo": {"ranks": [], "gateway": None}, "own": {"ranks": [], "gateway": {"own": ["127.0.0.1"]}},
                 "rank": {"ranks": [{"unit": "u"}], "gateway": None}}
     assert [host for host in deployed if has_peers(host, deployed)] == ["gw", "b", "rank"]
+
+
+def test_the_caches_warm_stamp_decides_the_grace_not_the_watchdogs_memory(tmp_path):
+    """Caches wiped under a config hash that served before compile again: the stamp is gone, so the grace is the cold one."""
+    stamp = tmp_path / "jit" / "a" / "warm" / "b"
+    plan = {**PLAN, "cold_start": {"timeout": 2700, "stamp": str(stamp)}}
+    memory = {**new_memory(), "warm_hashes": [PLAN["config_hash"]]}
+    down = seen(container="exited", active_state="inactive", sub_state="dead")
+    compiling = [assess(plan, memory, down, SETTINGS_DEFAULT, 1000.0 + 30 * index) for index in range(3)][-1]
+    assert "cold grace of 2700 s" in compiling["why"], compiling["why"]
+    stamp.parent.mkdir(parents=True)
+    stamp.write_text("1\n")
+    memory = new_memory()
+    warm = [assess(plan, memory, down, SETTINGS_DEFAULT, 1000.0 + 30 * index) for index in range(3)][-1]
+    assert f"warm grace of {SETTINGS_DEFAULT['warm_grace']} s" in warm["why"], warm["why"]

@@ -12,6 +12,7 @@ def test_a_backup_then_a_check_mode_restore_say_what_they_do(tmp_path):
     jit = tmp_path / "cache" / "jit" / ("c" * 16)
     (jit / "warm").mkdir(parents=True)
     (jit / "warm" / STAMP).write_text("1\n")
+    (tmp_path / "disk").mkdir()
     caches = [{"jit_dir": str(jit), "stamps": [STAMP], "backup": str(tmp_path / "disk" / "spark-1" / ("c" * 16))}]
     backed = run("compile_caches", {"action": "back_up", "caches": caches})
     assert backed["changed"] and backed["done"][0]["to"] == caches[0]["backup"]

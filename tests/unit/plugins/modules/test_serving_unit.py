@@ -708,8 +708,8 @@ def test_vllm_health_gates_a_deployed_instance_from_its_files_with_the_same_gate
     module = MODULE.with_name("vllm_health.py")
     env = {**os.environ, "PYTHONPATH": str(COLLECTIONS), "PATH": f"{host / 'bin'}{os.pathsep}{os.environ['PATH']}"}
 
-    def gate():
-        payload = {"ANSIBLE_MODULE_ARGS": {"instance": "tiny", "config_dir": str(host / "config"), "warmup": True, "interval": 0.2}}
+    def gate(**more):
+        payload = {"ANSIBLE_MODULE_ARGS": {"instance": "tiny", "config_dir": str(host / "config"), "warmup": True, "interval": 0.2, **more}}
         done = subprocess.run([sys.executable, str(module)], input=json.dumps(payload), capture_output=True, text=True, env=env, check=False)
         assert "Traceback" not in done.stdout + done.stderr and KEY not in done.stdout + done.stderr, done.stdout + done.stderr
         return json.loads(done.stdout)
@@ -720,6 +720,7 @@ def test_vllm_health_gates_a_deployed_instance_from_its_files_with_the_same_gate
     assert run(host, plan, step="keep")["stamped"] and pathlib.Path(plan["cold_start"]["stamp"]).is_file()
     assert not run(host, plan, step="keep")["stamped"]
     assert (gate()["start"], gate()["timeout"]) == ("warm", 1200)
+    assert (gate(cold=True)["start"], gate(cold=True)["timeout"]) == ("cold", 2700), "a cluster whose worker lacks its stamp"
     set_state(host, containers={plan["container"]: exited_with_a_bad_flag()},
               logs={plan["container"]: (RECORDED / "docker-logs-bad-flag.stderr").read_text()})
     failed = gate()
@@ -775,3 +776,13 @@ def test_roll_back_is_refused_for_a_cluster_rank(host):
     plan, _env_file = planned(host)
     result = run(host, {**plan, "cluster": {"name": "c", "rank": 0}}, step="roll_back")
     assert result["failed"] and "only a single instance is rolled back alone" in result["msg"]
+
+
+@pytest.mark.parametrize("stamp", ["/etc/passwd", "/var/cache/x/jit/" + "a" * 16 + "/warm/../../../../etc/cron.d/x",
+                                   "relative/jit/" + "a" * 16 + "/warm/" + "b" * 16])
+def test_a_plan_whose_warm_stamp_is_anywhere_else_is_refused_before_root_writes_it(host, stamp):
+    plan, env_file = planned(host)
+    plan["cold_start"] = {**plan["cold_start"], "stamp": stamp}
+    result = run(host, plan, env_file)
+    assert result["failed"] and "cold_start (its timeout, restarts, restart window and the warm stamp" in result["msg"]
+    assert not (host / "config" / "tiny.env").exists()
