@@ -214,4 +214,3 @@ def test_settings_match_the_plan_after_the_relaunches_and_a_second_run_keeps_the
     assert "StartLimitIntervalSec=1800" in unit and "StartLimitBurst=3" in unit
     assert serve.check_output("systemctl show --property=StartLimitBurst --value sparkfleet-vllm-second.service") == "3"
     assert os.environ["SPARKFLEET_LAB_API_KEY"] not in unit
-
