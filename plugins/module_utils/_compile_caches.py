@@ -161,8 +161,9 @@ def lacking(cache: t.Mapping[str, t.Any], _check_mode: bool) -> dict[str, t.Any]
 
 def restore_folder(cache: t.Mapping[str, t.Any], check_mode: bool) -> dict[str, t.Any] | None:
     """Bring a host folder backup in when it holds planned stamps the host lacks; None when there is nothing to bring."""
-    if backup_root_problem(cache):
-        raise CacheProblem(backup_root_problem(cache))
+    problem = backup_root_problem(cache)
+    if problem:
+        raise CacheProblem(problem)
     wanted = set(cache["stamps"]) - stamps_in(cache["jit_dir"])
     brought = wanted & stamps_in(cache["backup"])
     if not brought:
@@ -173,8 +174,9 @@ def restore_folder(cache: t.Mapping[str, t.Any], check_mode: bool) -> dict[str, 
 
 def back_up_folder(cache: t.Mapping[str, t.Any], check_mode: bool) -> dict[str, t.Any] | None:
     """Replace the host folder backup with a copy of the image's folder when the host holds stamps it lacks."""
-    if backup_root_problem(cache):
-        raise CacheProblem(backup_root_problem(cache))
+    problem = backup_root_problem(cache)
+    if problem:
+        raise CacheProblem(problem)
     held = stamps_in(cache["jit_dir"])
     if not held - stamps_in(cache["backup"]):
         return None

@@ -45,12 +45,8 @@ class Endpoint(t.NamedTuple):
         """The endpoint of a deployed instance as _vllm_client reads it, with its planned timeout unless one is given: the
         warm one, or while its settings never served on the image's caches the cold one and the cold start's restart.
         ``cold`` overrides the stamp here (a cluster's head is cold when any node's caches are)."""
-        planned, stamped_cold = start_timeout(found["health_timeout"], found.get("cold_start"))
+        planned, cold = start_timeout(found["health_timeout"], found.get("cold_start"), cold)
         cold_start = found.get("cold_start") or {}
-        if cold is not None and cold_start:
-            planned, stamped_cold = (max(float(cold_start["timeout"]), float(found["health_timeout"])), True) if cold else \
-                (float(found["health_timeout"]), False)
-        cold = stamped_cold
         return cls(found["url"], found["api_key"], found["served_names"], found["container"], timeout or planned, cold,
                    int(cold_start.get("restarts", 0)) if cold else 0, float(cold_start.get("restart_window", 0)) if cold else 0)
 

@@ -151,9 +151,11 @@ def mark_warm(stamp: str) -> None:
         os.replace(stamp + ".tmp", stamp)
 
 
-def start_timeout(warm_timeout: float, cold_start: t.Mapping[str, t.Any] | None) -> tuple[float, bool]:
-    """(seconds to wait, cold): a start without its stamp compiles and gets the cold timeout."""
-    if not cold_start or is_warm(cold_start.get("stamp")):
+def start_timeout(warm_timeout: float, cold_start: t.Mapping[str, t.Any] | None, cold: bool | None = None) -> tuple[float, bool]:
+    """(seconds to wait, cold): a start without its stamp compiles and gets the cold timeout; ``cold`` overrides the
+    stamp (a cluster's head is cold when any node's caches are). A plan without cold_start is always warm."""
+    compiles = bool(cold_start) and (not is_warm(cold_start.get("stamp")) if cold is None else cold)
+    if not compiles or not cold_start:
         return warm_timeout, False
     return max(float(cold_start["timeout"]), warm_timeout), True
 
