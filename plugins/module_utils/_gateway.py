@@ -60,6 +60,9 @@ def gateway_files(config_dir: str) -> dict[str, str]:
 # at /, /redoc and /openapi.json are not served, and the SSO key page answers "Admin UI is disabled".
 ADMIN_UI_OFF_ENV = {"DISABLE_ADMIN_UI": "True"}
 API_DOCS_OFF_ENV = {"NO_DOCS": "True", "NO_REDOC": "True", "NO_OPENAPI": "True"}
+# LiteLLM 1.110.2 fetches its model cost map, blog posts, release notes and catalogs on its own unless this is exactly
+# "true" (litellm/litellm_core_utils/offline_mode.py is_offline_mode; environment only, no config key).
+OFFLINE_ENV = {"LITELLM_OFFLINE_MODE": "true"}
 
 GATEWAY_SETTINGS: tuple[Setting, ...] = (
     Setting("allow_wildcard_bind", "bool", ""),
@@ -80,6 +83,7 @@ GATEWAY_SETTINGS: tuple[Setting, ...] = (
             "mounts it into the container, which on / or /etc would lock every other user out", 2),
     Setting("admin_ui", "bool", ""),
     Setting("api_docs", "bool", ""),
+    Setting("allow_outbound", "bool", ""),
 )
 
 # The role's defaults (roles/gateway/defaults/main.yml; a unit test holds the two equal), for what has to
@@ -104,6 +108,7 @@ DEFAULT_SETTINGS: dict[str, t.Any] = {
     "config_dir": "/etc/sparkfleet/gateway",
     "admin_ui": False,
     "api_docs": False,
+    "allow_outbound": False,
 }
 
 
@@ -289,7 +294,8 @@ def gateway_plan(settings: t.Mapping[str, t.Any], backends: t.Sequence[t.Mapping
                  f"{MASTER_KEY_ENV}={settings['master_key']}", *[f"{env}={key}" for key, env in keys.items()]]
     plan["env_file"] = "\n".join(env_lines) + "\n"
     files = gateway_files(settings["config_dir"])
-    switches = {**({} if settings["admin_ui"] else ADMIN_UI_OFF_ENV), **({} if settings["api_docs"] else API_DOCS_OFF_ENV)}
+    switches = {**({} if settings["admin_ui"] else ADMIN_UI_OFF_ENV), **({} if settings["api_docs"] else API_DOCS_OFF_ENV),
+                **({} if settings["allow_outbound"] else OFFLINE_ENV)}
     options = [DOCKER_CLIENT, "run", "--name", CONTAINER, "--network", "host", "--env-file", files["env"],
                *[argument for name, value in switches.items() for argument in ("--env", f"{name}={value}")],
                "--volume", f"{files['litellm_dir']}:{CONTAINER_CONFIG_DIR}:ro", "--label", "sparkfleet.gateway=1"]

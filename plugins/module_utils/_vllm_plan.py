@@ -114,6 +114,12 @@ CONFIG_HASH_LABEL = "sparkfleet.vllm.config-hash"
 INSTANCE_LABEL = "sparkfleet.vllm.instance"
 # Environment names the role sets itself: an instance's env may never replace them.
 OWNED_ENV = frozenset({"VLLM_API_KEY", "VLLM_HOST_IP", "VLLM_PORT", "PYTHONPATH"})
+# Nothing the role deploys reaches the internet on its own: vLLM posts usage statistics to its developers unless one of
+# the first three is set (vllm/usage/usage_lib.py), a Ray rank unless RAY_USAGE_STATS_ENABLED is 0, and huggingface_hub
+# resolves a model id online unless HF_HUB_OFFLINE (the weights are staged at pinned revisions beforehand). Set in every
+# container and owned by the role unless vllm_allow_outbound opts out of all of them; then the names are the operator's.
+OFFLINE_ENV = {"VLLM_NO_USAGE_STATS": "1", "VLLM_DO_NOT_TRACK": "1", "DO_NOT_TRACK": "1", "RAY_USAGE_STATS_ENABLED": "0",
+               "HF_HUB_OFFLINE": "1"}
 # The downloads' cache, shared by every image on the host.
 HF_CACHE = ("huggingface", "/root/.cache/huggingface")
 # What a start compiles (seed 002: torch.compile's AOT artifacts, FlashInfer's and Triton's JIT kernels), kept per
@@ -461,6 +467,9 @@ def env_problems(field: str, env: t.Any, owned: t.Collection[str] = OWNED_ENV) -
     for name, value in env.items():
         if not isinstance(name, str) or not ENV_NAME.fullmatch(name):
             errors.append(f"{field}: {name!r} is not an environment variable name (letters, digits, underscores, not starting with a digit)")
+        elif name in OFFLINE_ENV and name in owned:
+            errors.append(f"{field}: {name} is set by the role to keep the container offline; set vllm_allow_outbound: true "
+                          "to let it reach the internet and set this name yourself")
         elif name in owned:
             errors.append(f"{field}: {name} is set by the role ({'the api_key' if name == 'VLLM_API_KEY' else 'from the plan'}); "
                           "it may not be replaced through env")
@@ -703,7 +712,8 @@ def instance_plan(instance: t.Mapping[str, t.Any], start_after: list[str], optio
     files = instance_files(options["config_dir"], name, bool(cluster))
     container = files["container"]
     image = run_image(instance["image"], options["registry_mirror"])
-    environment = {**options["hardware"]["env"], **options["env"], **(instance.get("env") or {}), "PYTHONPATH": GUARD_DIR}
+    environment = {**({} if options["allow_outbound"] else OFFLINE_ENV), **options["hardware"]["env"], **options["env"],
+                   **(instance.get("env") or {}), "PYTHONPATH": GUARD_DIR}
     if cluster:
         environment.update({**cluster.get("node_env", {}), **cluster["network_env"]})
     env_text = env_file(instance["api_key"], environment)
@@ -836,7 +846,7 @@ def unit_file(plan: t.Mapping[str, t.Any], readiness: t.Sequence[str] | None, op
 # build_plan's options, every one given by the caller (roles/vllm/tasks/plan.yml from the role's variables,
 # whose defaults are in roles/vllm/defaults/main.yml): a default here would drift from the role's.
 PLAN_OPTIONS: tuple[str, ...] = (
-    "image", "allow_floating_tag", "allow_wildcard_bind", "allow_dev_mode", "guard_digest", "registry_mirror", "gmu_cap",
+    "image", "allow_floating_tag", "allow_wildcard_bind", "allow_dev_mode", "allow_outbound", "guard_digest", "registry_mirror", "gmu_cap",
     "hardware_class", "hardware_overrides", "catalog_extra", "memory_total_bytes", "vllm_version", "drop_caches", "overrides",
     "cluster", "reserved_gmu", "gpus", "models_dir", "cache_dir", "config_dir", "env", "health_timeout", "cold_timeout",
     "host_addresses",
@@ -890,8 +900,9 @@ def option_problems(options: t.Mapping[str, t.Any]) -> list[str]:
     if flag_problem:
         errors.append(f"vllm_maintenance_flag: {flag!r} {flag_problem}; give a file under /run (cleared at boot), such as "
                       "/run/sparkfleet/vllm-maintenance")
-    if not isinstance(options["allow_dev_mode"], bool):
-        errors.append(f"vllm_allow_dev_mode: {options['allow_dev_mode']!r} must be true or false")
+    for switch in ("allow_dev_mode", "allow_outbound"):
+        if not isinstance(options[switch], bool):
+            errors.append(f"vllm_{switch}: {options[switch]!r} must be true or false")
     errors += paused_containers_problems("vllm_launch_paused_containers", options["launch_paused_containers"])
     errors += cache_backup_problems(options)
     for name, (maximum, why) in OPTION_BOUNDS.items():
@@ -966,7 +977,8 @@ def build_plan(instances: t.Any, defaults: t.Any, **given: t.Any) -> dict[str, t
         raise TypeError(f"build_plan: plan options missing: {', '.join(missing) or 'none'}; unknown: {', '.join(unknown) or 'none'}")
     options = dict(given)
     options["variable"] = "cluster_instance" if options["cluster"] else "vllm_instances"
-    options["owned_env"] = OWNED_ENV | set(NETWORK_ENV) if options["cluster"] else OWNED_ENV
+    options["owned_env"] = (OWNED_ENV | set(NETWORK_ENV) if options["cluster"] else OWNED_ENV) | (
+        set() if options["allow_outbound"] is True else set(OFFLINE_ENV))
     plan: dict[str, t.Any] = {"instances": [], "absent": [], "errors": [], "warnings": [], "env_files": {},
                               "endpoints": [], "compile_caches": [], "hardware_class": options["hardware_class"]}
     hardware = resolve_class(options["hardware_class"], options["hardware_overrides"])

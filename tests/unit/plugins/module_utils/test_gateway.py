@@ -275,6 +275,7 @@ def test_a_backend_on_the_gateway_host_bound_to_a_wildcard_in_any_spelling_is_re
                                  "spec (host:container:mode) would not carry unchanged"),
     ("admin_ui", "yes", "gateway_admin_ui: 'yes' must be true or false"),
     ("api_docs", 1, "gateway_api_docs: 1 must be true or false"),
+    ("allow_outbound", "no", "gateway_allow_outbound: 'no' must be true or false"),
 ])
 def test_every_setting_is_bounded_saying_why(setting, value, expected):
     errors = plan_for(**{setting: value})["errors"]
@@ -285,15 +286,18 @@ def test_the_admin_ui_and_the_api_docs_are_off_unless_opted_in():
     plan = plan_for()
     run = plan["docker_run"]
     envs = [run[i + 1] for i, argument in enumerate(run) if argument == "--env"]
-    assert envs == ["DISABLE_ADMIN_UI=True", "NO_DOCS=True", "NO_REDOC=True", "NO_OPENAPI=True"]
+    assert envs == ["DISABLE_ADMIN_UI=True", "NO_DOCS=True", "NO_REDOC=True", "NO_OPENAPI=True", "LITELLM_OFFLINE_MODE=true"]
     assert run.index("--env") < run.index(IMAGE), "docker's options come before the image"
     general = config_document(plan, [])["general_settings"]
     assert general["disable_env_credential_login"] is True and general["hide_default_credentials_hint"] is True
-    opened = plan_for(admin_ui=True, api_docs=True)
+    opened = plan_for(admin_ui=True, api_docs=True, allow_outbound=True)
     assert "--env" not in opened["docker_run"]
     assert config_document(opened, [])["general_settings"]["disable_env_credential_login"] is False
     docs_only = plan_for(api_docs=True)["docker_run"]
-    assert [docs_only[i + 1] for i, a in enumerate(docs_only) if a == "--env"] == ["DISABLE_ADMIN_UI=True"]
+    assert [docs_only[i + 1] for i, a in enumerate(docs_only) if a == "--env"] == ["DISABLE_ADMIN_UI=True", "LITELLM_OFFLINE_MODE=true"]
+    online = plan_for(allow_outbound=True)["docker_run"]
+    assert "LITELLM_OFFLINE_MODE=true" not in online and "NO_DOCS=True" in online
+    assert "--env LITELLM_OFFLINE_MODE=true" in plan["unit_file"], "opting in changes the unit, so it restarts the gateway"
     assert "--env DISABLE_ADMIN_UI=True" in plan["unit_file"]
 
 

@@ -21,6 +21,7 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_models impor
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_plan import (
     INSTANCE_KEYS,
     OWNED_FLAGS,
+    OFFLINE_ENV,
     PLAN_OPTIONS,
     STAMP_PATH,
     build_plan,
@@ -66,7 +67,7 @@ def test_a_good_instance_has_no_problems_and_a_full_plan():
     assert (llm["unit"], llm["container"], llm["url"]) == ("sparkfleet-vllm-llm.service", "vllm-llm", "http://127.0.0.1:8001")
     assert (llm["served_names"], llm["model"], llm["weights"], llm["weights_host_path"]) == (["tiny"], "tiny", "/models/tiny-llama", "/srv/models/tiny-llama")
     assert llm["run_image"] == f"registry.local:5000/vllm-cpu@{DIGEST}"
-    assert llm["env_names"] == ["VLLM_API_KEY", "PYTHONPATH"] and llm["start_after"] == []
+    assert llm["env_names"] == ["VLLM_API_KEY", *sorted([*OFFLINE_ENV, "PYTHONPATH"])] and llm["start_after"] == []
     assert re.fullmatch(r"[0-9a-f]{16}", llm["config_hash"])
 
 
@@ -151,9 +152,28 @@ def test_the_roles_pass_every_option_and_install_the_plans_folders_and_helpers()
 
 
 def test_the_key_never_reaches_the_public_plan():
-    result = plan(instance(env={"HF_HUB_OFFLINE": "1"}))
+    result = plan(instance(env={"HF_HOME": "/root/.cache/huggingface"}))
     assert KEY not in json.dumps(result["instances"]) and KEY not in json.dumps(result["errors"])
-    assert result["env_files"]["llm"].splitlines()[1:] == [f"VLLM_API_KEY={KEY}", "HF_HUB_OFFLINE=1", "PYTHONPATH=/opt/sparkfleet"]
+    assert result["env_files"]["llm"].splitlines()[1:] == [
+        f"VLLM_API_KEY={KEY}", "DO_NOT_TRACK=1", "HF_HOME=/root/.cache/huggingface", "HF_HUB_OFFLINE=1", "PYTHONPATH=/opt/sparkfleet",
+        "RAY_USAGE_STATS_ENABLED=0", "VLLM_DO_NOT_TRACK=1", "VLLM_NO_USAGE_STATS=1"]
+
+
+def test_nothing_deployed_phones_home_unless_the_operator_opts_in():
+    """vLLM's usage statistics (vllm/usage/usage_lib.py reads VLLM_NO_USAGE_STATS, VLLM_DO_NOT_TRACK and DO_NOT_TRACK),
+    Ray's, and huggingface_hub's online look-ups are off in every container, the cluster's ranks included."""
+    offline = plan(instance())["env_files"]["llm"].splitlines()
+    assert all(f"{name}={value}" in offline for name, value in OFFLINE_ENV.items())
+    online = plan(instance(), allow_outbound=True)
+    assert not any(line.split("=", 1)[0] in OFFLINE_ENV for line in online["env_files"]["llm"].splitlines())
+    assert online["instances"][0]["config_hash"] != plan(instance())["instances"][0]["config_hash"], "opting in relaunches"
+    for spelling in ("HF_HUB_OFFLINE", "VLLM_NO_USAGE_STATS", "DO_NOT_TRACK", "VLLM_DO_NOT_TRACK", "RAY_USAGE_STATS_ENABLED"):
+        error = only_error(instance(env={spelling: "0"}))
+        assert error.startswith(f"vllm_instances[0] (llm).env: {spelling} is set by the role to keep the container offline")
+        assert "vllm_allow_outbound: true" in error
+        assert only_error(instance(), env={spelling: "0"}).startswith(f"vllm_env: {spelling} is set by the role")
+        assert errors(instance(env={spelling: "0"}), allow_outbound=True) == [], "opted in, the names are the operator's"
+    assert only_error(instance(), allow_outbound="yes") == "vllm_allow_outbound: 'yes' must be true or false"
 
 
 @pytest.mark.parametrize(
@@ -199,7 +219,7 @@ def test_api_key_printable_without_whitespace_and_long(key, why):
 def test_env_may_not_replace_the_key_or_break_the_file():
     assert "VLLM_API_KEY is set by the role" in only_error(instance(env={"VLLM_API_KEY": "x" * 20}))
     assert "not an environment variable name" in only_error(instance(env={"BAD NAME": "1"}))
-    assert "newline" in only_error(instance(env={"HF_HUB_OFFLINE": "1\nVLLM_API_KEY=x"}))
+    assert "newline" in only_error(instance(env={"HF_HOME": "1\nVLLM_API_KEY=x"}))
     assert "must be a string or a number" in only_error(instance(env={"X": {"nested": 1}}))
     assert "vllm_env: VLLM_API_KEY is set by the role" in only_error(instance(), env={"VLLM_API_KEY": "y" * 20})
 
