@@ -13,7 +13,9 @@ description:
   - Reads the installed NVIDIA driver packages with C(dpkg-query), the running driver with
     C(nvidia-smi --query-gpu=driver_version) where that command exists, and optionally what an
     C(apt-get --simulate) upgrade would install.
-  - Judges the result against an allowed driver branch and returns C(ok) with the reasons.
+  - Judges the result against an allowed driver branch and returns C(ok) with the reasons. An install dpkg did not
+    finish (a driver package unpacked, half-configured, half-installed, awaiting or holding triggers, or needing a
+    reinstall) breaks the rule, and so do the configuration files a removal of another branch left behind.
     It never fails because of the judgement; the caller decides (see the C(driver_guard) role).
   - Seed 000 keeps DGX Spark hosts on the 580 branch because 590 had a CUDA-graph deadlock on GB10.
 author: sparkfleet.vllm contributors (@sparkfleet)
@@ -69,11 +71,18 @@ reasons:
   type: list
   elements: str
 packages:
-  description: Installed driver packages.
+  description: Installed driver packages (dpkg finished installing them).
   returned: always
   type: list
   elements: dict
   sample: [{"name": "nvidia-driver-580-open", "version": "580.95.05-0ubuntu1", "branch": "580"}]
+unfinished:
+  description: Driver packages an interrupted install or removal left in another state than installed.
+  returned: always
+  type: list
+  elements: dict
+  sample: [{"name": "nvidia-driver-590-open", "version": "590.44.01-0ubuntu1", "branch": "590", "status": "unpacked",
+            "error_flag": "ok"}]
 branches:
   description: The distinct branches of the installed driver packages.
   returned: always
@@ -98,10 +107,12 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._nvidia_driver import (
     DPKG_QUERY_FORMAT,
     NVIDIA_SMI_ARGS,
+    installed,
     judge,
     parse_apt_simulation,
     parse_dpkg_query,
     parse_nvidia_smi,
+    unfinished,
 )
 
 
@@ -123,14 +134,16 @@ def main():
         supports_check_mode=True,
     )
     dpkg_query = module.get_bin_path("dpkg-query", required=True)
-    packages = parse_dpkg_query(run_checked(module, [dpkg_query, "-W", "-f", DPKG_QUERY_FORMAT], "dpkg-query"))
+    known = parse_dpkg_query(run_checked(module, [dpkg_query, "-W", "-f", DPKG_QUERY_FORMAT], "dpkg-query"))
+    packages = installed(known)
 
     smi_versions = []
     nvidia_smi = module.get_bin_path("nvidia-smi")
     if nvidia_smi:
         smi_versions = parse_nvidia_smi(run_checked(module, [nvidia_smi, *NVIDIA_SMI_ARGS], "nvidia-smi"))
 
-    result = dict(changed=False, packages=packages, nvidia_smi_versions=smi_versions)
+    result = dict(changed=False, packages=packages, nvidia_smi_versions=smi_versions,
+                  unfinished=unfinished(module.params["allowed_branch"], known))
     result["branches"] = sorted({p["branch"] for p in packages})
     upgrade_changes = None
     if module.params["simulate_upgrade"]:
@@ -143,7 +156,7 @@ def main():
         upgrade_changes = parse_apt_simulation(simulation)
         result["upgrade_changes"] = upgrade_changes
 
-    result["reasons"] = judge(module.params["allowed_branch"], packages, smi_versions, upgrade_changes)
+    result["reasons"] = judge(module.params["allowed_branch"], known, smi_versions, upgrade_changes)
     result["ok"] = not result["reasons"]
     module.exit_json(**result)
 

@@ -2,28 +2,54 @@
 
 The dpkg-query and apt-get outputs were recorded from the molecule spark host, where the
 lab's driver-like packages are installed through real dpkg and apt. No GPU exists here, so
-the nvidia-smi line is the one seed 000 recorded on a DGX Spark (580.178.04).
+the nvidia-smi line is the one seed 000 recorded on a DGX Spark (580.178.04), and the one recorded
+on an H100 with driver 580.159.04 (/work/shared/recorded/nvidia-h100-driver-580.159.04).
+
+DPKG_INTERRUPTED was recorded from real dpkg 1.21 (dpkg-query -W -f DPKG_QUERY_FORMAT --admindir)
+in a scratch root holding stand-in packages of the driver's names at 580.159.04 (the H100's
+driver) and 590.44.01: one install whose postinst failed (iF), one only unpacked (iU), a file
+trigger left awaited and pending (iW, it, dpkg --no-triggers), and another branch removed with
+its conffile left (rc). dpkg -l printed those abbreviations for the same database. A half-installed
+package needing a reinstall (iHR) could not be provoked there (dpkg rolled the failed upgrade
+back); its line is written by hand in dpkg's format.
 """
 
 import pytest
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._nvidia_driver import (
+    DPKG_QUERY_FORMAT,
+    installed,
     judge,
     package_branch,
     parse_apt_simulation,
     parse_dpkg_query,
     parse_nvidia_smi,
+    unfinished,
 )
 
 DPKG_QUERY = (
-    "adduser\t3.134\tinstalled\n"
-    "dgx-gpu-stack\t1.0\tinstalled\n"
-    "libnvidia-compute-580\t580.95.05-0ubuntu1\tinstalled\n"
-    "libnvidia-compute-590\t590.44.01-0ubuntu1\tconfig-files\n"
-    "nvidia-driver-580-open\t580.95.05-0ubuntu1\tinstalled\n"
-    "nvidia-utils-580\t580.95.05-0ubuntu1\tinstalled\n"
-    "python3\t3.11.2-1+b1\tinstalled\n"
+    "adduser\t3.134\tinstalled\tok\n"
+    "dgx-gpu-stack\t1.0\tinstalled\tok\n"
+    "libnvidia-compute-580\t580.95.05-0ubuntu1\tinstalled\tok\n"
+    "libnvidia-compute-575\t575.57.08-0ubuntu1\tnot-installed\tok\n"
+    "libnvidia-gl-580\t580.82.07-0ubuntu1\tconfig-files\tok\n"
+    "nvidia-driver-580-open\t580.95.05-0ubuntu1\tinstalled\tok\n"
+    "nvidia-utils-580\t580.95.05-0ubuntu1\tinstalled\tok\n"
+    "python3\t3.11.2-1+b1\tinstalled\tok\n"
 )
+
+DPKG_INTERRUPTED = """\
+libnvidia-compute-580\t580.159.04-0ubuntu1\tinstalled\tok
+libnvidia-gl-580\t580.159.04-0ubuntu1\tinstalled\tok
+nvidia-dkms-580\t580.159.04-0ubuntu1\ttriggers-awaited\tok
+nvidia-driver-580-open\t580.159.04-0ubuntu1\tinstalled\tok
+nvidia-driver-590-open\t590.44.01-0ubuntu1\tunpacked\tok
+nvidia-kernel-common-590\t590.44.01-0ubuntu1\tconfig-files\tok
+nvidia-kernel-source-580\t580.159.04-0ubuntu1\ttriggers-pending\tok
+nvidia-utils-580\t580.159.04-0ubuntu1\thalf-configured\tok
+"""
+HALF_INSTALLED_REINSTREQ = "libnvidia-gl-580\t580.159.05-0ubuntu1\thalf-installed\treinstreq\n"
+H100_SMI = "580.159.04\n"
 
 APT_SIMULATION_590 = """\
 NOTE: This is only a simulation!
@@ -74,8 +100,12 @@ def test_package_branch(name, branch):
     assert package_branch(name) == branch
 
 
+def test_dpkg_query_format_asks_for_the_state_and_the_error_flag():
+    assert DPKG_QUERY_FORMAT.split("\\t")[2:] == ["${db:Status-Status}", "${db:Status-Eflag}\\n"]
+
+
 def test_dpkg_query_keeps_installed_driver_packages_only():
-    assert parse_dpkg_query(DPKG_QUERY) == [
+    assert installed(parse_dpkg_query(DPKG_QUERY)) == [
         {"name": "libnvidia-compute-580", "version": "580.95.05-0ubuntu1", "branch": "580"},
         {"name": "nvidia-driver-580-open", "version": "580.95.05-0ubuntu1", "branch": "580"},
         {"name": "nvidia-utils-580", "version": "580.95.05-0ubuntu1", "branch": "580"},
@@ -84,6 +114,7 @@ def test_dpkg_query_keeps_installed_driver_packages_only():
 
 def test_nvidia_smi_one_line_per_gpu():
     assert parse_nvidia_smi("580.178.04\n") == ["580.178.04"]
+    assert parse_nvidia_smi(H100_SMI) == ["580.159.04"]
     assert parse_nvidia_smi("580.178.04\n580.178.04\n") == ["580.178.04", "580.178.04"]
     assert parse_nvidia_smi("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.\n") == []
 
@@ -104,9 +135,79 @@ def test_point_release_within_the_branch_is_allowed():
 
 
 def test_judge_names_each_broken_rule():
-    packages = parse_dpkg_query(DPKG_QUERY.replace("config-files", "installed"))
+    packages = parse_dpkg_query(DPKG_QUERY.replace("libnvidia-compute-575", "libnvidia-compute-590").replace("not-installed", "installed"))
     reasons = judge("580", packages, ["590.44.01"], parse_apt_simulation(APT_SIMULATION_590))
     assert len(reasons) == 3
-    assert "libnvidia-compute-590 590.44.01-0ubuntu1" in reasons[0]
+    assert "libnvidia-compute-590 575.57.08-0ubuntu1" in reasons[0]
     assert "nvidia-smi reports driver 590.44.01" in reasons[1]
     assert reasons[2].startswith("the upgrade would bring")
+
+
+def test_removed_packages_of_the_allowed_branch_leave_harmless_config_files():
+    """rc of the allowed branch (an older libnvidia-gl-580 removed) and dpkg's not-installed entries are no install at all."""
+    packages = parse_dpkg_query(DPKG_QUERY)
+    assert unfinished("580", packages) == []
+    assert judge("580", packages, parse_nvidia_smi(H100_SMI), []) == []
+
+
+def test_recorded_interrupted_installs_are_named_with_their_state():
+    packages = parse_dpkg_query(DPKG_INTERRUPTED)
+    assert [p["name"] for p in installed(packages)] == ["libnvidia-compute-580", "libnvidia-gl-580", "nvidia-driver-580-open"]
+    assert [(p["name"], p["status"]) for p in unfinished("580", packages)] == [
+        ("nvidia-dkms-580", "triggers-awaited"),
+        ("nvidia-driver-590-open", "unpacked"),
+        ("nvidia-kernel-common-590", "config-files"),
+        ("nvidia-kernel-source-580", "triggers-pending"),
+        ("nvidia-utils-580", "half-configured"),
+    ]
+    own, other = judge("580", packages, parse_nvidia_smi(H100_SMI), [])
+    assert own.startswith("dpkg did not finish installing driver packages of branch 580: nvidia-dkms-580 580.159.04-0ubuntu1 (iW")
+    assert "nvidia-utils-580 580.159.04-0ubuntu1 (iF, half-configured" in own and "(it, triggers pending)" in own
+    assert "sudo dpkg --configure -a" in own and "apt-get -f install" in own
+    assert "branch 590, not 580" in other and "nvidia-driver-590-open 590.44.01-0ubuntu1 (iU, unpacked" in other
+    assert "nvidia-kernel-common-590 590.44.01-0ubuntu1 (rc, removed with its configuration files left)" in other
+    assert other.endswith("sudo apt-get purge nvidia-driver-590-open nvidia-kernel-common-590) and run the guard again")
+
+
+def only(lines, *names):
+    return "".join(line + "\n" for line in lines.splitlines() if line.split("\t")[0] in names)
+
+
+@pytest.mark.parametrize(
+    ("dpkg", "allowed", "fragments"),
+    [
+        pytest.param(only(DPKG_INTERRUPTED, "nvidia-utils-580"), "580", ["branch 580: nvidia-utils-580", "(iF"], id="iF-own-branch"),
+        pytest.param(only(DPKG_INTERRUPTED, "nvidia-driver-590-open"), "580", ["branch 590, not 580", "(iU", "purge nvidia-driver-590-open"],
+                     id="iU-other-branch"),
+        pytest.param(only(DPKG_INTERRUPTED, "nvidia-kernel-common-590"), "580", ["(rc, removed", "purge nvidia-kernel-common-590"],
+                     id="rc-other-branch"),
+        pytest.param(only(DPKG_INTERRUPTED, "nvidia-dkms-580"), "580", ["(iW, awaiting"], id="iW"),
+        pytest.param(only(DPKG_INTERRUPTED, "nvidia-kernel-source-580"), "580", ["(it, triggers pending"], id="it"),
+        pytest.param(HALF_INSTALLED_REINSTREQ, "580", ["libnvidia-gl-580 580.159.05-0ubuntu1 (iH, half-installed", "reinstall required"],
+                     id="iHR"),
+        pytest.param(HALF_INSTALLED_REINSTREQ.replace("half-installed", "installed"), "580", ["(installed, reinstall required)"],
+                     id="installed-but-reinstreq"),
+        pytest.param(only(DPKG_INTERRUPTED, "nvidia-driver-590-open", "nvidia-utils-580"), "580",
+                     ["branch 580: nvidia-utils-580", "branch 590, not 580"], id="mix-of-branches"),
+        pytest.param(only(DPKG_INTERRUPTED, "nvidia-utils-580").replace("580", "575"), "580", ["branch 575, not 580", "purge nvidia-utils-575"],
+                     id="iF-other-branch"),
+    ],
+)
+def test_each_unfinished_state_is_refused_with_its_fix(dpkg, allowed, fragments):
+    reasons = judge(allowed, parse_dpkg_query(dpkg), [], None)
+    assert reasons, dpkg
+    joined = "; ".join(reasons)
+    for fragment in fragments:
+        assert fragment in joined
+
+
+def test_the_allowed_branch_keeps_its_own_config_files_whichever_it_is():
+    dpkg = only(DPKG_INTERRUPTED, "nvidia-driver-590-open", "nvidia-kernel-common-590")
+    reasons = judge("590", parse_dpkg_query(dpkg), [], None)
+    assert len(reasons) == 1 and "branch 590: nvidia-driver-590-open 590.44.01-0ubuntu1 (iU" in reasons[0]
+    assert "nvidia-kernel-common-590" not in reasons[0]
+
+
+@pytest.mark.parametrize("line", ["garbled", "a\tb\tc", "nvidia-driver-580\t1\tinstalled\tok\textra", ""])
+def test_dpkg_lines_of_another_shape_are_skipped(line):
+    assert parse_dpkg_query(line) == []
