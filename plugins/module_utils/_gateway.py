@@ -188,6 +188,18 @@ def reach_address(host: str, gateway_host: str, host_address: str, binds: t.Sequ
     return reachable[0] if reachable else None
 
 
+def names_the_gateway_itself(address: str) -> bool:
+    """An address that on any host means that host: loopback in any spelling (127.0.0.0/8, ::1, IPv4-mapped) and the
+    names RFC 6761 reserves for it."""
+    parsed = ip(address)
+    if isinstance(parsed, ipaddress.IPv6Address) and parsed.ipv4_mapped:
+        parsed = parsed.ipv4_mapped
+    if parsed is not None:
+        return parsed.is_loopback
+    name = address.lower().rstrip(".")
+    return name == "localhost" or name.endswith(".localhost") or name in ("localhost.localdomain", "ip6-localhost", "ip6-loopback")
+
+
 def url_host(address: str) -> str:
     return f"[{address}]" if ":" in address else address
 
@@ -225,6 +237,11 @@ def backend_endpoints(backends: t.Sequence[t.Mapping[str, t.Any]], gateway_host:
         if not HOST_ADDRESS.fullmatch(backend["address"]) or is_wildcard(backend["address"]):
             errors.append(f"gateway_backend_address of {host}: {backend['address']!r} must be the host's name or one of its IP "
                           "addresses (a wildcard reaches the gateway's own host)")
+            continue
+        if host != gateway_host and names_the_gateway_itself(backend["address"]):
+            errors.append(f"gateway_backend_address of {host}: {backend['address']!r} (its gateway_backend_address, else its "
+                          f"ansible_host) is this host only as the controller reaches it; on {gateway_host} it is the gateway "
+                          f"itself. Set gateway_backend_address of {host} to the address {gateway_host} reaches it on")
             continue
         if backend.get("unplanned_cluster"):
             errors.append(f"gateway_backends: {host} heads cluster {backend['unplanned_cluster']}, which was not planned in "

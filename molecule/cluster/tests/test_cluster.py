@@ -83,6 +83,30 @@ def test_both_ranks_serve_one_model_through_the_head(head, worker):
           f"{head.run(f'systemctl show -p ActiveEnterTimestamp --value {UNIT}').stdout.strip()}")
 
 
+def running_environment(host, name):
+    """The environment the container's main process runs with, as the kernel holds it."""
+    text = host.check_output(f"docker exec {name} cat /proc/1/environ | tr '\\0' '\\n'")
+    return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+
+
+def test_nothing_deployed_phones_home(head, worker):
+    """vLLM posts usage statistics unless VLLM_NO_USAGE_STATS, VLLM_DO_NOT_TRACK or DO_NOT_TRACK is set
+    (vllm/usage/usage_lib.py), and LiteLLM fetches its catalogs unless LITELLM_OFFLINE_MODE=true: read from
+    every running container of both nodes, the single instances, the cluster's ranks and the gateway."""
+    offline = {"VLLM_NO_USAGE_STATS": "1", "VLLM_DO_NOT_TRACK": "1", "DO_NOT_TRACK": "1", "RAY_USAGE_STATS_ENABLED": "0",
+               "HF_HUB_OFFLINE": "1"}
+    seen = []
+    for host in (head, worker):
+        for name in host.check_output("docker ps --format '{{.Names}}'").split():
+            environment = running_environment(host, name)
+            if name.startswith("vllm-"):
+                assert {key: environment.get(key) for key in offline} == offline, name
+            elif name == "sparkfleet-gateway":
+                assert environment.get("LITELLM_OFFLINE_MODE") == "true"
+            seen.append(name)
+    assert {"vllm-tiny", CONTAINER, "sparkfleet-gateway"} <= set(seen), seen
+
+
 def test_logind_keeps_the_ranks_shared_memory_on_every_node(head, worker):
     """The field's multi-node notes: logind's RemoveIPC would remove the ranks' shared memory at a logout."""
     for host in (head, worker):

@@ -140,6 +140,22 @@ def test_a_backend_on_the_gateway_host_is_reached_on_loopback_and_a_cluster_head
     assert [(d["group"], d["api_base"]) for d in plan["deployments"]] == [("big", "http://127.0.0.1:8010/v1"), ("qwen", "http://127.0.0.1:8000/v1")]
 
 
+@pytest.mark.parametrize("address", ["127.0.0.1", "127.8.9.10", "::1", "0:0:0:0:0:0:0:1", "::ffff:127.0.0.1", "localhost",
+                                     "LOCALHOST.", "spark.localhost", "localhost.localdomain", "ip6-localhost"])
+@pytest.mark.parametrize("variable", ["ansible_host", "gateway_backend_address"])
+def test_a_backend_reached_through_the_controllers_loopback_is_refused_not_routed_to_the_gateway_itself(address, variable):
+    """Found in a reading: a backend whose ansible_host is 127.0.0.1 (an SSH tunnel on the controller) got the route
+    http://127.0.0.1:8000/v1 on the gateway host, which is the gateway's own loopback."""
+    hostvars = {**HOSTVARS, "gx10-1": {variable: address, "vllm_endpoints": endpoints("gx10-1", ["0.0.0.0"])}}
+    plan = plan_for(hostvars)
+    assert plan["deployments"] == []
+    assert plan["errors"] == [
+        f"gateway_backend_address of gx10-1: {address!r} (its gateway_backend_address, else its ansible_host) is this host only "
+        "as the controller reaches it; on gateway-1 it is the gateway itself. Set gateway_backend_address of gx10-1 to the "
+        "address gateway-1 reaches it on"]
+    assert plan_for(hostvars, gateway="gx10-1")["errors"] == [], "on the gateway's own host loopback is right"
+
+
 def test_every_bad_setting_is_refused_at_once_naming_the_variable():
     plan = plan_for(image="ghcr.io/berriai/litellm:main-stable", bind_address="0.0.0.0", port=70000, master_key="sk-short",
                     routing_strategy="round-robin", health_check_interval=1, retries=-1, config_dir="etc/gw",

@@ -20,8 +20,8 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_instance imp
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_models import model_folder
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_plan import (
     INSTANCE_KEYS,
-    OWNED_FLAGS,
     OFFLINE_ENV,
+    OWNED_FLAGS,
     PLAN_OPTIONS,
     STAMP_PATH,
     build_plan,
