@@ -448,8 +448,10 @@ def collect_bundle(settings, state_dir, unit, now):
     """The diagnostics bundle of the host at the give-up (the same as playbooks/diagnose.yml's)."""
     destination = os.path.join(state_dir, "bundles", f"{unit}-{int(now)}.tar.gz")
     try:
-        # Every folder of the collection, the gateway's too: its env file's key is then scrubbed from its journal.
-        folders = [*CONFIG_DIRS, *[folder for folder in settings["plan_dirs"] if folder not in CONFIG_DIRS]]
+        # Every folder of the collection, the configured gateway's too (wherever the inventory put them): the keys of
+        # their env files are then scrubbed from every member.
+        configured = [*settings["plan_dirs"], *([settings["gateway_config_dir"]] if settings.get("gateway_config_dir") else [])]
+        folders = list(dict.fromkeys([*CONFIG_DIRS, *configured]))
         return collect_host_bundle(destination, folders, settings["bundle_time_limit"])["path"]
     except Exception as error:  # noqa: BLE001 - a failed bundle must not stop the watchdog
         return f"no bundle: {error}"
