@@ -94,6 +94,18 @@ GUARD_BYPASS_FLAGS = {
     "--grpc": "starts a gRPC server with no authentication instead of the HTTP one",
     "--grpc-port": "serves gRPC with no authentication",
 }
+# Flags whose value is a secret: in argv it lands in the unit's command line, the plan file, its last good copy and every
+# process list. Each names where the same secret goes instead: an environment variable of the 0600 env file. Read from
+# vLLM 0.32.0's own parser (make_arg_parser in the lab image): --api-key (the role's) and --hf-token are the only two.
+SECRET_FLAGS = {"--hf-token": "HF_TOKEN"}
+# Secrets inside an argument's value: a Hugging Face or sk- token, or a field named like a secret in a JSON or
+# key=value setting (--model-loader-extra-config '{"token": ...}'). Plural and compound names (max_tokens,
+# num_speculative_tokens, bos_token) are settings, not secrets.
+SECRET_VALUE = re.compile(r"(?<![A-Za-z0-9])(?:hf|sk|ghp|github_pat)_?-?[A-Za-z0-9]{20,}")
+SECRET_FIELD = re.compile(r"[\"']?([A-Za-z0-9_.-]+)[\"']?\s*[:=]")
+SECRET_FIELD_NAMES = frozenset({"token", "hf_token", "access_token", "auth_token", "api_token", "bearer_token", "api_key",
+                                "apikey", "secret", "client_secret", "secret_key", "secret_access_key", "aws_secret_access_key",
+                                "password", "passwd"})
 # The middleware (roles/vllm/files) that asks for the key on every route but the probes: vLLM's own
 # check leaves /invocations, /pooling, /score and more open. Mounted read-only beside the readiness wait.
 GUARD_FILE = "sparkfleet_vllm_guard.py"
@@ -437,6 +449,15 @@ def owned_flag(argument: str) -> str | None:
     return expanded_flag(argument, OWNED_FLAGS)
 
 
+def secret_in_value(argument: str) -> bool:
+    """Whether an argument (a flag's own value after ``=`` or a separate value) holds a token or a field named like a secret."""
+    value = argument.split("=", 1)[1] if argument.startswith("-") and "=" in argument else argument
+    if argument.startswith("-") and "=" not in argument:
+        return False
+    names = {match.group(1).lower().replace("-", "_") for match in SECRET_FIELD.finditer(value)}
+    return bool(SECRET_VALUE.search(value) or names & SECRET_FIELD_NAMES)
+
+
 def extra_args_problems(field: str, extra: t.Any) -> list[str]:
     if not isinstance(extra, list) or not all(isinstance(argument, str) for argument in extra):
         return [f"{field}: must be a list of strings"]
@@ -444,6 +465,13 @@ def extra_args_problems(field: str, extra: t.Any) -> list[str]:
     for argument in extra:
         if CONTROL.search(argument):
             errors.append(f"{field}: {argument!r} contains a control character (a newline would split the unit's command line)")
+            continue
+        secret = expanded_flag(argument, SECRET_FLAGS)
+        if secret or secret_in_value(argument):
+            where = f"{argument.split('=', 1)[0]!r} would pass a secret" if secret else "an argument holds a secret-looking value"
+            errors.append(f"{field}: {where} on the command line, where the unit, the plan file and every process list show "
+                          f"it. Give it in the instance's env or vllm_env as {SECRET_FLAGS.get(secret or '', 'the variable it reads')} "
+                          "instead (the role writes those to the 0600 env file only)")
             continue
         bypass = expanded_flag(argument, GUARD_BYPASS_FLAGS)
         if bypass:

@@ -253,6 +253,41 @@ def test_extra_args_that_the_role_does_not_own_pass(argument):
     assert errors(instance(extra_args=[argument])) == []
 
 
+HF_TOKEN = "hf_" + "Ab3" * 12
+
+
+@pytest.mark.parametrize("arguments", [
+    ["--hf-token", HF_TOKEN], [f"--hf-token={HF_TOKEN}"], ["--hf_token", HF_TOKEN], ["--hf-tok", HF_TOKEN], [f"--hf-t={HF_TOKEN}"],
+    ["--hf-token"], [f"--model-loader-extra-config={{\"token\": \"{HF_TOKEN}\"}}"],
+    ["--model-loader-extra-config", '{"hf_token": "abcdefgh12345678"}'], ["--kv-transfer-config", '{"password": "hunter2hunter2"}'],
+    ["--model-loader-extra-config", "{'aws_secret_access_key': 'abcdefgh'}"], ["--some-config", "api-key=abcdefghijkl"],
+    ["--tokenizer", HF_TOKEN], ["--seed", "sk-" + "x" * 30],
+])
+def test_extra_args_never_carry_a_secret_in_any_spelling(arguments):
+    """Found on the lab: a Hugging Face token given as two extra arguments reached the plan file, its last good copy and
+    the diagnostics bundle. A secret goes through the instance's env (the 0600 env file); the refusal never echoes it."""
+    found = errors(instance(extra_args=arguments))
+    assert found and all("on the command line" in error and "0600 env file" in error for error in found), found
+    text = " ".join(found)
+    assert HF_TOKEN not in text and "hunter2" not in text and "abcdefgh" not in text and "x" * 30 not in text
+    if arguments[0].startswith("--hf"):
+        assert "as HF_TOKEN instead" in text
+
+
+@pytest.mark.parametrize("arguments", [["--max-logprobs=20"], ["--tokenizer", "/models/tiny-llama"],
+                                       ["--hf-overrides", '{"bos_token": "<s>", "max_tokens": 5}'],
+                                       ["--override-generation-config", '{"num_speculative_tokens": 3}'], ["--tokenizer-mode=auto"],
+                                       ["--enable-sleep-mode"]])
+def test_settings_named_like_tokens_are_no_secrets(arguments):
+    assert errors(instance(extra_args=arguments)) == []
+
+
+def test_a_secret_given_through_env_reaches_only_the_env_file():
+    result = plan(instance(env={"HF_TOKEN": HF_TOKEN}))
+    assert result["errors"] == [] and f"HF_TOKEN={HF_TOKEN}" in result["env_files"]["llm"].splitlines()
+    assert HF_TOKEN not in json.dumps(result["instances"]) and "HF_TOKEN" in result["instances"][0]["env_names"]
+
+
 def test_extra_args_with_a_newline_are_refused():
     assert "control character" in only_error(instance(extra_args=["--seed\n0"]))
 
