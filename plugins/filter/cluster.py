@@ -12,7 +12,7 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._cluster import (
     nccl_verdict,
     stale_ranks,
 )
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._fabric import nccl_buffer_problem, nccl_max_bytes
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._fabric import nccl_buffer_problem
 
 # What each node's own host vars add to the declaration of its group: key -> variable.
 NODE_VARS = {"ansible_host": "ansible_host", "ansible_port": "ansible_port", "node_env": "cluster_node_env",
@@ -30,7 +30,7 @@ def cluster_agreement(reports, nodes):
 
 
 def cluster_nccl_problem(command, pool_bytes=None):
-    return nccl_buffer_problem(nccl_max_bytes(command), pool_bytes) if command else None
+    return nccl_buffer_problem(command, pool_bytes) if command else None
 
 
 def cluster_node_vars(nodes, hostvars):

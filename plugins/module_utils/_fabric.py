@@ -30,7 +30,28 @@ PING_SUMMARY = re.compile(r"(?P<sent>\d+) packets transmitted, (?P<received>\d+)
 PING_RTT = re.compile(r"rtt min/avg/max/mdev = [\d.]+/(?P<avg>[\d.]+)/")
 PING_TOO_LONG = re.compile(r"message too long, mtu=(?P<mtu>\d+)")
 IBDEV2NETDEV = re.compile(r"(?P<device>\S+) port (?P<port>\d+) ==> (?P<netdev>\S+) \((?P<state>\w+)\)")
-SIZE = re.compile(r"(?P<number>\d+)(?P<unit>[KMG]?)")
+# nccl-tests' parsesize (src/common.cu): sscanf("%lf %1s"), a number, then a K, M or G (either case) whose
+# following characters it ignores (8G, 8 GB, 1.5g, 512M). A hexadecimal, negative or infinite number is refused here.
+SIZE = re.compile(r"\s*(?P<number>(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)\s*(?:(?P<unit>[KMGkmg])\S*)?\s*")
+UNITS = {"": 1, "K": 1024, "M": 1024 ** 2, "G": GIB}
+# nccl-tests' getopt_long table (src/common.cu), over its releases: every option takes a value but --help; a
+# long option may be shortened to any prefix no other option shares, and a short one glued to its value.
+NCCL_LONG_OPTIONS = {
+    "nthreads": "t", "ngpus": "g", "minbytes": "b", "maxbytes": "e", "stepbytes": "i", "stepfactor": "f", "iters": "n",
+    "agg_iters": "m", "warmup_iters": "w", "run_cycles": "N", "parallel_init": "p", "check": "c", "op": "o", "datatype": "d",
+    "root": "r", "blocking": "z", "stream_null": "y", "timeout": "T", "cudagraph": "G", "report_cputime": "C",
+    "report_timestamps": "S", "output_file": "J", "average": "a", "local_register": "R", "cta_policy": "x",
+    "device_implementation": "D", "device_cta_count": "V", "memory": "M", "unalign": "u", "per_iter_timing": "I",
+    "per_iter_skip": "K", "help": "h",
+}
+# -F was --output_file before -J took it over.
+NCCL_SHORT_OPTIONS = frozenset(NCCL_LONG_OPTIONS.values()) | {"F"}
+NCCL_DEFAULT_BYTES = 32 * 1024 ** 2
+# all_gather_perf, all_reduce_perf, sendrecv_perf ... and the _mpi builds some packages name apart.
+NCCL_TESTS_BINARY = re.compile(r"[a-z0-9_]+_perf(?:_mpi)?")
+NCCL_TESTS_NAMED = re.compile(r"\b[a-z0-9_]+_perf(?:_mpi)?\b")
+SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh", "mksh", "busybox", "fish", "csh", "tcsh"})
+NCCL_VARIABLE = "cluster_nccl_test_command"
 NCCL_ROW = re.compile(r"^\s*(?P<size>\d+)\s+(?P<count>\d+)?\s*(?:\S+\s+){0,4}?(?P<time>[\d.]+)\s+(?P<algbw>[\d.]+)\s+(?P<busbw>[\d.]+)")
 NCCL_AVERAGE = re.compile(r"#\s*Avg bus bandwidth\s*:\s*(?P<busbw>[\d.]+)")
 
@@ -141,12 +162,12 @@ def interface_named(facts: t.Mapping[str, t.Any], name: str) -> dict[str, t.Any]
     return {"interface": name, "address": address, "mtu": interface.get("mtu")} if address else None
 
 
-def parse_size(text: str) -> int | None:
-    """nccl-tests' size argument (``512M``, ``4G``, bytes) in bytes."""
-    match = SIZE.fullmatch(str(text).strip().upper())
+def parse_size(text: t.Any) -> int | None:
+    """nccl-tests' size argument (``512M``, ``4G``, ``1.5g``, ``8 GB``, bytes) in bytes, as its parsesize reads it."""
+    match = SIZE.fullmatch(text) if isinstance(text, str) else None
     if not match:
         return None
-    return int(match["number"]) * {"": 1, "K": 1024, "M": 1024 ** 2, "G": GIB}[match["unit"]]
+    return int(float(match["number"]) * UNITS[(match["unit"] or "").upper()])
 
 
 def parse_nccl_tests(text: str) -> dict[str, t.Any]:
@@ -179,13 +200,15 @@ def nccl_verdict(result: t.Mapping[str, t.Any], floor_gbs: float) -> list[str]:
     return reasons
 
 
-def nccl_buffer_problem(max_bytes: int | None, pool_bytes: int | None, share: float = 0.1) -> str | None:
+def nccl_buffer_problem(command: t.Any, pool_bytes: int | None, share: float = 0.1) -> str | None:
     """The largest all_gather buffer must stay a small share of a node's memory: nccl-tests holds a
-    send and a receive buffer per rank, and NVIDIA's 16G example (~32 GB per node) froze Sparks."""
-    if max_bytes is None:
-        return "cluster_nccl_test.max_size: give the largest buffer as bytes or with K/M/G, such as 4G"
+    send and a receive buffer per rank, and NVIDIA's 16G example (~32 GB per node) froze Sparks.
+    A command whose buffer cannot be read is refused, never passed."""
+    max_bytes, problem = nccl_max_bytes(command)
+    if problem:
+        return f"{NCCL_VARIABLE}: {problem}"
     if pool_bytes and 2 * max_bytes > share * pool_bytes:
-        return (f"cluster_nccl_test.max_size: {max_bytes / GIB:.1f} GiB buffers take {2 * max_bytes / GIB:.1f} GiB per node, "
+        return (f"{NCCL_VARIABLE}: {max_bytes / GIB:.1f} GiB buffers (-e/--maxbytes) take {2 * max_bytes / GIB:.1f} GiB per node, "
                 f"more than {int(share * 100)} % of its {pool_bytes / GIB:.1f} GiB; NVIDIA's 16G example froze unified-memory "
                 "Sparks. A sweep to 4G saturates the link as well")
     return None
@@ -204,11 +227,83 @@ def rdma_reasons(source: str, expected: t.Sequence[str], links: t.Sequence[t.Map
     return reasons
 
 
-def nccl_max_bytes(command: t.Sequence[str]) -> int | None:
-    """The largest buffer an nccl-tests command line asks for (``-e``/``--maxbytes``; its default is 32M)."""
-    for index, argument in enumerate(command):
-        if argument in ("-e", "--maxbytes") and index + 1 < len(command):
-            return parse_size(command[index + 1])
-        if argument.startswith("--maxbytes="):
-            return parse_size(argument.split("=", 1)[1])
-    return 32 * 1024 ** 2
+def nccl_max_bytes(command: t.Any) -> tuple[int, None] | tuple[None, str]:
+    """The largest buffer an nccl-tests command line asks for, as getopt_long reads it (``-e 8G``,
+    ``-e8G``, ``--maxbytes=8G``, ``--maxbytes 8G``, ``--maxb 8G``; the last one given wins; 32M when none
+    is), over every nccl-tests binary the line runs (mpirun's ``:`` separates them), or why it cannot be
+    read: the line must name the binary and hand it its options itself, not through a shell or a string."""
+    if not isinstance(command, list) or not command or not all(isinstance(argument, str) for argument in command):
+        return None, f"{command!r} must be the command as a list of its arguments, such as [mpirun, ..., all_gather_perf, -e, 4G]"
+    binaries = [index for index, argument in enumerate(command) if NCCL_TESTS_BINARY.fullmatch(argument.rsplit("/", 1)[-1])]
+    shells = [argument for argument in command if argument.rsplit("/", 1)[-1] in SHELLS]
+    hidden = [argument for argument in command if any(space in argument for space in " \t\n") and NCCL_TESTS_NAMED.search(argument)]
+    if shells or hidden or not binaries:
+        if shells:
+            how = f"runs through a shell ({shells[0]}), whose command line the guard does not read"
+        elif hidden:
+            how = f"hands nccl-tests its options inside one string ({hidden[0]!r})"
+        else:
+            how = "names no nccl-tests binary (all_gather_perf, all_reduce_perf...): a script would hide its options"
+        return None, (f"{' '.join(command)!r} {how}; the buffer bound reads the binary's own options, so give the binary and its "
+                      "options as separate arguments, such as [mpirun, -np, '2', all_gather_perf, -b, 512M, -e, 4G] "
+                      "(env VAR=value before it is fine)")
+    largest = 0
+    for start in binaries:
+        end = next((index for index in range(start + 1, len(command)) if command[index] == ":"), len(command))
+        sizes, problem = nccl_sizes(command[start + 1:end])
+        if problem:
+            return None, f"{command[start].rsplit('/', 1)[-1]}: {problem}"
+        largest = max(largest, sizes["e"])
+    return largest, None
+
+
+def nccl_option(arguments: t.Sequence[str], index: int) -> tuple[str, str | None, int, str | None]:
+    """One option of nccl-tests' argument list at ``index``: its short name, its value, the index
+    after it, or the problem (getopt_long's own refusals, which would make the binary print its usage
+    and run no test)."""
+    argument = arguments[index]
+    if argument.startswith("--"):
+        given, glued, value = argument[2:].partition("=")
+        names = [given] if given in NCCL_LONG_OPTIONS else [name for name in NCCL_LONG_OPTIONS if name.startswith(given)]
+        if len(names) != 1:
+            return "", None, index + 1, (f"{argument} is {'ambiguous' if names else 'not an option'} of nccl-tests "
+                                         f"(it prints its usage and runs no test); spell the option out, such as --maxbytes")
+        short = NCCL_LONG_OPTIONS[names[0]]
+        if short == "h":
+            return short, None, index + 1, None if not glued else f"{argument}: --help takes no value"
+        if glued:
+            return short, value, index + 1, None
+    else:
+        short = argument[1]
+        if short not in NCCL_SHORT_OPTIONS:
+            return "", None, index + 1, f"-{short} (in {argument}) is not an option of nccl-tests (it prints its usage and runs no test)"
+        if short == "h":
+            return short, None, index + 1, None if len(argument) == 2 else f"{argument}: give -h alone"
+        if len(argument) > 2:
+            return short, argument[2:], index + 1, None
+    if index + 1 >= len(arguments):
+        return short, None, index + 1, f"{argument} is missing its value"
+    return short, arguments[index + 1], index + 2, None
+
+
+def nccl_sizes(arguments: t.Sequence[str]) -> tuple[dict[str, int], str | None]:
+    """The minimum and maximum buffer (``b``, ``e``) of one nccl-tests binary's arguments, or the problem."""
+    sizes = {"b": NCCL_DEFAULT_BYTES, "e": NCCL_DEFAULT_BYTES}
+    index = 0
+    while index < len(arguments):
+        argument = arguments[index]
+        if argument == "--" or not argument.startswith("-") or argument == "-":
+            return sizes, (f"{argument!r} is no option; nccl-tests takes options only, and getopt reads none after a "
+                           "positional argument or '--' when POSIXLY_CORRECT is set, so the buffer size would be unknown")
+        short, value, index, problem = nccl_option(arguments, index)
+        if problem:
+            return sizes, problem
+        if short in sizes:
+            size = parse_size(value)
+            if size is None:
+                return sizes, f"-{short} {value}: give the buffer as bytes or with K/M/G, such as 4G"
+            sizes[short] = size
+    if sizes["b"] > sizes["e"]:
+        return sizes, (f"the smallest buffer (-b/--minbytes, {sizes['b']} bytes) exceeds the largest (-e/--maxbytes, {sizes['e']} "
+                       "bytes; 32M unless given), which nccl-tests refuses; give -e as well")
+    return sizes, None

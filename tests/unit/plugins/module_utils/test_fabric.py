@@ -10,6 +10,7 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._fabric import (
     interface_on,
     mtu_problem,
     nccl_buffer_problem,
+    nccl_max_bytes,
     nccl_verdict,
     parse_ibdev2netdev,
     parse_nccl_tests,
@@ -124,17 +125,102 @@ def test_an_nccl_run_without_rows_fails():
     assert "no bandwidth rows" in nccl_verdict(parse_nccl_tests("mpirun: connection refused\n"), 1.0)[0]
 
 
-@pytest.mark.parametrize(("text", "size"), [("4G", 4 * GIB), ("512M", 512 * 1024 ** 2), ("8", 8), ("16g", 16 * GIB), ("4T", None), ("x", None)])
-def test_buffer_sizes(text, size):
+@pytest.mark.parametrize(
+    ("text", "size"),
+    [("4G", 4 * GIB), ("512M", 512 * 1024 ** 2), ("8", 8), ("16g", 16 * GIB), ("1.5G", 3 * GIB // 2), ("8 G", 8 * GIB),
+     ("8GB", 8 * GIB), ("64k", 64 * 1024), (" 2M", 2 * 1024 ** 2), ("4T", None), ("x", None), ("-1G", None), ("0x10", None),
+     ("", None), (8, None), (None, None)],
+)
+def test_buffer_sizes_as_nccl_tests_parsesize_reads_them(text, size):
     assert parse_size(text) == size
 
 
+POOL = 127600748 * 1024
+
+
 def test_the_buffer_that_froze_sparks_is_refused():
-    pool = 127600748 * 1024
-    problem = nccl_buffer_problem(16 * GIB, pool)
-    assert "32.0 GiB per node" in problem and "froze" in problem
-    assert nccl_buffer_problem(4 * GIB, pool) is None
-    assert "give the largest buffer" in nccl_buffer_problem(None, pool)
+    problem = nccl_buffer_problem(["all_gather_perf", "-b", "512M", "-e", "16G", "-f", "2"], POOL)
+    assert problem.startswith("cluster_nccl_test_command: 16.0 GiB buffers") and "32.0 GiB per node" in problem and "froze" in problem
+    assert nccl_buffer_problem(["all_gather_perf", "-b", "512M", "-e", "4G", "-f", "2"], POOL) is None
+
+
+MPIRUN = ["mpirun", "-np", "2", "-H", "spark-1,spark-2", "-x", "NCCL_IB_HCA", "--mca", "pml", "ucx"]
+
+
+@pytest.mark.parametrize(
+    ("arguments", "largest"),
+    [
+        pytest.param(["-b", "8M", "-e", "8G"], 8 * GIB, id="separate"),
+        pytest.param(["-b8M", "-e8G"], 8 * GIB, id="glued"),
+        pytest.param(["--minbytes=8M", "--maxbytes=8G"], 8 * GIB, id="long-equals"),
+        pytest.param(["--minbytes", "8M", "--maxbytes", "8G"], 8 * GIB, id="long-separate"),
+        pytest.param(["--maxb", "8G"], 8 * GIB, id="long-prefix"),
+        pytest.param(["--maxb=8G"], 8 * GIB, id="long-prefix-equals"),
+        pytest.param(["-e", "1G", "-e", "8G"], 8 * GIB, id="repeated-last-wins"),
+        pytest.param(["-e", "8G", "--maxbytes=1G"], GIB, id="repeated-mixed-last-wins"),
+        pytest.param(["-e", "8G", "-e1G"], GIB, id="repeated-glued-last-wins"),
+        pytest.param(["-f", "2", "-g", "1"], 32 * 1024 ** 2, id="default-32M"),
+        pytest.param(["-b", "512M"], None, id="min-above-default-max"),
+        pytest.param(["-F", "out.csv", "-J", "out.json", "-e", "2G"], 2 * GIB, id="options-with-values"),
+        pytest.param(["-e", "-b"], None, id="value-that-looks-like-an-option"),
+    ],
+)
+def test_the_largest_buffer_is_read_as_getopt_reads_it(arguments, largest):
+    found, problem = nccl_max_bytes([*MPIRUN, "/opt/nccl-tests/build/all_gather_perf", *arguments])
+    if largest is None:
+        assert found is None and problem.startswith("all_gather_perf: ")
+    else:
+        assert (found, problem) == (largest, None)
+
+
+def test_a_glued_cluster_ends_at_the_first_option_taking_a_value():
+    """getopt reads -c0e8G as -c with the value 0e8G: no -e at all, and a 32M buffer."""
+    assert nccl_max_bytes(["all_gather_perf", "-c0e8G"]) == (32 * 1024 ** 2, None)
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        pytest.param(["sh", "-c", "all_gather_perf -e 16G"], id="sh-c"),
+        pytest.param(["bash", "-c", "all_gather_perf -e 4G"], id="bash-c"),
+        pytest.param(["/bin/bash", "-lc", "exec all_gather_perf \"$@\"", "all_gather_perf", "-e", "1G"], id="bash-with-argv"),
+        pytest.param([*MPIRUN, "sh", "-c", "all_gather_perf -e 16G"], id="mpirun-sh"),
+        pytest.param(["env", "-S", "all_gather_perf -e 16G"], id="env-S-string"),
+        pytest.param(["mpirun -np 2 all_gather_perf -e 16G"], id="one-string"),
+        pytest.param([*MPIRUN, "./run_nccl.sh"], id="script"),
+        pytest.param(["all_gather_perf", "--m", "16G"], id="ambiguous-prefix"),
+        pytest.param(["all_gather_perf", "--maxbites=16G"], id="unknown-long"),
+        pytest.param(["all_gather_perf", "-q", "1"], id="unknown-short"),
+        pytest.param(["all_gather_perf", "-e"], id="missing-value"),
+        pytest.param(["all_gather_perf", "--maxbytes"], id="missing-long-value"),
+        pytest.param(["all_gather_perf", "-e", "lots"], id="unreadable-size"),
+        pytest.param(["all_gather_perf", "-e", "16T"], id="unknown-unit"),
+        pytest.param(["all_gather_perf", "--", "-e", "16G"], id="double-dash"),
+        pytest.param(["all_gather_perf", "extra", "-e", "16G"], id="positional"),
+        pytest.param(["all_gather_perf", "--help=1"], id="help-with-value"),
+        pytest.param("all_gather_perf -e 16G", id="a-string"),
+        pytest.param(["all_gather_perf", 16], id="not-text"),
+    ],
+)
+def test_a_command_whose_buffer_cannot_be_read_is_refused(command):
+    problem = nccl_buffer_problem(command, POOL)
+    assert problem and problem.startswith("cluster_nccl_test_command: ")
+    assert nccl_buffer_problem(command, None) == problem
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        pytest.param(["env", "NCCL_DEBUG=INFO", "all_gather_perf", "-e", "16G"], id="env"),
+        pytest.param(["/usr/bin/env", "NCCL_DEBUG=INFO", "/opt/nccl-tests/build/all_reduce_perf_mpi", "-e16G"], id="env-path-mpi"),
+        pytest.param(["timeout", "600", "all_gather_perf", "--maxbytes=16G"], id="timeout"),
+        pytest.param([*MPIRUN, "all_gather_perf", "-e", "1G", ":", "-np", "1", "all_gather_perf", "-e", "16G"], id="mpmd-second"),
+        pytest.param([*MPIRUN, "all_gather_perf", "-e", "16G", ":", "-np", "1", "all_gather_perf", "-e", "1G"], id="mpmd-first"),
+        pytest.param(["all_gather_perf", "-b", "8M", "-e", "1G", "-e", "16G"], id="repeated"),
+    ],
+)
+def test_wrappers_that_hand_the_binary_its_options_are_read_through(command):
+    assert "16.0 GiB buffers" in nccl_buffer_problem(command, POOL)
 
 
 def test_the_interface_on_the_fast_network_from_facts():
