@@ -6,7 +6,8 @@ Private to the collection. Seed 000 Step 4: rounds of ``vllm bench serve`` (rand
 ``--max-concurrency C --num-prompts C*k``) until the deadline; every 30 s a sample of the KV cache usage, the
 waiting requests and MemAvailable, where a gap between samples is the freeze detector (a locked-up host stops
 the sampler too); afterwards the failed requests, the kernel's OOM kills and earlyoom's kill lines since the
-start, and the restart counts before against after. Added here: a tiny completion at every sample (the
+start, and the restart counts before against after. Added here: every request of a round accounted for (its
+completed plus failed is the prompts sent, a missing count is no zero), a tiny completion at every sample (the
 liveness routes keep answering while an engine is wedged, vLLM 39863), NVRM ``NV_ERR_NO_MEMORY`` lines and the
 watchdog's actions. ``vllm bench serve`` has no duration option and its client waits up to 6 h on a stalled
 request, so each round runs under ``timeout`` and the soak keeps its own clock: a round still running at the
@@ -36,8 +37,11 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_bench import
     Outcome,
     RunCommand,
     Which,
+    accounting,
     bench_args,
+    is_count,
     judge,
+    load_result,
     local_tokenizer,
     pick_runner,
     runner_command,
@@ -478,14 +482,12 @@ def round_argv(job: Job, index: int, seconds: int) -> tuple[list[str], str]:
     return bounded(plan["prefix"], seconds) + args, filename
 
 
-def load_result(path: str) -> t.Any:
+def read_round(path: str) -> t.Any:
+    """A round's saved result as vllm_bench reads a run's; a file that cannot be read is judged as no JSON object."""
     try:
-        with open(path, encoding="utf-8") as handle:
-            return json.load(handle)
-    except FileNotFoundError:
-        return None
-    except (ValueError, OSError):
-        return {}
+        return load_result(path)
+    except OSError as error:
+        return f"unreadable: {error.strerror or error}"
 
 
 def one_round(job: Job, host: Host, index: int, seconds: int, started_at: float) -> dict[str, t.Any]:
@@ -498,18 +500,22 @@ def one_round(job: Job, host: Host, index: int, seconds: int, started_at: float)
         inside = f"{job.plan['data_dir']}/{filename}"
         host.run_command([job.docker, "cp", f"{job.endpoint['container']}:{inside}", local])
         host.run_command([job.docker, "exec", job.endpoint["container"], "rm", "-f", inside])
-    saved = load_result(local)
+    saved = read_round(local)
+    prompts = job.params["concurrency"] * job.params["prompts_per_concurrency"]
     # timeout(1) exits 124 after its SIGTERM and 137 after its SIGKILL; 137 alone is also a killed container.
     stalled = finished.timed_out or finished.rc == 124 or (finished.rc == 137 and finished.seconds >= seconds)
     if stalled:
         problems = [f"round {index} was still running after {seconds} s and was killed"]
     else:
-        problems = [f"round {index}: {problem}" for problem in judge(saved, finished.output, allow_failures=True)]
-    valid = isinstance(saved, dict) and not stalled
+        problems = [f"round {index}: {problem}" for problem in judge(saved, finished.output, allow_failures=True, prompts=prompts)]
+    counted = isinstance(saved, dict) and not stalled
     return {
         "round": index, "t": round(began - started_at, 3), "seconds": round(finished.seconds, 3), "timeout": seconds,
-        "exit_code": finished.rc, "stalled": stalled,
-        "completed": saved.get("completed") if valid else None, "failed": saved.get("failed", 0) if valid else None,
+        "exit_code": finished.rc, "stalled": stalled, "prompts": prompts,
+        "completed": saved.get("completed") if counted and is_count(saved.get("completed")) else None,
+        "failed": saved.get("failed") if counted and is_count(saved.get("failed")) else None,
+        # A result file whose counts are missing, not counts, or do not add up to the prompts sent.
+        "unaccounted": counted and accounting(saved, prompts) is not None,
         "result_file": local if saved is not None else None, "problems": problems,
     }
 
@@ -530,8 +536,14 @@ def round_counts(rounds: t.Sequence[t.Mapping[str, t.Any]]) -> dict[str, t.Any]:
     def whole(value: t.Any) -> int:
         return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
-    return {"rounds": len(rounds), "unfinished_rounds": sum(1 for r in rounds if r["stalled"] or r["completed"] is None),
+    return {"rounds": len(rounds), "unfinished_rounds": sum(1 for r in rounds if unfinished(r)),
+            "unaccounted_rounds": sum(1 for r in rounds if r.get("unaccounted")),
             "completed_requests": sum(whole(r["completed"]) for r in rounds), "failed_requests": sum(whole(r["failed"]) for r in rounds)}
+
+
+def unfinished(found: t.Mapping[str, t.Any]) -> bool:
+    """A round with nothing to count: stalled, or no result file holding a JSON object."""
+    return bool(found["stalled"]) or (found["completed"] is None and not found.get("unaccounted"))
 
 
 # --- the verdict ----------------------------------------------------------------------------------------------
@@ -547,8 +559,12 @@ def verdict(summary: t.Mapping[str, t.Any], counts: t.Mapping[str, t.Any], chang
     if counts["failed_requests"]:
         reasons.append(f"{counts['failed_requests']} request(s) failed across {counts['rounds']} round(s) of vllm bench serve")
     if counts["unfinished_rounds"]:
-        problems = [p for r in rounds for p in r["problems"] if r["stalled"] or r["completed"] is None]
+        problems = [p for r in rounds if unfinished(r) for p in r["problems"]]
         reasons.append(f"{counts['unfinished_rounds']} of {counts['rounds']} round(s) did not finish: " + "; ".join(problems[:3]))
+    if counts.get("unaccounted_rounds"):
+        problems = [p for r in rounds if r.get("unaccounted") for p in r["problems"]]
+        reasons.append(f"{counts['unaccounted_rounds']} of {counts['rounds']} round(s) did not account for every request: "
+                       + "; ".join(problems[:3]))
     if not counts["rounds"]:
         reasons.append("no round of vllm bench serve ran")
     kv, limit = summary["max_kv_cache_usage"], thresholds["max_kv_cache_usage"]
@@ -760,6 +776,7 @@ def markdown_report(title: str, result: t.Mapping[str, t.Any]) -> str:
         "|---|---:|---|",
         f"| rounds of vllm bench serve | {counts.get('rounds', '-')} ({counts.get('unfinished_rounds', '-')} unfinished) | all finish |",
         f"| requests ok / failed | {counts.get('completed_requests', '-')} / {counts.get('failed_requests', '-')} | none fails |",
+        f"| rounds with requests unaccounted for | {counts.get('unaccounted_rounds', '-')} | 0 |",
         f"| max KV cache usage | {figure(summary.get('max_kv_cache_usage'), '{:.1%}')} "
         f"| below {figure(limits.get('max_kv_cache_usage'), '{:.0%}')} |",
         f"| max waiting requests | {figure(summary.get('max_waiting'), '{:g}')} | - |",
@@ -781,7 +798,7 @@ def markdown_report(title: str, result: t.Mapping[str, t.Any]) -> str:
     failed_rounds = [r for r in result["rounds"] if r.get("problems")]
     if failed_rounds:
         lines += ["| round | seconds into the soak | ok / failed | problems |", "|---:|---:|---:|---|"]
-        lines += [f"| {r.get('round')} | {figure(r.get('t'), '{:.0f}')} | {r.get('completed', '-')} / {r.get('failed', '-')} "
+        lines += [f"| {r.get('round')} | {figure(r.get('t'), '{:.0f}')} | {figure(r.get('completed'), '{}')} / {figure(r.get('failed'), '{}')} "
                   f"| {'; '.join(r['problems']).replace('|', '/')} |" for r in failed_rounds]
         lines.append("")
     return "\n".join(lines)

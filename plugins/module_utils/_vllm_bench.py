@@ -4,7 +4,8 @@
 
 Private to the collection. Lessons encoded here, from seed 000: a run is judged by the
 completed and failed counts in its saved JSON, never by the exit code (``vllm bench serve``
-exits 0 when every request failed), and a run with no success is never recorded; random
+exits 0 when every request failed), and a run with no success is never recorded; every prompt
+sent is accounted for (completed plus failed is the prompts sent, a missing count is no zero); random
 tokens lie about speculative decoding, so the default dataset is natural text packed to a
 token budget with the served model's own tokenizer, in disjoint sets per concurrency so the
 prefix cache cannot reuse an earlier round.
@@ -248,24 +249,45 @@ def output_errors(output: str | None) -> str:
     return "; ".join(error_lines(output, OUTPUT_MARKERS, limit=5, skip=(), engine_log=False)) or "no error line in its output"
 
 
-def judge(result: t.Mapping[str, t.Any] | None, output: str, allow_failures: bool) -> list[str]:
-    """Why a run cannot be recorded; empty when it can."""
+def is_count(value: t.Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def accounting(result: t.Mapping[str, t.Any], prompts: int) -> str | None:
+    """Why the result does not account for every prompt sent, or None: its completed and failed must both be counts
+    and add up to the prompts sent (a missing ``failed`` is not zero, it is a request nobody counted)."""
+    shown = {key: result.get(key) for key in ("completed", "failed")}
+    odd = [f"{key} {'missing' if key not in result else repr(value) + ' (not a count)'}" for key, value in shown.items()
+           if not is_count(value)]
+    if odd:
+        return (f"{prompts} prompts sent, but the result file's {' and '.join(odd)}: its requests are not accounted for, "
+                "so it is not a whole vllm bench serve result")
+    completed, failed = shown["completed"], shown["failed"]
+    if completed + failed < prompts:
+        return f"{prompts} prompts sent, {completed} completed, {failed} failed: {prompts - completed - failed} unaccounted for"
+    if completed + failed > prompts:
+        return (f"{prompts} prompts sent, {completed} completed, {failed} failed: {completed + failed - prompts} more than were sent, "
+                "so the result file is not this run's")
+    return None
+
+
+def judge(result: t.Any, output: str, allow_failures: bool, prompts: int) -> list[str]:
+    """Why a run that sent ``prompts`` requests cannot be recorded; empty when it can. Every request is accounted for:
+    completed plus failed is the prompts sent, or the run is not recorded."""
     if result is None:
-        return [f"vllm bench wrote no result file ({output_errors(output)})"]
+        return [f"vllm bench wrote no result file, so none of the {prompts} prompts sent is accounted for ({output_errors(output)})"]
     if not isinstance(result, dict):
-        return ["the result file does not hold a JSON object; it is not a vllm bench serve result"]
-    completed = result.get("completed")
-    failed = result.get("failed", 0)
-    if not isinstance(completed, int) or isinstance(completed, bool) or completed < 0:
-        return [f"the result file's completed is {completed!r}, not a count; it is not a vllm bench serve result"]
-    if not isinstance(failed, int) or isinstance(failed, bool) or failed < 0:
-        return [f"the result file's failed is {failed!r}, not a count; it is not a vllm bench serve result"]
-    reasons = []
+        return [f"the result file does not hold a JSON object, so none of the {prompts} prompts sent is accounted for; "
+                "it is not a vllm bench serve result"]
+    problem = accounting(result, prompts)
+    if problem:
+        return [problem]
+    completed, failed = result["completed"], result["failed"]
     if completed == 0:
-        reasons.append(f"no request succeeded ({failed} failed: {output_errors(output)}); the run is not recorded")
-    elif failed and not allow_failures:
-        reasons.append(f"{failed} of {completed + failed} requests failed; set allow_failures to record such a run")
-    return reasons
+        return [f"no request succeeded ({failed} failed: {output_errors(output)}); the run is not recorded"]
+    if failed and not allow_failures:
+        return [f"{failed} of {prompts} requests failed; set allow_failures to record such a run"]
+    return []
 
 
 def figures(result: t.Mapping[str, t.Any]) -> dict[str, t.Any]:
@@ -306,6 +328,16 @@ def markdown_table(runs: t.Sequence[t.Mapping[str, t.Any]]) -> str:
             f"| {fmt(acceptance * 100 if isinstance(acceptance, (int, float)) else None, '{:.1f}%')} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def not_recorded(bench: t.Mapping[str, t.Any]) -> str:
+    """The report's paragraph on what the benchmark did not record (a run that failed or did not account for its
+    requests, and the concurrencies after it, never run), so a report of the runs that were recorded hides none."""
+    reasons = bench.get("reasons") or []
+    if not reasons:
+        return ""
+    return ("Not recorded (the table holds only the runs recorded; a failed run stops the concurrencies after it):\n\n"
+            + "".join(f"- {reason}\n" for reason in reasons) + "\n")
 
 
 def runner_command(
@@ -368,6 +400,9 @@ def report_problems(bench: t.Mapping[str, t.Any], correctness: t.Any, metrics: t
     if not isinstance(runs, list) or not all(isinstance(run, dict) for run in runs):
         return ["bench.runs: not a list of runs; " + fix.format("vllm_bench")]
     problems = []
+    reasons = bench.get("reasons")
+    if reasons is not None and not (isinstance(reasons, list) and all(isinstance(reason, str) for reason in reasons)):
+        problems.append("bench.reasons: not a list of reasons; " + fix.format("vllm_bench"))
     for index, run in enumerate(runs):
         concurrency = run.get("concurrency")
         if not is_number(concurrency) or isinstance(concurrency, float) or concurrency < 1:
@@ -587,17 +622,11 @@ def run_once(job: Job, index: int, concurrency: int, prompts: int) -> dict[str, 
     after = counters(endpoint, params["timeout"])
     if plan["copy_in"]:
         job.run_command([job.docker, "cp", f"{job.container}:{plan['data_dir']}/{filename}", local_result])
-    saved = None
-    if os.path.exists(local_result):
-        with open(local_result, encoding="utf-8") as handle:
-            try:
-                saved = json.load(handle)
-            except ValueError:
-                saved = {}
+    saved = load_result(local_result)
     figures_found = figures(saved) if isinstance(saved, dict) else {}
     run_acceptance = acceptance(counters_delta(before, after)) or {}
-    reasons = [f"concurrency {concurrency}: {reason}" for reason in judge(saved, out + err, params["allow_failures"])]
-    if reasons and saved:
+    reasons = [f"concurrency {concurrency}: {reason}" for reason in judge(saved, out + err, params["allow_failures"], prompts)]
+    if reasons and saved is not None:
         # Kept for diagnosis under a name no report picks up as a result.
         failed_result = local_result[:-len(".json")] + ".failed.json"
         os.replace(local_result, failed_result)
@@ -613,9 +642,22 @@ def run_once(job: Job, index: int, concurrency: int, prompts: int) -> dict[str, 
         "draft_tokens": run_acceptance.get("draft_tokens"),
         "accepted_tokens": run_acceptance.get("accepted_tokens"),
         "acceptance_note": counter_regression(before, after),
-        "result_file": local_result if saved else None,
+        "result_file": local_result if saved is not None else None,
         "reasons": reasons,
     }
+
+
+def load_result(path: str) -> t.Any:
+    """A run's saved result: None when vllm bench wrote none, the text itself when it is not JSON (judge names both)."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            text = handle.read()
+    except FileNotFoundError:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
 
 
 def file_problem(error: OSError) -> str:

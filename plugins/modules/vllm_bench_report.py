@@ -14,6 +14,9 @@ description:
     into three files in O(dest), C(report.json), C(report.md) (TTFT, TPOT, ITL, throughput and draft
     acceptance by concurrency, after the correctness line) and C(report.png) (output throughput and TPOT
     against concurrency).
+  - Only the runs the benchmark recorded are tabled; when it recorded fewer (a run failed, or did not account for
+    every prompt it sent), C(report.md) says so above the table with every reason, and C(report.json) keeps them
+    under C(not_recorded).
   - "Meant to run on the controller (C(delegate_to: localhost)), where the report is read."
 author: sparkfleet.vllm contributors (@sparkfleet)
 options:
@@ -88,7 +91,7 @@ from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._files import write_changed
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._plots import load_pyplot
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_bench import markdown_table, report_problems
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_bench import markdown_table, not_recorded, report_problems
 
 
 def correctness_line(correctness):
@@ -167,11 +170,13 @@ def main():
         "runner": params["bench"].get("runner"),
         "dataset": params["bench"].get("dataset"),
         "runs": runs,
+        "not_recorded": params["bench"].get("reasons") or [],
         "correctness": params["correctness"],
         "workload": (params["metrics"] or {}).get("workload"),
     }
     markdown = (
-        f"# {params['title']}\n\n" + workload_line(params["metrics"]) + correctness_line(params["correctness"]) + markdown_table(runs)
+        f"# {params['title']}\n\n" + workload_line(params["metrics"]) + correctness_line(params["correctness"])
+        + not_recorded(params["bench"]) + markdown_table(runs)
     )
     contents = {
         "report.json": (json.dumps(report, indent=1, sort_keys=True) + "\n").encode(),

@@ -26,7 +26,8 @@ description:
     C(NVRM) lines with C(NV_ERR_NO_MEMORY), the watchdog's actions (start, restart, give_up), and the restarts of
     the instance's unit (C(NRestarts), a new invocation) and container (a new Id, C(StartedAt), C(RestartCount)),
     before against after.
-  - FAIL when a request failed, a round did not finish, KV cache usage reached O(max_kv_cache_usage), a gap
+  - FAIL when a request failed, a round did not finish, a round's result did not account for every prompt it sent
+    (its C(completed) or C(failed) missing or not a count, or the two adding up to other than the prompts sent), KV cache usage reached O(max_kv_cache_usage), a gap
     exceeded O(max_gap), more probes than O(max_probe_failures) went unanswered, MemAvailable fell under
     O(min_mem_available_mib), the kernel or earlyoom killed a process, the driver ran out of memory, anything
     restarted, the watchdog acted, or a journal could not be read. Every reason is returned.
@@ -203,7 +204,8 @@ summary:
   type: dict
 counts:
   description:
-    - rounds, unfinished_rounds, completed_requests, failed_requests, oom_kills, earlyoom_kills, nvrm_no_memory,
+    - rounds, unfinished_rounds (stalled, or no result file holding a JSON object), unaccounted_rounds (a result file whose
+      completed and failed do not account for every prompt sent), completed_requests, failed_requests, oom_kills, earlyoom_kills, nvrm_no_memory,
       watchdog_actions, journal_errors (journal -> why it could not be read) and evidence (the first lines of each count).
   returned: when the soak ran
   type: dict
@@ -212,7 +214,10 @@ restarts:
   returned: when the soak ran
   type: dict
 rounds:
-  description: Per round, round, t (seconds into the soak), seconds, timeout, exit_code, stalled, completed, failed, result_file and problems.
+  description:
+    - Per round, round, t (seconds into the soak), seconds, timeout, exit_code, stalled, prompts (sent), completed and failed
+      (null when the result file has no such count), unaccounted (the counts do not account for every prompt sent),
+      result_file and problems.
   returned: always
   type: list
   elements: dict

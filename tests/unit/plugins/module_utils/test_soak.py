@@ -194,7 +194,7 @@ def test_rounds_stop_at_the_deadline_and_the_last_may_run_into_the_drain(tmp_pat
         assert argv[argv.index(flag) + 1] == value
     assert "--ignore-eos" in argv and KEY not in " ".join(argv)
     assert len({argv[argv.index("--seed") + 1] for _at, argv, _env, _s in runs}) == 3, "every round draws other prompts"
-    assert round_counts(rounds) == {"rounds": 3, "unfinished_rounds": 0, "completed_requests": 18, "failed_requests": 0}
+    assert round_counts(rounds) == {"rounds": 3, "unfinished_rounds": 0, "unaccounted_rounds": 0, "completed_requests": 18, "failed_requests": 0}
 
 
 def test_a_round_stalled_at_the_deadline_is_killed_after_the_drain_and_counted(tmp_path):
@@ -232,8 +232,58 @@ def test_a_round_that_fails_at_once_is_followed_by_a_pause_not_a_storm(tmp_path)
     host = Host(run_command=Machine().run_command, run_round=run_round, clock=clock, pause=pause)
     rounds = run_rounds(job(tmp_path, duration=100, sample_interval=30), host, clock.now, clock.now + 100)
     assert len(rounds) == 4 and pauses == [30, 30, 30, 6]
-    assert rounds[0]["problems"] == ["round 1: vllm bench wrote no result file (Error response from daemon: container vllm-llm is restarting)"]
+    assert rounds[0]["problems"] == ["round 1: vllm bench wrote no result file, so none of the 6 prompts sent is accounted for "
+                                     "(Error response from daemon: container vllm-llm is restarting)"]
     assert round_counts(rounds)["unfinished_rounds"] == 4
+
+
+# Rounds of 6 prompts whose result files do not account for every one: the file's text, and the round's counts as kept.
+UNACCOUNTED_ROUNDS = {
+    "failed-missing": ('{"completed": 6}', 6, None, "round 1: 6 prompts sent, but the result file's failed missing"),
+    "failed-null": ('{"completed": 6, "failed": null}', 6, None, "the result file's failed None (not a count)"),
+    "failed-text": ('{"completed": 4, "failed": "2"}', 4, None, "the result file's failed '2' (not a count)"),
+    "failed-negative": ('{"completed": 7, "failed": -1}', 7, None, "the result file's failed -1 (not a count)"),
+    "completed-missing": ('{"failed": 0}', None, 0, "the result file's completed missing"),
+    "shortfall": ('{"completed": 3, "failed": 0}', 3, 0, "round 1: 6 prompts sent, 3 completed, 0 failed: 3 unaccounted for"),
+    "more-than-sent": ('{"completed": 6, "failed": 1}', 6, 1, "round 1: 6 prompts sent, 6 completed, 1 failed: 1 more than were sent"),
+}
+
+
+@pytest.mark.parametrize(("text", "completed", "failed", "problem"), UNACCOUNTED_ROUNDS.values(), ids=UNACCOUNTED_ROUNDS.keys())
+def test_a_round_that_does_not_account_for_every_request_fails_the_soak(tmp_path, text, completed, failed, problem):
+    clock = FakeClock()
+
+    def run_round(argv, env, seconds):
+        clock.now += 60
+        pathlib.Path(result_file(argv)).write_text(text)
+        return Finished(0, "", False, 60.0)
+
+    host = Host(run_command=Machine().run_command, run_round=run_round, clock=clock, pause=lambda s: None)
+    rounds = run_rounds(job(tmp_path, duration=50), host, clock.now, clock.now + 50)
+    assert len(rounds) == 1 and problem in rounds[0]["problems"][0], rounds[0]["problems"]
+    assert (rounds[0]["prompts"], rounds[0]["completed"], rounds[0]["failed"], rounds[0]["unaccounted"]) == (6, completed, failed, True)
+    found = round_counts(rounds)
+    assert (found["unaccounted_rounds"], found["unfinished_rounds"]) == (1, 0)
+    passed, reasons = verdict(passing_summary(), counts(**found), [], rounds, thresholds(), 30)
+    assert not passed and reasons[-1] == f"1 of 1 round(s) did not account for every request: {rounds[0]['problems'][0]}"
+
+
+@pytest.mark.parametrize(("text", "problem"), [(None, "vllm bench wrote no result file, so none of the 6 prompts sent is accounted for"),
+                                               ("{\"completed\": 6,", "the result file does not hold a JSON object, so none of the 6"),
+                                               ("[6, 0]", "the result file does not hold a JSON object, so none of the 6")])
+def test_a_round_without_a_result_to_count_did_not_finish(tmp_path, text, problem):
+    clock = FakeClock()
+
+    def run_round(argv, env, seconds):
+        clock.now += 60
+        if text is not None:
+            pathlib.Path(result_file(argv)).write_text(text)
+        return Finished(0, "", False, 60.0)
+
+    host = Host(run_command=Machine().run_command, run_round=run_round, clock=clock, pause=lambda s: None)
+    rounds = run_rounds(job(tmp_path, duration=50), host, clock.now, clock.now + 50)
+    assert problem in rounds[0]["problems"][0] and not rounds[0]["unaccounted"]
+    assert (round_counts(rounds)["unfinished_rounds"], round_counts(rounds)["unaccounted_rounds"]) == (1, 0)
 
 
 def test_the_backstop_kills_a_runner_that_outlives_its_timeout_with_its_children():
@@ -438,7 +488,7 @@ def passing_summary():
 
 
 def counts(**changed):
-    return {"rounds": 25, "unfinished_rounds": 0, "completed_requests": 1200, "failed_requests": 0, "oom_kills": 0, "earlyoom_kills": 0,
+    return {"rounds": 25, "unfinished_rounds": 0, "unaccounted_rounds": 0, "completed_requests": 1200, "failed_requests": 0, "oom_kills": 0, "earlyoom_kills": 0,
             "nvrm_no_memory": 0, "watchdog_actions": 0, "journal_errors": {},
             "evidence": {"oom_kills": [], "earlyoom_kills": [], "nvrm_no_memory": [], "watchdog_actions": []}, **changed}
 
@@ -447,6 +497,8 @@ def evidence(**lines):
     return {"oom_kills": [], "earlyoom_kills": [], "nvrm_no_memory": [], "watchdog_actions": [], **lines}
 
 
+UNACCOUNTED = {"round": 3, "stalled": False, "completed": 17, "failed": 0, "unaccounted": True,
+               "problems": ["round 3: 20 prompts sent, 17 completed, 0 failed: 3 unaccounted for"]}
 STALLED = {"round": 25, "stalled": True, "completed": None, "failed": None, "problems": ["round 25 was still running after 300 s and was killed"]}
 
 FAILURES = {
@@ -454,6 +506,8 @@ FAILURES = {
                         "3 request(s) failed across 25 round(s) of vllm bench serve"),
     "unfinished-round": ({}, {"unfinished_rounds": 1}, [], [STALLED], {},
                          "1 of 25 round(s) did not finish: round 25 was still running after 300 s and was killed"),
+    "unaccounted-round": ({}, {"unaccounted_rounds": 1}, [], [UNACCOUNTED], {},
+                          "1 of 25 round(s) did not account for every request: round 3: 20 prompts sent, 17 completed, 0 failed: 3 unaccounted for"),
     "no-round": ({}, {"rounds": 0, "completed_requests": 0}, [], [], {}, "no round of vllm bench serve ran"),
     "kv-at-the-gate": ({"max_kv_cache_usage": 0.8}, {}, [], [], {}, "KV cache usage reached 80.0% (gate: below 80%)"),
     "kv-unknown": ({"max_kv_cache_usage": None}, {}, [], [], {},

@@ -6,13 +6,16 @@ import pathlib
 import pytest
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_bench import (
+    accounting,
     bench_args,
     dataset_lines,
     disjoint_sets,
     figures,
     judge,
+    load_result,
     local_tokenizer,
     markdown_table,
+    not_recorded,
     pack_chunks,
     report_problems,
     runner_command,
@@ -31,7 +34,7 @@ VALID = {"label": "mtp4", "concurrencies": [1, 2], "prompts_per_concurrency": 6,
 
 
 def test_a_run_with_successes_is_recorded():
-    assert judge(GOOD, "", allow_failures=False) == []
+    assert judge(GOOD, "", allow_failures=False, prompts=4) == []
     found = figures(GOOD)
     assert (found["completed"], found["failed"]) == (4, 0)
     assert found["mean_tpot_ms"] == pytest.approx(3.0679, rel=1e-3)
@@ -39,7 +42,7 @@ def test_a_run_with_successes_is_recorded():
 
 
 def test_all_requests_failed_is_refused_with_the_error_lines():
-    reasons = judge(WRONG_KEY, WRONG_KEY_OUTPUT, allow_failures=True)
+    reasons = judge(WRONG_KEY, WRONG_KEY_OUTPUT, allow_failures=True, prompts=2)
     assert len(reasons) == 1
     assert "no request succeeded (2 failed" in reasons[0]
     assert "Unauthorized" in reasons[0]
@@ -47,24 +50,65 @@ def test_all_requests_failed_is_refused_with_the_error_lines():
 
 def test_some_failures_refused_unless_allowed():
     partial = dict(GOOD, completed=3, failed=1)
-    assert "1 of 4 requests failed" in judge(partial, "", allow_failures=False)[0]
-    assert judge(partial, "", allow_failures=True) == []
+    assert judge(partial, "", allow_failures=False, prompts=4) == ["1 of 4 requests failed; set allow_failures to record such a run"]
+    assert judge(partial, "", allow_failures=True, prompts=4) == []
 
 
 def test_missing_result_file_names_the_crash():
     output = "Traceback (most recent call last):\nModuleNotFoundError: No module named 'pandas'\n"
-    reasons = judge(None, output, allow_failures=False)
-    assert "wrote no result file" in reasons[0] and "No module named 'pandas'" in reasons[0]
+    reasons = judge(None, output, allow_failures=False, prompts=20)
+    assert reasons[0].startswith("vllm bench wrote no result file, so none of the 20 prompts sent is accounted for")
+    assert "No module named 'pandas'" in reasons[0]
 
 
-@pytest.mark.parametrize(
-    "result",
-    [{"date": "x"}, {"completed": "2", "failed": 0}, {"completed": True, "failed": 0}, {"completed": -1},
-     {"completed": 2, "failed": "0"}, {"completed": 2, "failed": None}, {"completed": 2.5}, [1, 2], "text"],
-)
-def test_a_file_that_is_not_a_bench_result(result):
-    reasons = judge(result, "", allow_failures=False)
-    assert len(reasons) == 1 and "not a vllm bench serve result" in reasons[0]
+@pytest.mark.parametrize("result", [[1, 2], "text", "{not json", 3, True])
+def test_a_file_that_is_not_a_json_object_accounts_for_nothing(result):
+    assert judge(result, "", allow_failures=True, prompts=20) == [
+        "the result file does not hold a JSON object, so none of the 20 prompts sent is accounted for; it is not a vllm bench serve result"]
+
+
+UNCOUNTED = {key: value for key, value in GOOD.items() if key not in ("completed", "failed")}
+# Every spelling of a result that does not account for the prompts sent (20 here): a count missing, null, text,
+# negative, fractional or true; completed and failed that fall short of the prompts, or exceed them.
+UNACCOUNTED = {
+    "failed-missing": ({"completed": 20}, "20 prompts sent, but the result file's failed missing"),
+    "completed-missing": ({"failed": 0}, "20 prompts sent, but the result file's completed missing"),
+    "both-missing": ({}, "20 prompts sent, but the result file's completed missing and failed missing"),
+    "failed-null": ({"completed": 20, "failed": None}, "the result file's failed None (not a count)"),
+    "completed-null": ({"completed": None, "failed": 0}, "the result file's completed None (not a count)"),
+    "failed-text": ({"completed": 17, "failed": "3"}, "the result file's failed '3' (not a count)"),
+    "completed-text": ({"completed": "20", "failed": 0}, "the result file's completed '20' (not a count)"),
+    "failed-negative": ({"completed": 23, "failed": -3}, "the result file's failed -3 (not a count)"),
+    "completed-negative": ({"completed": -1, "failed": 21}, "the result file's completed -1 (not a count)"),
+    "completed-fraction": ({"completed": 19.5, "failed": 0.5}, "completed 19.5 (not a count) and failed 0.5 (not a count)"),
+    "completed-true": ({"completed": True, "failed": 0}, "the result file's completed True (not a count)"),
+    "shortfall": ({"completed": 17, "failed": 0}, "20 prompts sent, 17 completed, 0 failed: 3 unaccounted for"),
+    "shortfall-with-failures": ({"completed": 10, "failed": 5}, "20 prompts sent, 10 completed, 5 failed: 5 unaccounted for"),
+    "nothing-counted": ({"completed": 0, "failed": 0}, "20 prompts sent, 0 completed, 0 failed: 20 unaccounted for"),
+    "more-than-sent": ({"completed": 20, "failed": 2}, "20 prompts sent, 20 completed, 2 failed: 2 more than were sent"),
+}
+
+
+@pytest.mark.parametrize(("counts", "fragment"), UNACCOUNTED.values(), ids=UNACCOUNTED.keys())
+@pytest.mark.parametrize("allow_failures", [True, False])
+def test_a_result_that_does_not_account_for_every_prompt_is_not_recorded(counts, fragment, allow_failures):
+    result = {**UNCOUNTED, **counts}
+    reasons = judge(result, "", allow_failures=allow_failures, prompts=20)
+    assert len(reasons) == 1 and fragment in reasons[0], reasons
+    assert accounting(result, 20) == reasons[0]
+
+
+def test_a_result_without_failed_is_not_read_as_zero_failures():
+    assert judge({**UNCOUNTED, "completed": 4}, "", allow_failures=False, prompts=4) == [
+        "4 prompts sent, but the result file's failed missing: its requests are not accounted for, so it is not a whole vllm bench serve result"]
+
+
+def test_a_saved_result_is_read_as_json_or_as_the_text_it_holds(tmp_path):
+    assert load_result(str(tmp_path / "absent.json")) is None
+    (tmp_path / "broken.json").write_text('{"completed": 4,')
+    assert load_result(str(tmp_path / "broken.json")) == '{"completed": 4,'
+    (tmp_path / "good.json").write_text('{"completed": 4, "failed": 0}')
+    assert load_result(str(tmp_path / "good.json")) == {"completed": 4, "failed": 0}
 
 
 @pytest.mark.parametrize(
@@ -207,3 +251,17 @@ def test_registered_results_of_the_right_shape_make_a_report():
 def test_registered_results_of_another_shape_name_the_option(bench, correctness, metrics, fragment):
     problems = report_problems(bench, correctness, metrics)
     assert len(problems) == 1 and fragment in problems[0], problems
+
+
+def test_a_report_names_what_the_benchmark_did_not_record():
+    assert not_recorded({"runs": [RUN], "reasons": []}) == ""
+    assert not_recorded({"runs": [RUN]}) == ""
+    text = not_recorded({"runs": [RUN], "reasons": ["concurrency 8: 32 prompts sent, 30 completed, 0 failed: 2 unaccounted for"]})
+    assert text.startswith("Not recorded (the table holds only the runs recorded; a failed run stops the concurrencies after it):")
+    assert "- concurrency 8: 32 prompts sent, 30 completed, 0 failed: 2 unaccounted for\n" in text
+
+
+@pytest.mark.parametrize("reasons", ["concurrency 8 failed", [1], {"c8": "failed"}, [None]])
+def test_reasons_of_another_shape_are_refused(reasons):
+    assert report_problems({"runs": [RUN], "reasons": reasons}, None, None) == [
+        "bench.reasons: not a list of reasons; pass the registered result of vllm_bench itself"]

@@ -54,9 +54,13 @@ if errors:
         print(f"Error {{index}}: {{reason}}")
 result = {{"completed": completed, "failed": len(errors), "mean_ttft_ms": 12.5, "median_ttft_ms": 11.0, "p99_ttft_ms": 20.0, "mean_tpot_ms": 3.25,
           "output_throughput": 100.0, "argv": sys.argv[1:]}}
+# A result that loses requests, or a count, as the test asks through the environment.
+result["completed"] -= int(os.environ.get("FAKE_BENCH_LOST", "0"))
+for key in filter(None, os.environ.get("FAKE_BENCH_DROP", "").split(",")):
+    del result[key]
 os.makedirs(args.result_dir, exist_ok=True)
 with open(os.path.join(args.result_dir, args.result_filename), "w", encoding="utf-8") as handle:
-    json.dump(result, handle)
+    handle.write(os.environ.get("FAKE_BENCH_TEXT") or json.dumps(result))
 """
 
 FAKE_PYTHON = "#!/bin/sh\n{body}\n"
@@ -248,6 +252,36 @@ def test_a_wrong_key_fails_the_run_although_vllm_bench_exits_zero(tmp_path, vllm
     assert not (workdir / "c1.json").exists() and run["result_file"] == str(workdir / "c1.failed.json")
     assert json.loads((workdir / "summary.json").read_text())["ok"] is False
     assert result["dataset"] == {"kind": "random"} and "wrong-key" not in json.dumps(result)
+
+
+UNACCOUNTED_RUNS = {
+    "lost": ({"FAKE_BENCH_LOST": "1"}, "concurrency 1: 2 prompts sent, 1 completed, 0 failed: 1 unaccounted for"),
+    "no-failed": ({"FAKE_BENCH_DROP": "failed"}, "concurrency 1: 2 prompts sent, but the result file's failed missing"),
+    "no-counts": ({"FAKE_BENCH_DROP": "completed,failed"}, "the result file's completed missing and failed missing"),
+    "not-json": ({"FAKE_BENCH_TEXT": "Traceback"}, "concurrency 1: the result file does not hold a JSON object, so none of the 2"),
+}
+
+
+@pytest.mark.parametrize(("environ", "fragment"), UNACCOUNTED_RUNS.values(), ids=UNACCOUNTED_RUNS.keys())
+def test_a_run_that_does_not_account_for_every_prompt_is_not_recorded(tmp_path, vllm, local, monkeypatch, environ, fragment):
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    msg, result = benchmark(options(tmp_path, vllm, dataset="random", concurrencies=[1, 2], allow_failures=True),
+                            local.run_command, local.which, False)
+    assert msg.startswith("benchmark not recorded: ") and fragment in msg, msg
+    assert result["ok"] is False and len(result["runs"]) == 1 and result["runs"][0]["reasons"] == result["reasons"]
+    workdir = tmp_path / "results" / "lab"
+    # Kept for diagnosis under a name no report picks up as a result.
+    assert not (workdir / "c1.json").exists() and (workdir / "c1.failed.json").exists()
+    assert "| 1 |" not in result["table"], "a run that does not account for its requests is not tabled"
+
+
+def test_a_run_that_wrote_no_result_file_accounts_for_none_of_its_prompts(tmp_path, vllm, local):
+    executable(local.bin_dir / "vllm", "#!/bin/sh\necho 'Error: the engine is gone' >&2\nexit 0\n")
+    msg, result = benchmark(options(tmp_path, vllm, dataset="random", concurrencies=[2]), local.run_command, local.which, False)
+    assert msg == ("benchmark not recorded: concurrency 2: vllm bench wrote no result file, so none of the 4 prompts sent is accounted "
+                   "for (Error: the engine is gone)")
+    assert result["runs"][0]["result_file"] is None
 
 
 def test_a_runner_without_pandas_is_named_with_the_fix_before_any_load(tmp_path, vllm, local, documents):
