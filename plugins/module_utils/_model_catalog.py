@@ -447,6 +447,32 @@ def catalog_problems(entries: t.Any, where: str = "vllm_catalog_extra") -> list[
     return errors
 
 
+def catalog_id(value: t.Any) -> str | None:
+    """An instance's ``catalog`` as a key to look the entry up by: text only (a list or a mapping is no id)."""
+    return value if isinstance(value, str) else None
+
+
+def catalog_reference_problems(field: str, instance: t.Mapping[str, t.Any], catalog: t.Mapping[str, t.Any]) -> list[str]:
+    """An instance naming a catalog entry (``field`` names the instance): the name must be an entry's id,
+    and a ``model`` kept beside it must name weights, since the instance's own keys win over the entry's:
+    left empty in YAML (null), blank or a list, it would replace the entry's checkpoint with nothing."""
+    name = instance.get("catalog")
+    if name is None:
+        return []
+    if catalog_id(name) not in catalog:
+        return [f"{field}.catalog: {name!r} is not a catalog entry's id; give one as text (docs/catalog.md lists them; "
+                "vllm_catalog_extra adds your own)"]
+    if "model" not in instance:
+        return []
+    model = instance["model"]
+    if isinstance(model, str) and model.strip() and not any(c.isspace() for c in model):
+        return []
+    entry = catalog[name]
+    brought = entry.get("path") or entry.get("repo") if isinstance(entry, dict) else None
+    return [f"{field}.model: {model!r} is no checkpoint, and it would replace catalog entry {name}'s ({brought or 'none given'}); "
+            "remove the model key to serve the entry's checkpoint, or give a path under /models or a Hub id"]
+
+
 def broken_rule_problems(field: str, rule: t.Any) -> list[str]:
     if not isinstance(rule, dict) or rule.get("setting") not in BROKEN_SETTINGS or not isinstance(rule.get("values"), list) \
             or not isinstance(rule.get("reason"), str):
