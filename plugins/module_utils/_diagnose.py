@@ -42,19 +42,47 @@ REDACTED = "<redacted>"
 CONFIG_DIRS = ("/etc/sparkfleet/vllm", "/etc/sparkfleet/cluster", "/etc/sparkfleet/gateway")
 # The client the units run: another docker earlier on PATH may talk to another engine.
 DOCKER = "/usr/bin/docker"
+# A setting whose name holds one of these words is a secret, whatever else the name says.
 SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD", re.IGNORECASE)
+# A JSON or YAML field that holds a secret ends with one of them (api_key, master_key, hf_token); key_env names one.
+SECRET_FIELD = re.compile(r"(?:KEY|TOKEN|SECRET|PASSWORD)S?$", re.IGNORECASE)
+# An environment variable's name as Docker's env files and --env spell it.
+ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]*")
+# The one kind of environment setting whose value is not taken for a secret: the tuning and runtime knobs of the
+# engine, its libraries and its image (addresses, interfaces, paths, versions), which the bundle must keep readable
+# (NCCL_SOCKET_IFNAME's interface in fabric.txt, VLLM_HOST_IP in the plans). Any other name (an operator's
+# GITHUB_PAT) is a secret; so is a knob whose name holds a secret word (VLLM_API_KEY, HF_TOKEN).
+PUBLIC_ENV = re.compile(r"(?:VLLM|NCCL|GLOO|UCX|TP|CUDA|NV|NVIDIA|TORCH|PYTORCH|TRITON|FLASHINFER|OMP|MKL|HF|TRANSFORMERS|RAY|MASTER"
+                        r"|LC|LD|PIP|UV)_[A-Z0-9_]*|PYTHON[A-Z0-9_]*|PATH|HOME|HOSTNAME|LANG|TERM|TZ|MAX_JOBS|DEBIAN_FRONTEND")
+# LiteLLM's reference to an environment variable (the gateway's config and plan): a name, not a key.
+ENV_REFERENCE = "os.environ/"
 # A unit or container name as the collection writes it (the watchdog's _watchdog.PLAN_NAME; this file stands alone on a
 # host): a plan naming anything else never reaches a command line or a member's name.
 PLAN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@:-]{0,250}")
-SECRET_FLAGS = ("--api-key", "--hf-token")
+# vLLM's flags that take a secret, with their nargs: --api-key takes one key or more, --hf-token one at most.
+SECRET_FLAGS = {"api-key": "+", "hf-token": "?"}
+# argparse takes any unambiguous prefix of a long flag, and vLLM's parser reads _ as - in a flag's name (up to a
+# dot): --hf-tok, --api_ke=, --ap. One letter never is: --host and --allowed-origins make --h and --a ambiguous.
+MIN_FLAG_PREFIX = 2
 # Scrubbing a shorter value from free text would mangle the bundle (a *_KEY setting of "true");
 # no key the collection writes is that short.
 MIN_SECRET = 8
-# Second line of defence for values no env file named: secret flags, secret NAME=value settings, bearer tokens.
+
+
+def flag_spellings() -> bytes:
+    """Every spelling argparse takes of a secret flag, as a regular expression: its prefixes, _ for -."""
+    prefixes = {flag[:length] for flag in SECRET_FLAGS for length in range(MIN_FLAG_PREFIX, len(flag) + 1)}
+    return b"|".join("".join("[-_]" if char == "-" else re.escape(char) for char in prefix).encode()
+                     for prefix in sorted(prefixes, key=len, reverse=True))
+
+
+# Second line of defence for values shorter than MIN_SECRET or no file named: a secret flag's value in a command line
+# or in a JSON or Python list, a secret NAME=value setting, a bearer token.
 TEXT_PATTERNS = (
-    (re.compile(rb"(--(?:%s)(?:=|\s+))[^\s\"',]+" % b"|".join(flag[2:].encode() for flag in SECRET_FLAGS)), rb"\1" + REDACTED.encode()),
-    (re.compile(rb"\b([A-Z0-9_]*(?:KEY|TOKEN|SECRET|PASSWORD)[A-Z0-9_]*=)[^\s\"',]+"), rb"\1" + REDACTED.encode()),
-    (re.compile(rb"(Bearer\s+)[^\s\"',]+", re.IGNORECASE), rb"\1" + REDACTED.encode()),
+    (re.compile(rb"(--(?:%s)(?:=|\s+))[^\s\"',\\]+" % flag_spellings()), rb"\1" + REDACTED.encode()),
+    (re.compile(rb"([\"']--(?:%s)[\"']\s*,\s*[\"'])[^\"'\\]+" % flag_spellings()), rb"\1" + REDACTED.encode()),
+    (re.compile(rb"\b([A-Z0-9_]*(?:KEY|TOKEN|SECRET|PASSWORD)[A-Z0-9_]*=)[^\s\"',\\]+"), rb"\1" + REDACTED.encode()),
+    (re.compile(rb"(Bearer\s+)[^\s\"',\\]+", re.IGNORECASE), rb"\1" + REDACTED.encode()),
 )
 KERNEL_LINES = re.compile(r"out of memory|oom[-_ ]?kill|oom_reaper|\boom\b|killed process|NVRM|\bXid\b", re.IGNORECASE)
 # Plan files sit in a role's folder, the last good copies in last-good/, the gateway's LiteLLM config in litellm/.
@@ -114,36 +142,136 @@ def bundle_path(folder: str, host: str, when: float) -> str:
     return os.path.join(folder, f"sparkfleet-diagnose-{re.sub(r'[^A-Za-z0-9._-]', '_', host)}-{stamp}.tar.gz")
 
 
+def secret_env(name: str) -> bool:
+    """Whether an environment setting's value is a secret: every one but the public knobs (PUBLIC_ENV)."""
+    return bool(SECRET_NAME.search(name)) or not PUBLIC_ENV.fullmatch(name)
+
+
+def secret_field(name: str) -> bool:
+    """Whether a plan's field (a JSON key, a YAML key) holds a secret: an environment name as secret_env judges it,
+    any other name when it ends with a secret word."""
+    return secret_env(name) if ENV_NAME.fullmatch(name) else bool(SECRET_FIELD.search(name))
+
+
+def learnt(values: Iterable[str]) -> set[str]:
+    """The values long enough to be scrubbed from free text, each as given, trimmed and unquoted (for a reader that
+    strips quotes); LiteLLM's os.environ/ references are names, not values."""
+    found = {spelling for value in values for spelling in (value, value.strip(), value.strip().strip("\"'"))}
+    return {value for value in found if len(value) >= MIN_SECRET and not value.startswith(ENV_REFERENCE)}
+
+
+def config_dir_problems(configured: Sequence[t.Any]) -> list[str]:
+    """What is wrong with the configuration folders given: each must be an absolute path."""
+    fix = "set vllm_config_dir, cluster_config_dir, gateway_config_dir and watchdog_plan_dirs to absolute folders"
+    if not configured:
+        return [f"config_dirs is empty, so no plan and no key would be read; {fix}"]
+    return [f"config_dirs[{index}]: {folder!r} is not an absolute folder; {fix}"
+            for index, folder in enumerate(configured) if not isinstance(folder, str) or not folder.startswith("/")]
+
+
+def config_folders(configured: Sequence[str]) -> list[str]:
+    """The folders to read: those the inventory configured, then the collection's default folders not among them (an
+    inventory that moved a role's folder may have left keys in the old one, which old journal lines printed)."""
+    return list(dict.fromkeys([*configured, *CONFIG_DIRS]))
+
+
 def env_secrets(text: str) -> set[str]:
-    """The values of an env file's secret settings (NAME=value, the value taken to the end of the line as
-    Docker does; a quoted spelling too, for a reader that strips quotes)."""
-    found = set()
+    """The secret values of an env file (NAME=value, the value taken to the end of the line as Docker does): every
+    setting's but the public knobs'. Env files are where the collection keeps secrets, so a name it does not know is
+    taken for one."""
+    values = []
     for line in text.splitlines():
         name, separator, value = line.partition("=")
-        if separator and not name.lstrip().startswith("#") and SECRET_NAME.search(name):
-            found.update(v for v in (value, value.strip(), value.strip().strip("\"'")) if len(v) >= MIN_SECRET)
-    return found
+        if separator and not name.lstrip().startswith("#") and secret_env(name.strip()):
+            values.append(value)
+    return learnt(values)
+
+
+def secret_flag(arg: str) -> tuple[str, str | None] | None:
+    """The secret flag an argument sets in any spelling argparse takes (an unambiguous prefix, _ for -) and its value
+    when given with =; None for any other argument."""
+    if not arg.startswith("--"):
+        return None
+    name, separator, value = arg[2:].partition("=")
+    name = name.split(".", 1)[0].replace("_", "-")
+    for flag in SECRET_FLAGS:
+        if len(name) >= MIN_FLAG_PREFIX and flag.startswith(name):
+            return flag, value if separator else None
+    return None
 
 
 def redact_args(args: Sequence[t.Any]) -> tuple[list[t.Any], set[str]]:
-    """The arguments with the values of secret flags replaced, and those values."""
+    """The arguments with the values of secret flags replaced, and those values: NAME=value settings of a secret
+    name too (docker run --env). A flag's separate values follow it up to the next option, as many as its nargs
+    takes; the first is taken even when it starts with one dash (a key may), the next ones only when they do not."""
     redacted: list[t.Any] = []
     found: set[str] = set()
-    hide_next = False
+    taking, taken = "", 0
     for arg in args:
         text = str(arg)
-        flag, separator, value = text.partition("=")
-        if hide_next:
+        if taking and not text.startswith("--") and (taken == 0 or not text.startswith("-")):
             found.add(text)
             redacted.append(REDACTED)
-            hide_next = False
-        elif flag in SECRET_FLAGS and separator:
+            taken += 1
+            taking = taking if taking == "+" else ""
+            continue
+        taking, taken = "", 0
+        flag = secret_flag(text)
+        setting, separator, value = text.partition("=")
+        if flag is not None and flag[1] is not None:
+            found.add(flag[1])
+            redacted.append(f"{setting}={REDACTED}")
+        elif flag is not None:
+            redacted.append(arg)
+            taking = SECRET_FLAGS[flag[0]]
+        elif separator and ENV_NAME.fullmatch(setting) and secret_env(setting):
             found.add(value)
-            redacted.append(f"{flag}={REDACTED}")
+            redacted.append(f"{setting}={REDACTED}")
         else:
             redacted.append(arg)
-            hide_next = text in SECRET_FLAGS
-    return redacted, {value for value in found if len(value) >= MIN_SECRET}
+    return redacted, learnt(found)
+
+
+def text_args(text: str) -> list[str]:
+    """A text's words as a command line, line after line: each line split as a shell (and systemd's Exec lines, near
+    enough) would, or at its blanks when its quotes do not pair up; a YAML list's dash left out."""
+    words: list[str] = []
+    for line in text.splitlines():
+        try:
+            line_words = shlex.split(line, comments=False)
+        except ValueError:
+            line_words = line.split()
+        words += line_words[1:] if line_words[:1] == ["-"] else line_words
+    return words
+
+
+def plan_secrets(data: bytes) -> set[str]:
+    """The secret values a plan file holds (JSON, or YAML read as text): the values of secret flags in any spelling,
+    in every list (docker_run, serve_args) and every text (the unit file's Exec lines); NAME=value settings of a
+    secret name; the values of secret fields (api_key, HF_TOKEN in an env map). A plan is no place for them, but a
+    key given as an extra argument once landed there, and the plan outlives the container that showed it."""
+    text = data.decode("utf-8", "replace")
+    try:
+        # The gateway's LiteLLM config is JSON below a comment line.
+        document = json.loads("\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#")))
+    except ValueError:
+        fields = [line.partition(":") for line in text.splitlines()]
+        values = [value.strip().rstrip(",") for name, separator, value in fields
+                  if separator and secret_field(name.strip().lstrip("- ").strip("\"'"))]
+        return redact_args(text_args(text))[1] | learnt(values)
+    found: set[str] = set()
+    pending: list[t.Any] = [document]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, dict):
+            found |= learnt(value for name, value in item.items() if isinstance(value, str) and secret_field(str(name)))
+            pending += item.values()
+        elif isinstance(item, list):
+            found |= redact_args([arg for arg in item if isinstance(arg, (str, int, float))])[1]
+            pending += item
+        elif isinstance(item, str):
+            found |= redact_args(text_args(item))[1]
+    return found
 
 
 def redact_inspect(text: str) -> tuple[str, set[str]]:
@@ -158,7 +286,7 @@ def redact_inspect(text: str) -> tuple[str, set[str]]:
         config = container.get("Config") or {}
         if isinstance(config.get("Env"), list):
             settings = [str(entry).partition("=") for entry in config["Env"]]
-            found.update(value for name, _sep, value in settings if SECRET_NAME.search(name) and len(value) >= MIN_SECRET)
+            found |= learnt(value for name, _sep, value in settings if secret_env(name))
             config["Env"] = [f"{name}={REDACTED}" for name, _sep, _value in settings]
         for holder, key in ((config, "Cmd"), (config, "Entrypoint"), (container, "Args")):
             if isinstance(holder.get(key), list):
@@ -167,10 +295,19 @@ def redact_inspect(text: str) -> tuple[str, set[str]]:
     return json.dumps(containers, indent=2) + "\n", found
 
 
+def spellings(value: str) -> set[str]:
+    """A secret as the bundle's members may hold it: as is, in a systemd Exec line (the plans' unit files: % and $
+    doubled, quoted with backslashes) and as a shell quotes it (a logged command line), each also inside a JSON string
+    (plans, docker inspect) and a Python string (vLLM's log of its arguments)."""
+    systemd = value.replace("%", "%%").replace("$", "$$")
+    forms = {value, systemd, systemd.replace("\\", "\\\\").replace('"', '\\"'), shlex.quote(value)}
+    return {spelling for form in forms for spelling in (form, json.dumps(form)[1:-1], repr(form)[1:-1])}
+
+
 def scrub(data: bytes, secrets: Iterable[str]) -> bytes:
-    """Every known secret value and every secret-looking setting replaced, longest value first (a key
-    that contains another is removed whole)."""
-    for secret in sorted(secrets, key=len, reverse=True):
+    """Every spelling of every known secret value, then every secret-looking setting left, replaced; the longest
+    first (a key that contains another is removed whole)."""
+    for secret in sorted({spelling for value in secrets for spelling in spellings(value)}, key=len, reverse=True):
         data = data.replace(secret.encode(), REDACTED.encode())
     for pattern, replacement in TEXT_PATTERNS:
         data = pattern.sub(replacement, data)
@@ -216,6 +353,7 @@ def survey(config_dirs: Sequence[str]) -> dict[str, t.Any]:
                     secrets |= env_secrets(data.decode("utf-8", "replace"))
                     continue
                 files["/".join(["plans", label, *([sub] if sub else []), name])] = data
+                secrets |= plan_secrets(data)
                 if not sub and name.endswith(".json"):
                     try:
                         plans[f"{label}-{name.removesuffix('.json')}"] = json.loads(data)

@@ -117,6 +117,8 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._diagnose import (
     DiagnoseError,
     bundle_path,
     collect_host_bundle,
+    config_dir_problems,
+    config_folders,
     survey,
 )
 
@@ -135,14 +137,18 @@ def main():
     if not 0 < params["time_limit"] <= 600 or not 0 < params["total_limit"] <= 3600:
         module.fail_json(msg=f"time_limit ({params['time_limit']}) must be more than 0 and at most 600 seconds, and total_limit "
                              f"({params['total_limit']}) more than 0 and at most 3600 (diagnose_time_limit, diagnose_total_limit)")
+    problems = config_dir_problems(params["config_dirs"])
+    if problems:
+        module.fail_json(msg="; ".join(problems))
+    folders = config_folders(params["config_dirs"])
     path = bundle_path(params["dest"], socket.gethostname(), time.time())
     try:
         if module.check_mode:
-            found = survey(params["config_dirs"])
+            found = survey(folders)
             would_collect = {"plan_files": sorted(found["files"]), "units": found["units"], "containers": found["containers"],
                              "metrics": found["metrics"], "cluster": found["cluster"]}
             module.exit_json(changed=True, path=path, members=[], problems=found["problems"], size=0, would_collect=would_collect)
-        result = collect_host_bundle(path, params["config_dirs"], params["time_limit"], params["total_limit"])
+        result = collect_host_bundle(path, folders, params["time_limit"], params["total_limit"])
     except (DiagnoseError, OSError) as error:
         module.fail_json(msg=f"the diagnostics bundle could not be made: {error}", path=path)
     module.exit_json(changed=True, **result)

@@ -10,6 +10,7 @@ import http.server
 import json
 import pathlib
 import secrets
+import shlex
 import stat
 import tarfile
 import time
@@ -23,12 +24,16 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._diagnose import (
     DiagnoseError,
     bundle_path,
     collect_bundle,
+    config_dir_problems,
+    config_folders,
     env_secrets,
     http_get,
+    plan_secrets,
     redact_args,
     run_command,
     scrub,
 )
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._systemd import exec_line
 
 FIXTURES = pathlib.Path(__file__).resolve().parents[2] / "fixtures"
 # Recorded on a lab host (Debian 12, Docker 20.10.24): tests/unit/fixtures/serving_unit/README.md.
@@ -218,6 +223,114 @@ def test_no_key_in_any_member(tmp_path, config, keys):
     assert f"--api-key {REDACTED}".encode() in members["nvidia/nvidia-bug-report.log"]
 
 
+def no_value_in_any_member(members, values):
+    for name, data in members.items():
+        for label, value in values.items():
+            assert value.encode() not in data, f"{label} in {name}"
+
+
+def with_args(path, args):
+    """A plan file as the vllm role writes it, its command line carrying `args` as extra arguments: in docker_run,
+    serve_args and the unit file's Exec line (systemd's quoting)."""
+    plan = json.loads(path.read_text())
+    run = ["/usr/bin/docker", "run", "--name", plan["container"], "--env-file", plan["env_path"], "image@sha256:" + "ab" * 32,
+           "/models/tiny", "--port", "8000", *args]
+    path.write_text(json.dumps({**plan, "serve_args": ["/models/tiny", "--port", "8000", *args], "docker_run": run,
+                                "unit_file": "[Service]\nExecStart=" + exec_line(run) + "\nRestart=on-failure\n"}, indent=2))
+    return run
+
+
+def container_gone(keys, run):
+    """The host once the container is gone: docker inspect knows nothing, the unit's state and journal show the
+    command line it ran (systemd's argv[], the readiness wait's log)."""
+    return Host(keys, {
+        ("/usr/bin/docker", "inspect"): (1, "[]\n", INSPECT_MISSING),
+        ("/usr/bin/docker", "logs"): (1, "", "Error response from daemon: No such container: vllm-tiny\n"),
+        ("systemctl", "show"): (0, SHOW_ACTIVE + f"ExecStart={{ path=/usr/bin/docker ; argv[]={' '.join(run)} }}\n", ""),
+        ("journalctl", "-u"): (0, f"2026-12-04T09:00:01+0000 spark-1 docker[811]: {shlex.join(run)}\n", ""),
+    })
+
+
+TOKEN_SPELLINGS = {
+    "two arguments": lambda token: ["--hf-token", token],
+    "equals": lambda token: [f"--hf-token={token}"],
+    "abbreviated": lambda token: ["--hf-tok", token],
+    "abbreviated equals, underscore": lambda token: [f"--hf_t={token}"],
+    "api key": lambda token: ["--api-key", token],
+    "api key abbreviated equals": lambda token: [f"--api-ke={token}"],
+    "two api keys": lambda token: ["--api_key", token, token[::-1]],
+    "shortest prefix": lambda token: ["--ap", token],
+    "odd characters": lambda token: ["--hf-token", f"{token}%$\"'"],
+}
+
+
+@pytest.mark.parametrize("spelling", TOKEN_SPELLINGS.values(), ids=TOKEN_SPELLINGS.keys())
+def test_a_token_in_a_plans_extra_arguments_leaves_no_member_once_the_container_is_gone(tmp_path, config, keys, spelling):
+    token = "hf_" + secrets.token_urlsafe(24)
+    args = spelling(token)
+    vllm = tmp_path / "etc" / "vllm"
+    run = with_args(vllm / "tiny.json", args)
+    with_args(vllm / "last-good" / "tiny.json", args)
+    _result, members = bundle(tmp_path, config, container_gone(keys, run))
+    values = {f"argument {index}": arg for index, arg in enumerate(args) if len(arg) >= 8 and not arg.startswith("--")}
+    no_value_in_any_member(members, {**keys, "token": token, **values})
+    assert REDACTED.encode() in members["plans/vllm/tiny.json"] and REDACTED.encode() in members["plans/vllm/last-good/tiny.json"]
+    # The rest of the plan stays readable.
+    assert json.loads(members["plans/vllm/tiny.json"])["container"] == "vllm-tiny"
+
+
+def test_a_token_only_in_a_last_good_copy_is_scrubbed_from_every_member(tmp_path, config, keys):
+    token = "hf_" + secrets.token_urlsafe(24)
+    run = with_args(tmp_path / "etc" / "vllm" / "last-good" / "tiny.json", ["--hf-token", token])
+    _result, members = bundle(tmp_path, config, container_gone(keys, run))
+    no_value_in_any_member(members, {**keys, "token": token})
+    assert b"--hf-token" in members["units/sparkfleet-vllm-tiny.service.journal.txt"]
+
+
+def test_a_host_configured_outside_the_defaults_gets_its_plans_and_its_keys_scrubbed(tmp_path, keys):
+    folder = tmp_path / "srv" / "models-a"
+    (folder / "last-good").mkdir(parents=True)
+    plan = {"schema_version": 1, "name": "alpha", "unit": "sparkfleet-vllm-alpha.service", "container": "vllm-alpha",
+            "url": "http://127.0.0.1:8003", "cluster": None}
+    (folder / "alpha.json").write_text(json.dumps(plan))
+    found = {name: secrets.token_urlsafe(24) for name in ("api", "operator", "old_api")}
+    (folder / "alpha.env").write_text(f"VLLM_API_KEY={found['api']}\nGITHUB_PAT={found['operator']}\nNCCL_SOCKET_IFNAME=enp1s0f0np0\n")
+    (folder / "last-good" / "alpha.env").write_text(f"VLLM_API_KEY={found['old_api']}\n")
+    printed = " ".join(found.values())
+    host = Host(keys, {("journalctl", "-u"): (0, f"2026-12-04T09:00:01+0000 spark-1 python3[812]: keys {printed}\n", ""),
+                       ("/usr/bin/docker", "logs"): (0, f"INFO using {found['operator']}\n", "")})
+
+    def metrics(url, timeout):
+        return (200, f'vllm:build_info{{token="{found["api"]}"}} 1.0\n') if url == "http://127.0.0.1:8003/metrics" else (None, "no")
+
+    destination = tmp_path / "out" / "b.tar.gz"
+    result = collect_bundle(str(destination), [str(folder)], 60, host, metrics)
+    members = read_bundle(destination)
+    assert "plans/models-a/alpha.json" in members and "metrics/models-a-alpha.txt" in members
+    assert {argv[2] for argv, _timeout in host.calls if argv[1:2] == ["inspect"]} == {"vllm-alpha"}
+    no_value_in_any_member(members, found)
+    assert members["metrics/models-a-alpha.txt"] == f'vllm:build_info{{token="{REDACTED}"}} 1.0\n'.encode()
+    assert json.loads(members["MANIFEST.json"])["config_dirs"] == [str(folder)] and not result["problems"]
+
+
+def test_public_knobs_stay_readable_while_every_key_goes(tmp_path, config, keys):
+    cluster = tmp_path / "etc" / "cluster" / "big.env"
+    cluster.write_text(cluster.read_text() + "NCCL_SOCKET_IFNAME=enp1s0f0np0\nVLLM_HOST_IP=192.168.100.10\n")
+    _result, members = bundle(tmp_path, config, Host(keys))
+    no_value_in_any_member(members, keys)
+    assert b"rocep1s0f0 port 1 ==> enp1s0f0np0 (Up)" in members["fabric.txt"]
+
+
+def test_a_key_that_contains_another_goes_whole(tmp_path, config, keys):
+    longer = keys["api"] + "-rotated"
+    gateway = tmp_path / "etc" / "gateway" / "gateway.env"
+    gateway.write_text(gateway.read_text() + f"SPARKFLEET_BACKEND_KEY_2={longer}\n")
+    host = Host(keys, {("journalctl", "-u"): (0, f"key {longer} end\n", "")})
+    _result, members = bundle(tmp_path, config, host)
+    no_value_in_any_member(members, {**keys, "longer": longer})
+    assert members["units/sparkfleet-gateway.service.journal.txt"] == f"key {REDACTED} end\n".encode()
+
+
 def test_env_files_never_enter_the_bundle(tmp_path, config, keys):
     result, members = bundle(tmp_path, config, Host(keys))
     assert not [name for name in members if name.endswith(".env")]
@@ -374,15 +487,96 @@ def test_an_env_file_that_cannot_be_read_refuses_the_bundle(tmp_path, config, ke
     assert not (tmp_path / "diagnostics").exists()
 
 
-def test_secrets_and_their_shapes():
-    assert env_secrets("# VLLM_API_KEY=commented-out-key\nVLLM_API_KEY=abcdefgh12345678\nHF_TOKEN='hf_0123456789'\nPLAIN_SETTING=plain-value\n"
-                       "SHORT_KEY=true\n") == {"abcdefgh12345678", "'hf_0123456789'", "hf_0123456789"}
-    assert redact_args(["serve", "--api-key", "k" * 20, "--port", "8000", "--hf-token=" + "t" * 20]) == (
-        ["serve", "--api-key", REDACTED, "--port", "8000", f"--hf-token={REDACTED}"], {"k" * 20, "t" * 20})
-    assert scrub(b"x LITELLM_MASTER_KEY=sk-abc y --api-key=zzz Authorization: Bearer qqq", set()) == (
-        f"x LITELLM_MASTER_KEY={REDACTED} y --api-key={REDACTED} Authorization: Bearer {REDACTED}".encode())
-    # The longer key goes whole even when a shorter one is inside it.
+def test_every_env_value_but_the_public_knobs_is_a_secret():
+    text = ("# VLLM_API_KEY=commented-out-key\nVLLM_API_KEY=abcdefgh12345678\nHF_TOKEN='hf_0123456789'\nGITHUB_PAT=ghp_0123456789\n"
+            "HUGGING_FACE_HUB_TOKEN=hf_abcdefghij\nSHORT_KEY=true\nNCCL_SOCKET_IFNAME=enp1s0f0np0\nVLLM_HOST_IP=192.168.100.10\n"
+            "PYTHONPATH=/opt/sparkfleet\nVLLM_ATTENTION_BACKEND=FLASHINFER\nPYTORCH_CUDA_ALLOC_CONF=expandable_segments:True\n"
+            "SPARKFLEET_BACKEND_KEY_1=backend-key-1\nLITELLM_MASTER_KEY=sk-master-key\nlowercase_setting=lowercase-value\n")
+    assert env_secrets(text) == {"abcdefgh12345678", "'hf_0123456789'", "hf_0123456789", "ghp_0123456789", "hf_abcdefghij",
+                                 "backend-key-1", "sk-master-key", "lowercase-value"}
+
+
+def test_redact_args_takes_every_spelling_argparse_takes():
+    key, other, token = "k" * 20, "o" * 20, "t" * 20
+    assert redact_args(["serve", "--api-key", key, other, "--port", "8000", "--hf-token=" + token]) == (
+        ["serve", "--api-key", REDACTED, REDACTED, "--port", "8000", f"--hf-token={REDACTED}"], {key, other, token})
+    # --hf-token takes one value at most: the model after it stays; without a value it takes none.
+    assert redact_args(["--hf-token", token, "/models/tiny-llama"]) == (["--hf-token", REDACTED, "/models/tiny-llama"], {token})
+    assert redact_args(["--hf-token", "--port", "8000"]) == (["--hf-token", "--port", "8000"], set())
+    for spelling in ("--hf-tok", "--hf_token", "--hf", "--api-k", "--api_key", "--ap", "--api-key.x"):
+        assert redact_args([spelling, key]) == ([spelling, REDACTED], {key}), spelling
+        assert redact_args([f"{spelling}={key}"]) == ([f"{spelling}={REDACTED}"], {key}), spelling
+    # A key may start with a dash; the next option ends a list of keys.
+    assert redact_args(["--api-key", "-" + key, "-tp", "2"]) == (["--api-key", REDACTED, "-tp", "2"], {"-" + key})
+    # Not a secret flag: one letter is ambiguous to argparse, the others are other flags.
+    for other_flag in ("--h", "--a", "--host", "--hf-overrides", "--api-server-count", "--hf-config-path"):
+        assert redact_args([other_flag, key]) == ([other_flag, key], set()), other_flag
+    # docker run --env settings: a secret's value goes, a public knob's stays.
+    assert redact_args(["--env", f"GITHUB_PAT={key}", "--env", "NCCL_SOCKET_IFNAME=enp1s0f0np0"]) == (
+        ["--env", f"GITHUB_PAT={REDACTED}", "--env", "NCCL_SOCKET_IFNAME=enp1s0f0np0"], {key})
+
+
+@pytest.mark.parametrize("text", [
+    "vllm serve --api-key short", "vllm serve --api-key=short", "vllm serve --api_key short", "vllm serve --hf-tok short",
+    "vllm serve --hf_token=short", "vllm serve --ap short", 'argv: ["--hf-token", "short"]', "args: ['--api-ke', 'short']",
+    "Environment=HF_TOKEN=short", "Authorization: Bearer short",
+])
+def test_the_shape_of_a_short_secret_is_redacted(text):
+    assert b"short" not in scrub(text.encode(), set())
+    assert REDACTED.encode() in scrub(text.encode(), set())
+
+
+def test_a_key_inside_another_goes_whole_in_every_spelling():
     assert scrub(b"key abcdefgh12345678", {"abcdefgh", "abcdefgh12345678"}) == f"key {REDACTED}".encode()
+    odd = 'hf_%odd$key"quote\\back'
+    for spelling in (odd, json.dumps(odd)[1:-1], repr(odd)[1:-1], exec_line([odd]), exec_line(["--hf-token=" + odd])):
+        assert b"odd" not in scrub(f"x {spelling} y".encode(), {odd}), spelling
+
+
+def test_a_real_plan_holds_no_secret_but_its_extra_arguments():
+    """The vllm role's plan of an instance holds its key only in its env file: nothing of the plan is scrubbed, so
+    paths, addresses and names stay readable."""
+    from plan_options import ROLE_DEFAULTS, plan_options
+
+    from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_plan import build_plan
+
+    instance = {"name": "llm", "model": "/models/tiny-llama", "served_model_names": ["tiny"], "port": 8001, "api_key": "k" * 32,
+                "env": {"VLLM_ATTENTION_BACKEND": "FLASHINFER"}}
+    built = build_plan([instance], ROLE_DEFAULTS["vllm_instance_defaults"],
+                       **plan_options(image="registry.local:5000/vllm-cpu:0.32.0@sha256:" + "ab" * 32, hardware_class="dgx_spark"))
+    assert not built["errors"] and built["instances"]
+    assert plan_secrets(json.dumps(built["instances"][0], indent=2).encode()) == set()
+    assert env_secrets(built["env_files"]["llm"]) == {"k" * 32}
+
+
+def test_plan_secrets_reads_fields_and_the_gateway_config_but_not_references():
+    plan = {"deployments": [{"key_env": "SPARKFLEET_BACKEND_KEY_1", "api_key": "os.environ/SPARKFLEET_BACKEND_KEY_1"}],
+            "settings": {"master_key": "sk-inline-master-key", "hf_token": "hf_inline_token_value"},
+            "env": {"GITHUB_PAT": "ghp_inline_value", "NCCL_SOCKET_IFNAME": "enp1s0f0np0"}}
+    assert plan_secrets(json.dumps(plan).encode()) == {"sk-inline-master-key", "hf_inline_token_value", "ghp_inline_value"}
+    litellm = "# Managed by Ansible\n" + json.dumps({"general_settings": {"master_key": "os.environ/LITELLM_MASTER_KEY"},
+                                                     "model_list": [{"litellm_params": {"api_key": "sk-backend-inline"}}]}, indent=2)
+    assert plan_secrets(litellm.encode()) == {"sk-backend-inline"}
+    yaml_text = "model_list:\n  - litellm_params:\n      api_key: 'sk-yaml-inline'\n      master_key: os.environ/X\ncommand:\n  - --hf-token\n  - hf_yaml_token\n"
+    assert plan_secrets(yaml_text.encode()) == {"sk-yaml-inline", "'sk-yaml-inline'", "hf_yaml_token"}
+
+
+@pytest.mark.parametrize("configured, problem", [
+    ([], "config_dirs is empty, so no plan and no key would be read"),
+    (["etc/sparkfleet/vllm"], "config_dirs[0]: 'etc/sparkfleet/vllm' is not an absolute folder"),
+    (["/etc/sparkfleet/vllm", ""], "config_dirs[1]: '' is not an absolute folder"),
+    (["/etc/sparkfleet/vllm", 5], "config_dirs[1]: 5 is not an absolute folder"),
+])
+def test_config_dirs_must_be_absolute_folders(configured, problem):
+    problems = config_dir_problems(configured)
+    assert len(problems) == 1 and problems[0].startswith(problem)
+    assert "vllm_config_dir, cluster_config_dir, gateway_config_dir and watchdog_plan_dirs" in problems[0]
+
+
+def test_the_default_folders_are_read_after_the_configured_ones():
+    assert config_folders(["/srv/sf/vllm", "/etc/sparkfleet/cluster", "/srv/sf/vllm"]) == [
+        "/srv/sf/vllm", "/etc/sparkfleet/cluster", "/etc/sparkfleet/vllm", "/etc/sparkfleet/gateway"]
+    assert config_dir_problems(["/srv/sf/vllm"]) == []
 
 
 def test_bundle_path_names_the_host_and_the_time():
