@@ -19,6 +19,9 @@ NODE_VARS = {"ansible_host": "ansible_host", "ansible_port": "ansible_port", "no
              "vllm_env": "vllm_env", "fast_interface": "cluster_fast_interface", "rdma_devices": "cluster_rdma_devices",
              "gid_index": "cluster_gid_index"}
 
+# What the cross-host check reads of each host.
+FLEET_VARS = ("cluster_name", "cluster_nodes", "sparkfleet_hardware_class")
+
 
 def cluster_layout(declaration, reports, inventory):
     return cluster_nodes(declaration, reports, inventory)
@@ -45,7 +48,7 @@ def cluster_node_vars(nodes, hostvars):
 
 
 def cluster_fleet_problems(hosts, hostvars, cluster=None):
-    declarations = {host: {name: hostvars[host][name] for name in ("cluster_name", "cluster_nodes") if name in hostvars[host]}
+    declarations = {host: {name: hostvars[host][name] for name in FLEET_VARS if name in hostvars[host]}
                     for host in hosts if host in hostvars}
     return fleet_cluster_problems(declarations, cluster or None)
 

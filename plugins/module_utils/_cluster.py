@@ -12,7 +12,8 @@ vLLM without working multi-node (seed 001: before 0.27.0 a lost wakeup parks the
 "RPC call to sample_tokens timed out"), a master address off the fast link, a fast network no
 link could be, one box under two names, an environment turning RDMA off that the cluster
 requires, a node without the fast link or its RDMA devices. ``fleet_cluster_problems`` judges
-what only all hosts together show: a host in two clusters, a node not in the cluster listing it.
+what only all hosts together show: a host in two clusters, a node not in the cluster listing it,
+nodes of different hardware classes.
 """
 
 from __future__ import annotations
@@ -390,9 +391,10 @@ def cluster_nodes(cluster: t.Mapping[str, t.Any], reports: t.Mapping[str, t.Mapp
 
 
 def fleet_cluster_problems(declarations: t.Mapping[str, t.Mapping[str, t.Any]], cluster: str | None = None) -> list[str]:
-    """What only all hosts together show (``declarations``: host -> its ``cluster_name`` and
-    ``cluster_nodes``): a host listed by two clusters, a node whose own cluster_name is not the
-    cluster listing it (it would never run its rank), one cluster whose hosts list different nodes.
+    """What only all hosts together show (``declarations``: host -> its ``cluster_name``,
+    ``cluster_nodes`` and ``sparkfleet_hardware_class``): a host listed by two clusters, a node whose
+    own cluster_name is not the cluster listing it (it would never run its rank), one cluster whose
+    hosts list different nodes, one whose nodes are of different hardware classes.
     With ``cluster``, only the problems that cluster is part of."""
     listings: dict[str, dict[tuple[t.Any, ...], list[str]]] = {}
     for host, values in declarations.items():
@@ -423,6 +425,16 @@ def fleet_cluster_problems(declarations: t.Mapping[str, t.Mapping[str, t.Any]], 
                                                  f"{own or 'empty'}, so it would never run its rank and cluster {name} could not "
                                                  "start. Set the cluster_* variables in the group_vars of one group holding "
                                                  "exactly the cluster's nodes"))
+    for name, lists in sorted(listings.items()):
+        nodes = [str(node) for node in next(iter(lists))]
+        classes = {node: str(declarations[node].get("sparkfleet_hardware_class") or "") or None for node in nodes if node in declarations}
+        if len(set(classes.values())) > 1:
+            seen = ", ".join(f"{node}: {hardware_class or 'none set'}" for node, hardware_class in classes.items())
+            problems.append(({name}, f"cluster {name}: its nodes are of different hardware classes ({seen}); the model is split "
+                                     "evenly over them and every rank gets one plan, so the values of one class (its memory "
+                                     "ceiling, batched tokens, environment) would be wrong for the others' boxes. Build a cluster "
+                                     "of one hardware class, or set sparkfleet_hardware_class alike for every node if the boxes "
+                                     "are alike"))
     return [message for names, message in problems if cluster is None or cluster in names]
 
 
