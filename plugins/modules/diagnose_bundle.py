@@ -27,11 +27,19 @@ description:
     was not installed or was skipped because the bundle's time was up.
   - Each command runs under O(time_limit) and all of them under O(total_limit); what is left when the time is up is
     skipped and the manifest says so, and the bundle is written with what was collected.
-  - Redaction is twofold. The values of every setting of the env files in O(config_dirs) and their last good copies whose
-    name contains C(KEY), C(TOKEN), C(SECRET) or C(PASSWORD) (C(VLLM_API_KEY), C(LITELLM_MASTER_KEY), C(HF_TOKEN), the
-    gateway's backend keys), and the secret values found in the containers' environments and arguments, are removed
-    from every member (a key a log line printed too); then every C(--api-key VALUE), C(NAME=VALUE) of such a name and
-    C(Bearer VALUE) left is replaced by its shape.
+  - Secrets are scrubbed by value, from every member (the plan files and last good copies too). The values are learnt from
+    every source the host holds. Every env file of the folders read, and of their last good copies, gives every value
+    (env files are where the collection keeps secrets, C(VLLM_API_KEY), C(HF_TOKEN), C(LITELLM_MASTER_KEY), the gateway's
+    backend keys, an operator's own names) but those of the engine's and its libraries' public knobs (C(VLLM_*),
+    C(NCCL_*), C(CUDA_*), C(PYTHONPATH) and the like, whose addresses and interfaces the bundle must keep readable) unless
+    their name holds C(KEY), C(TOKEN), C(SECRET) or C(PASSWORD). Every plan file and last good copy gives the values of
+    C(--api-key) and C(--hf-token) in any spelling vLLM's parser takes (C(--hf-token X), C(--hf-token=X), a prefix such as
+    C(--hf-tok) or C(--ap), C(_) for C(-), several keys after C(--api-key)) in its command lines and unit file, its
+    C(NAME=value) settings and its secret fields (C(api_key), C(master_key); not an C(os.environ/NAME) reference).
+    C(docker inspect) gives its containers' environments and arguments. Each value goes as is and as JSON, Python, systemd
+    and a shell spell it.
+  - Then every C(--api-key VALUE) (any spelling), C(NAME=VALUE) of such a name and C(Bearer VALUE) left is replaced by its
+    shape, for a value shorter than 8 characters or none of the host's files named.
 author: sparkfleet.vllm contributors (@sparkfleet)
 options:
   dest:
@@ -39,7 +47,12 @@ options:
     type: path
     default: /var/lib/sparkfleet/diagnostics
   config_dirs:
-    description: The configuration folders of the vllm, cluster and gateway roles (plan files, env files, last good copies).
+    description:
+      - The configuration folders of the vllm, cluster and gateway roles (plan files, env files, last good copies), absolute
+        paths, as the inventory sets them (C(playbooks/diagnose.yml) passes C(vllm_config_dir), C(cluster_config_dir),
+        C(gateway_config_dir) and C(watchdog_plan_dirs)).
+      - The default folders are read after them when they exist; an inventory that moved a folder may have left keys in
+        the old one, which old journal lines printed.
     type: list
     elements: path
     default: [/etc/sparkfleet/vllm, /etc/sparkfleet/cluster, /etc/sparkfleet/gateway]
@@ -61,8 +74,8 @@ attributes:
 notes:
   - Runs as root, the owner of the env files; an env file it cannot read fails the task, because its keys could not be kept
     out of the bundle.
-  - A key shorter than 8 characters is not searched for in free text (it would match ordinary words); the collection's keys
-    are 16 characters or more.
+  - A value shorter than 8 characters is not searched for in free text (it would match ordinary words); the collection's
+    keys are 16 characters or more.
   - C(playbooks/diagnose.yml) runs it on every host and fetches each bundle to the controller (docs/diagnose.md).
 """
 
