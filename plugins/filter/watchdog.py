@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._gateway import DEFAULT_SETTINGS as GATEWAY_DEFAULTS
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._watchdog import has_peers, host_addresses, peer_access, watchdog_plan
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._watchdog import has_peers, host_addresses, kept_gateways, peer_access, watchdog_plan
 
 
 def watchdog_plan_filter(settings, plan_dirs, serving_dirs, node, gateway_config_dir):
@@ -15,8 +15,12 @@ def watchdog_plan_filter(settings, plan_dirs, serving_dirs, node, gateway_config
     return watchdog_plan(settings, plan_dirs, serving_dirs, node, folder)
 
 
-def watchdog_peer_access(reports, host):
-    return peer_access(host, reports)
+def watchdog_peer_access(reports, host, previous=None, inventory=()):
+    return peer_access(host, reports, previous, inventory)
+
+
+def watchdog_kept_gateways(previous, host, play_hosts, inventory):
+    return kept_gateways(host, previous, play_hosts, inventory)
 
 
 def watchdog_has_peers(deployed, host):
@@ -26,4 +30,4 @@ def watchdog_has_peers(deployed, host):
 class FilterModule:
     def filters(self):
         return {"watchdog_plan": watchdog_plan_filter, "watchdog_peer_access": watchdog_peer_access,
-                "watchdog_host_addresses": host_addresses, "watchdog_has_peers": watchdog_has_peers}
+                "watchdog_host_addresses": host_addresses, "watchdog_has_peers": watchdog_has_peers, "watchdog_kept_gateways": watchdog_kept_gateways}

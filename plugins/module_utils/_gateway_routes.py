@@ -8,11 +8,17 @@ the gateway before acting on it and undrains it once it serves again (the daemon
 the collection). Nothing here does I/O. A drain that would leave a model group with nothing to route
 to is refused unless forced: LiteLLM routes to every deployment of a group when all are unhealthy,
 so draining its last replica stops nothing, it only turns the group's requests into errors.
+
+Every drained name records who drained it (its owners): the operator, a playbook hook's run
+(``bench@RUN``, ``sweep@RUN``, ``rollout@RUN``) or the watchdog of a backend (``watchdog@HOST``). An
+undrain by a hook or a watchdog releases only its own drain, so a name stays out while anyone else
+still holds it; only the operator's undrain puts a name back whoever drained it.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import typing as t
 
 UNIT = "sparkfleet-gateway.service"
@@ -20,8 +26,17 @@ MASTER_KEY_ENV = "LITELLM_MASTER_KEY"
 # The gateway's routing files, relative to its config folder (gateway_config_dir).
 ROUTING_FILES = {"plan": "plan.json", "drained": "drained.json", "litellm_dir": "litellm", "config": "litellm/config.yaml"}
 
+# Taken by every writer of the routing (the gateway_route module, the watchdog's drains) from its read to its write.
+ROUTE_LOCK = ".route.lock"
+
 # What the gateway writes on its host; a file of another schema is refused, never guessed at.
 SCHEMA_VERSION = 1
+# The drained list's: 2 records each name's owners; a list of version 1 (or of the release before versions) was the operator's.
+DRAINED_SCHEMA_VERSION = 2
+OPERATOR = "operator"
+WATCHDOG_OWNER = "watchdog@"
+# A hook's run: its name, then what tells its runs apart. The watchdog's owners are its own (watchdog_owner).
+HOOK_OWNER = re.compile(r"(?!watchdog@)[a-z][a-z0-9_-]{0,30}@[A-Za-z0-9_.:-]{1,100}")
 PLAN_KEYS = ("schema_version", "deployments", "groups", "settings", "url")
 REWRITE = "re-run site.yml --tags gateway, which rewrites it from the inventory"
 
@@ -79,14 +94,49 @@ def host_of(name: str) -> str:
     return name.split("/", 1)[0]
 
 
-def after_request(drained: t.Collection[str], drain: t.Collection[str], undrain: t.Collection[str]) -> set[str]:
-    return (set(drained) | set(drain)) - set(undrain)
+def watchdog_owner(host: str) -> str:
+    return f"{WATCHDOG_OWNER}{host}"
 
 
-def drain_problems(plan: t.Mapping[str, t.Any], drained: t.Collection[str], drain: t.Sequence[str],
-                   undrain: t.Sequence[str], force: bool) -> list[str]:
+def owner_problem(owner: t.Any) -> str | None:
+    """Why ``owner`` may not drain through the gateway_route module (None: it may): the operator, or a hook's run."""
+    if owner == OPERATOR or (isinstance(owner, str) and HOOK_OWNER.fullmatch(owner)):
+        return None
+    return (f"gateway drain: owner {str(owner)[:120]!r} is neither {OPERATOR!r} nor a hook's run (NAME@RUN, e.g. bench@20250101T120000Z; "
+            f"{WATCHDOG_OWNER}HOST is the watchdog's own): set gateway_drain_owner to one of them")
+
+
+def apply_request(record: t.Mapping[str, t.Collection[str]], drain: t.Collection[str], undrain: t.Collection[str],
+                  owner: str) -> dict[str, list[str]]:
+    """The drained record after ``owner`` drains and undrains: a drain adds the owner to the name's owners; an undrain
+    removes the owner's own drain only, and the operator's every drain of the name. A name stays drained while it has
+    an owner."""
+    after = {name: set(owners) for name, owners in record.items()}
+    for name in drain:
+        after.setdefault(name, set()).add(owner)
+    for name in undrain:
+        if name in after:
+            after[name] = set() if owner == OPERATOR else after[name] - {owner}
+    return {name: sorted(owners) for name, owners in sorted(after.items()) if owners}
+
+
+def held_by_others(after: t.Mapping[str, t.Collection[str]], undrain: t.Collection[str]) -> dict[str, list[str]]:
+    """Of the names undrained, those still out of rotation after the request, and who keeps each out (its own owners and
+    its host's): a hook's or a watchdog's undrain never puts back what another drained."""
+    held = {}
+    for name in undrain:
+        owners = {*after.get(name, ()), *(after.get(host_of(name), ()) if "/" in name else ())}
+        if owners:
+            held[name] = sorted(owners)
+    return held
+
+
+def drain_problems(plan: t.Mapping[str, t.Any], drained: t.Mapping[str, t.Collection[str]], drain: t.Sequence[str],
+                   undrain: t.Sequence[str], force: bool, owner: str = OPERATOR) -> list[str]:
     """Refusals of a drain or undrain: an unknown node, a request that contradicts itself or would
-    do nothing, or groups left with nothing to route to."""
+    do nothing, or groups left with nothing to route to. A hook's or a watchdog's undrain of an
+    instance whose host another keeps drained is no refusal: it releases its own drain, and says who
+    keeps the unit out (held_by_others)."""
     known = targets(plan)
     errors = [f"gateway drain: {name!r} is not a backend of this gateway (known: {', '.join(sorted(known))}); name an "
               "inventory host, or host/instance" for name in [*drain, *undrain] if name not in known]
@@ -99,8 +149,8 @@ def drain_problems(plan: t.Mapping[str, t.Any], drained: t.Collection[str], drai
         errors.append(f"gateway drain: {'; '.join(crossed)} asked at once: a host and one of its instances leave each other in "
                       "place (a drained host keeps all its instances out, a drained instance stays out when its host goes "
                       "back), so one request would do nothing. Name either the host or its instances")
-    after = after_request(drained, drain, undrain)
-    void = sorted(u for u in undrain if "/" in u and host_of(u) in after and host_of(u) not in drain)
+    after = apply_request(drained, drain, undrain, owner)
+    void = sorted(u for u in undrain if "/" in u and host_of(u) in after and host_of(u) not in drain) if owner == OPERATOR else []
     if void:
         errors.append(f"gateway undrain: {', '.join(void)} would stay out of rotation, because the host stays drained; "
                       "undrain the host (and drain by name those of its instances that must stay out)")
@@ -153,50 +203,67 @@ def plan_file(plan: t.Mapping[str, t.Any]) -> str:
     return json.dumps(plan, indent=2, sort_keys=True) + "\n"
 
 
-def drained_file(drained: t.Collection[str]) -> str:
-    return json.dumps({"schema_version": SCHEMA_VERSION, "drained": sorted(drained)}, indent=2, sort_keys=True) + "\n"
+def drained_file(record: t.Mapping[str, t.Collection[str]]) -> str:
+    owners = {name: sorted(set(record[name])) for name in sorted(record)}
+    return json.dumps({"schema_version": DRAINED_SCHEMA_VERSION, "drained": sorted(record), "owners": owners}, indent=2, sort_keys=True) + "\n"
 
 
-def read_drained(text: str | None, path: str) -> tuple[list[str], str | None]:
-    """The drained list, or why it cannot be read. Never guessed: a list read wrong would put a
-    node under maintenance back into rotation, or keep a healthy one out."""
+def read_drained(text: str | None, path: str) -> tuple[dict[str, list[str]], str | None]:
+    """The drained record (per name, its owners), or why it cannot be read. Never guessed: a list read wrong would put a
+    node under maintenance back into rotation, or keep a healthy one out. A list of an older release names no owners:
+    each name is the operator's, which only the operator's undrain puts back."""
     if text is None:
-        return [], None
+        return {}, None
     fix = ("move it aside (every node then goes back into rotation) and re-run site.yml --tags gateway, then drain again what "
            "must stay out (playbooks/gateway.yml -e '{\"gateway_drain\": [...]}')")
     try:
         value = json.loads(text)
     except ValueError as error:
-        return [], f"{path}: not a drained list ({error}): the file is truncated or was edited; {fix}"
-    # The release before schema versions wrote the list itself; its meaning is unambiguous, and the next write adds the version.
-    if isinstance(value, list) and all(isinstance(name, str) for name in value):
-        return list(value), None
-    if not isinstance(value, dict) or value.get("schema_version") != SCHEMA_VERSION:
-        version = value.get("schema_version") if isinstance(value, dict) else None
-        return [], (f"{path}: schema_version {'missing' if version is None else repr(version)}, while this collection reads "
-                    f"{SCHEMA_VERSION}; {fix}")
-    drained = value.get("drained")
-    if not isinstance(drained, list) or not all(isinstance(name, str) for name in drained):
-        return [], f"{path}: its drained entry must list hosts or host/instance names; {fix}"
-    return drained, None
+        return {}, f"{path}: not a drained list ({error}): the file is truncated or was edited; {fix}"
+    # The release before schema versions wrote the list itself, version 1 the list in an object: both unambiguous.
+    version = 1 if isinstance(value, list) else value.get("schema_version") if isinstance(value, dict) else None
+    if version not in (1, DRAINED_SCHEMA_VERSION):
+        return {}, (f"{path}: schema_version {'missing' if version is None else repr(version)}, while this collection reads "
+                    f"{DRAINED_SCHEMA_VERSION} (and 1); {fix}")
+    names = value if isinstance(value, list) else value.get("drained")
+    if not isinstance(names, list) or not all(isinstance(name, str) for name in names):
+        return {}, f"{path}: its drained entry must list hosts or host/instance names; {fix}"
+    if version != DRAINED_SCHEMA_VERSION:
+        return {name: [OPERATOR] for name in names}, None
+    owners = value.get("owners")
+    if not isinstance(owners, dict) or sorted(owners) != sorted(names) or not all(
+            isinstance(held, list) and held and all(isinstance(owner, str) and owner for owner in held) for held in owners.values()):
+        return {}, f"{path}: its owners entry must give every drained name the list of who drained it; {fix}"
+    return {name: sorted(set(owners[name])) for name in names}, None
 
 
-def watchdog_route(plan: t.Mapping[str, t.Any], drained: t.Collection[str], verb: str, name: str) -> tuple[list[str] | None, dict[str, t.Any]]:
-    """A backend watchdog's drain or undrain of one of its units (``host/instance``): the drained list after it
-    (None: unchanged) and the reply {result, why}. A drain that would empty a group is refused, never forced:
-    the watchdog acts anyway, and the group keeps its only replica. An operator's drain of the unit or its
-    host stays: the unit is already out, and the watchdog, not having drained it, will not put it back."""
+def watchdog_route(plan: t.Mapping[str, t.Any], record: t.Mapping[str, t.Collection[str]], verb: str, name: str
+                   ) -> tuple[dict[str, list[str]] | None, dict[str, t.Any]]:
+    """A backend watchdog's drain or undrain of one of its units (``host/instance``, owner ``watchdog@host``): the
+    drained record after it (None: unchanged) and the reply {result, why}. A drain that would empty a group is
+    refused, never forced: the watchdog acts anyway, and the group keeps its only replica. A unit already out (an
+    operator's or a hook's drain of it or of its host) is left to them: the watchdog, not having drained it, will not
+    put it back. An undrain releases the watchdog's own drain only; another's drain of the unit or its host keeps it out."""
+    owner = watchdog_owner(host_of(name))
     deployments = [d for d in plan["deployments"] if f"{d['node']}/{d['instance']}" == name]
     if not deployments:
         return None, {"result": "not_routed", "why": f"{name} is no backend of this gateway"}
     if verb == "drain":
-        if all(is_drained(d, drained) for d in deployments):
-            return None, {"result": "already_drained", "why": f"{name} was out of rotation already (an operator's drain stays)"}
-        problems = drain_problems(plan, drained, [name], [], force=False)
+        if all(is_drained(d, record) for d in deployments):
+            holders = held_by_others(record, [name]).get(name, [])
+            return None, {"result": "already_drained", "why": f"{name} was out of rotation already, drained by {', '.join(holders)}, whose drain stays"}
+        problems = drain_problems(plan, record, [name], [], force=False, owner=owner)
         if problems:
             return None, {"result": "refused", "why": problems[0]}
-        return sorted({*drained, name}), {"result": "drained", "why": f"{name} out of rotation"}
-    if name not in drained:
+        return apply_request(record, [name], [], owner), {"result": "drained", "why": f"{name} out of rotation"}
+    if owner not in record.get(name, ()):
+        holders = held_by_others(record, [name]).get(name)
+        if holders:
+            return None, {"result": "kept", "why": f"{name} stays out of rotation: drained by {', '.join(holders)}, not by its watchdog, "
+                                                     "which undoes only its own drains"}
         return None, {"result": "not_drained", "why": f"{name} was not drained by name"}
-    host_stays = f", though its host {host_of(name)} stays drained" if host_of(name) in drained else ""
-    return sorted(set(drained) - {name}), {"result": "undrained", "why": f"{name} back in rotation{host_stays}"}
+    after = apply_request(record, [], [name], owner)
+    holders = held_by_others(after, [name]).get(name)
+    if holders:
+        return after, {"result": "kept", "why": f"the watchdog's drain of {name} released; it stays out of rotation, drained by {', '.join(holders)}"}
+    return after, {"result": "undrained", "why": f"{name} back in rotation"}

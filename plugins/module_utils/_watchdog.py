@@ -58,6 +58,8 @@ KNOWN_HOSTS = "known_hosts"
 GATEWAYS_FILE = "gateways.json"
 # The gateways where the watchdog drained a unit, to undrain it there once it serves again.
 DRAINS_FILE = "gateway-drains.json"
+# On a gateway's host: per backend, when its watchdog last changed the routing (route_budget).
+ROUTE_BUDGET_FILE = "route-budget.json"
 PEER_COMMAND = f"/usr/bin/python3 {INSTALL_DIR}/{DAEMON_FILE} peer"
 CLUSTER_VERBS = ("stop", "start", "restart")
 ROUTE_VERBS = ("drain", "undrain")
@@ -76,6 +78,9 @@ SETTINGS: dict[str, tuple[int, int, str]] = {
     "warm_grace": (30, 14_400, "seconds after a start whose caches are warm before the unit is judged"),
     "maintenance_max_age": (60, 86_400, "seconds a maintenance flag silences the watchdog; an older flag was left behind"),
     "bundle_time_limit": (5, 600, "seconds each command of the give-up bundle may take"),
+    "route_budget": (2, 100, "changes of a gateway's routing (drains and undrains) per backend's watchdog in the route budget window; each "
+                             "restarts LiteLLM, which takes every model group away meanwhile"),
+    "route_budget_window": (60, 86_400, "seconds the route budget counts back"),
 }
 
 
@@ -175,6 +180,28 @@ def recently_restarted(last: t.Any, now: float, settings: t.Mapping[str, t.Any])
     return isinstance(last, (int, float)) and now - last < settings["interval"] * (settings["failures"] + 2) + 30
 
 
+def route_budget(changes: t.Any, verb: str, name: str, settings: t.Mapping[str, t.Any], now: float) -> tuple[list[float], dict[str, t.Any] | None]:
+    """A backend watchdog's change of the gateway's routing (``verb`` of ``name``), judged against its budget: the
+    moments of its changes kept (this one added when allowed) and None, or the reply refusing it. Each change restarts
+    LiteLLM, so a unit flapping between failing and serving would otherwise take every model group away again and
+    again. An undrain over the budget is deferred: the watchdog keeps it and asks again on its next samples, so the
+    unit comes back once the window frees a change; a drain over the budget is refused and the watchdog acts anyway."""
+    recent = sorted(moment for moment in (changes if isinstance(changes, list) else [])
+                    if isinstance(moment, (int, float)) and not isinstance(moment, bool) and now - settings["route_budget_window"] < moment <= now)
+    if len(recent) < settings["route_budget"]:
+        return [*recent, round(now, 1)], None
+    free_in = int(recent[0] + settings["route_budget_window"] - now) + 1
+    spent = (f"{host_of_unit(name)}'s watchdog changed this gateway's routing {len(recent)} times in the last {settings['route_budget_window']} s, "
+             f"its budget (watchdog_route_budget {settings['route_budget']}); each change restarts LiteLLM")
+    if verb == "undrain":
+        return recent, {"result": "deferred", "why": f"{spent}: {name} stays out, undrained on a later sample, in about {free_in} s"}
+    return recent, {"result": "refused", "why": f"{spent}: {name} is not drained, the watchdog acts on it in rotation"}
+
+
+def host_of_unit(name: str) -> str:
+    return name.split("/", 1)[0]
+
+
 def host_addresses(facts: t.Any) -> list[dict[str, t.Any]]:
     """The host's IPv4 addresses with their prefix lengths, from Ansible's network facts, the default route's first;
     loopback left out."""
@@ -215,13 +242,30 @@ def gateway_address(gateway: t.Sequence[t.Mapping[str, t.Any]], backend_hosts: t
     return gateway[0]["address"] if gateway else None
 
 
-def peer_access(host: str, reports: t.Any) -> dict[str, t.Any]:
-    """What a host trusts of the others: {errors} or {errors: [], authorized_keys: [{peer, line}], known_hosts, peers,
-    gateways}. ``reports``: per host of the play, the cluster ranks deployed there (the daemon's ``ranks``: unit,
+def kept_gateways(host: str, previous: t.Any, play_hosts: t.Collection[str], inventory: t.Collection[str]) -> list[dict[str, str]]:
+    """The gateways of the host's last record that this play cannot judge: another host, still in the inventory but not
+    in the play (site.yml --limit). They stay as they were, so a partial play never empties the record and strands a
+    drain the watchdog made there; a gateway gone from the inventory is dropped. ``previous``: {record: the text of
+    GATEWAYS_FILE, known_hosts: the text of KNOWN_HOSTS}, either "" when missing; a record that is no JSON keeps nothing."""
+    text = previous.get("record") if isinstance(previous, dict) else None
+    try:
+        record = json.loads(text) if isinstance(text, str) and text.strip() else {}
+    except ValueError:
+        record = {}
+    return [entry for entry in usable_gateways(record) if entry["name"] != host and entry["name"] not in play_hosts and entry["name"] in inventory]
+
+
+def peer_access(host: str, reports: t.Any, previous: t.Any = None, inventory: t.Collection[str] = ()) -> dict[str, t.Any]:
+    """What a host trusts of the others: {errors} or {errors: [], authorized_keys: [{peer, key_id, line}], key_ids,
+    known_hosts, peers, gateways}. ``reports``: per host of the play, the cluster ranks deployed there (the daemon's ``ranks``: unit,
     host_ip, nodes), the backends of the gateway deployed there (``gateway``: routed_backends, or None), its
     addresses (host_addresses), its watchdog's public key and its sshd's ed25519 host key. A cluster peer is the host
     whose own rank of the same unit sits at the node's address; a backend is a host the deployed gateway plan routes
-    to: the deployed plans, as the daemon reads them, decide. ``gateways``: where this host's watchdog drains its units."""
+    to: the deployed plans, as the daemon reads them, decide. ``gateways``: where this host's watchdog drains its units.
+    A peer that is both gets one key line per set of roles its addresses carry, each with its own from= and forced
+    command: its cluster steps are accepted only from the cluster's link, its drains from each of its addresses.
+    ``previous`` (kept_gateways') and ``inventory``, every inventory host: the gateways outside the play keep their entries
+    and host keys as they were."""
     if not isinstance(reports, dict) or not isinstance(reports.get(host), dict):
         return {"errors": [f"{host}: no report of its cluster ranks (the watchdog role reads every node's)"]}
     own = reports[host]
@@ -230,7 +274,7 @@ def peer_access(host: str, reports: t.Any) -> dict[str, t.Any]:
     links: dict[str, dict[str, set[str]]] = {}
 
     def link(name: str) -> dict[str, set[str]]:
-        return links.setdefault(name, {"may": set(), "sources": set(), "dials": set()})
+        return links.setdefault(name, {"may": set(), "cluster": set(), "backend": set(), "dials": set()})
 
     for rank in own.get("ranks") or []:
         for node in rank["nodes"]:
@@ -244,7 +288,7 @@ def peer_access(host: str, reports: t.Any) -> dict[str, t.Any]:
                 continue
             entry = link(peers[0])
             entry["may"].add("cluster")
-            entry["sources"].add(node["address"])
+            entry["cluster"].add(node["address"])
             entry["dials"].add(node["address"])
     for backend in (own.get("gateway") or {}):
         if backend == host:
@@ -255,7 +299,7 @@ def peer_access(host: str, reports: t.Any) -> dict[str, t.Any]:
             continue
         entry = link(backend)
         entry["may"].add("backend")
-        entry["sources"].update(found["address"] for found in reports[backend].get("addresses") or [])
+        entry["backend"].update(found["address"] for found in reports[backend].get("addresses") or [])
     gateways = []
     for name, report in sorted(reports.items()):
         routed = (report.get("gateway") or {}).get(host) if isinstance(report, dict) else None
@@ -274,18 +318,37 @@ def peer_access(host: str, reports: t.Any) -> dict[str, t.Any]:
     for name, entry in sorted(links.items()):
         report = reports[name]
         user_key, host_key = ED25519_KEY.match(report.get("user_key") or ""), ED25519_KEY.match(report.get("host_key") or "")
-        if not HOST_NAME.fullmatch(name) or not user_key or not host_key or (entry["may"] and not entry["sources"]):
+        if not HOST_NAME.fullmatch(name) or not user_key or not host_key or any(not entry[role] for role in entry["may"]):
             errors.append(f"peer {name!r} of {host}: no usable name, watchdog key, ed25519 host key or address")
             continue
-        if entry["may"]:
-            flags = "".join(f" --{what}" for what in sorted(entry["may"]))
-            lines.append({"peer": name, "line": f'restrict,from="{",".join(sorted(entry["sources"]))}",command="{PEER_COMMAND} --from {name}{flags}" '
-                                                f"{user_key.group(0)} {KEY_COMMENT}{name}"})
+        lines += key_lines(name, entry, user_key.group(0))
         known_hosts += [f"{where} {host_key.group(0)}\n" for where in sorted(entry["dials"])]
+    kept = kept_gateways(host, previous, reports, inventory)
+    kept_addresses = {entry["address"] for entry in kept}
+    previous_hosts = previous.get("known_hosts") if isinstance(previous, dict) and isinstance(previous.get("known_hosts"), str) else ""
+    known_hosts += [f"{line}\n" for line in previous_hosts.splitlines()
+                    if line.split(" ", 1)[0] in kept_addresses and ED25519_KEY.fullmatch(line.split(" ", 1)[-1])]
     if errors:
         return {"errors": errors}
-    return {"errors": [], "peers": [line["peer"] for line in lines], "authorized_keys": lines, "known_hosts": "".join(sorted(known_hosts)),
-            "gateways": gateways}
+    return {"errors": [], "peers": sorted({line["peer"] for line in lines}), "key_ids": [line["key_id"] for line in lines], "authorized_keys": lines,
+            "known_hosts": "".join(sorted(set(known_hosts))), "gateways": sorted(gateways + kept, key=lambda entry: entry["name"])}
+
+
+def key_lines(name: str, entry: t.Mapping[str, t.Collection[str]], user_key: str) -> list[dict[str, str]]:
+    """The authorized_keys lines of one peer's key: one per set of roles its addresses carry (cluster: the addresses of
+    its ranks on the cluster's link; backend: every address of a backend of the host's gateway), so no address gets
+    more than its roles. Each line's comment names the peer and its roles, which the role's lineinfile matches."""
+    roles_at: dict[str, list[str]] = {}
+    for address_text in sorted({*entry["cluster"], *entry["backend"]}):
+        roles_at[address_text] = [role for role in ("backend", "cluster") if address_text in entry[role]]
+    lines = []
+    for roles in sorted({tuple(roles) for roles in roles_at.values()}):
+        sources = ",".join(where for where, found in roles_at.items() if tuple(found) == roles)
+        key_id = f"{name}:{'+'.join(roles)}"
+        flags = "".join(f" --{role}" for role in roles)
+        lines.append({"peer": name, "key_id": key_id,
+                      "line": f'restrict,from="{sources}",command="{PEER_COMMAND} --from {name}{flags}" {user_key} {KEY_COMMENT}{key_id}'})
+    return lines
 
 
 def has_peers(host: str, deployed: t.Any) -> bool:

@@ -14,14 +14,22 @@ description:
     gateway role computed it from the serving hosts' instance plans; no secret), C(drained.json) (the nodes and
     instances taken out of rotation) and C(litellm/config.yaml) (LiteLLM's config - every deployment of the plan that
     is not drained, keys only as C(os.environ/...) references).
+  - Each drained name records who drained it (I(owner)) - the operator, a playbook hook's run (C(bench@RUN),
+    C(sweep@RUN), C(rollout@RUN)) or a backend's watchdog (C(watchdog@HOST), through the watchdog's peer command
+    only). A name stays out of rotation while it has an owner. The operator's undrain puts a name back whoever
+    drained it; a hook's undrain releases only that run's own drain, so a unit the operator (or the watchdog) drained
+    stays out, and the module says so (C(held)) and warns.
+  - Reads and writes the routing under the lock the watchdog's drains take (C(.route.lock) in I(config_dir)), so a
+    drain of a playbook and a drain of a watchdog at once both land.
   - C(plan.json) and C(drained.json) carry a C(schema_version). A file that is truncated, incomplete, or of another
-    schema (an older release wrote it) is refused naming the file and the fix, never read as a guess.
+    schema is refused naming the file and the fix, never read as a guess. A drained list of an older release (schema
+    1, no owners) is read as the operator's drains.
   - With I(plan) the plan file is replaced; without it the plan already on the host is read, so a drain needs no
     inventory of the backends (the sweep and the watchdog drain from a serving host's play).
   - A drain names an inventory host (every instance on it) or C(host/instance). A drain that leaves a model group with
     nothing to route to is refused, and nothing is written, unless I(force). So is a request that contradicts itself -
     a host and one of its instances, one drained and the other undrained - or an undrain of an instance whose host
-    stays drained, which would do nothing.
+    stays drained, which would do nothing (an operator's request; a hook's undrain of it only releases its own drain).
   - The caller restarts the gateway when C(config_changed) is true; LiteLLM reads its config at start.
   - The logic is in the collection's private module_utils C(_gateway), unit-tested.
 author: sparkfleet.vllm contributors (@sparkfleet)
@@ -47,6 +55,12 @@ options:
     description: Drain even when a model group is left with nothing to route to (a planned outage).
     type: bool
     default: false
+  owner:
+    description:
+      - Who drains or undrains - C(operator), or a hook's run C(NAME@RUN) (letters, digits, C(_.:-) after the C(@)).
+        C(watchdog@HOST) is the watchdog's own and refused here.
+    type: str
+    default: operator
 attributes:
   check_mode:
     support: full
@@ -67,6 +81,12 @@ EXAMPLES = r"""
   sparkfleet.vllm.gateway_route:
     undrain: [spark-2/chat]
   delegate_to: gateway-1
+
+- name: Release this bench run's drain only (an operator's drain of spark-2 stays)
+  sparkfleet.vllm.gateway_route:
+    undrain: [spark-2]
+    owner: bench@20250101T120000Z-1a2b
+  delegate_to: gateway-1
 """
 
 RETURN = r"""
@@ -78,6 +98,14 @@ drained:
   description: What is out of rotation after this run.
   type: list
   elements: str
+  returned: success
+owners:
+  description: Per drained name, who drained it (C(operator), C(NAME@RUN), C(watchdog@HOST)).
+  type: dict
+  returned: success
+held:
+  description: Of the names undrained, those that stay out of rotation because another owner drained them (or their host), with those owners.
+  type: dict
   returned: success
 in_rotation:
   description: Each model group and the ids (C(host/instance/served name/group)) of its deployments in rotation.
@@ -102,6 +130,7 @@ reasons:
   returned: always
 """
 
+import fcntl
 import os
 
 from ansible.module_utils.basic import AnsibleModule
@@ -109,12 +138,16 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._files import write_atomically
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._gateway import DEFAULT_SETTINGS, gateway_files
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._gateway_routes import (
+    OPERATOR,
+    ROUTE_LOCK,
     UNIT,
-    after_request,
+    apply_request,
     drain_problems,
     drained_file,
+    held_by_others,
     in_rotation,
     kept_out,
+    owner_problem,
     plan_file,
     plan_problem,
     read_drained,
@@ -143,10 +176,31 @@ def main() -> None:
             "drain": {"type": "list", "elements": "str", "default": []},
             "undrain": {"type": "list", "elements": "str", "default": []},
             "force": {"type": "bool", "default": False},
+            "owner": {"type": "str", "default": OPERATOR},
         },
         supports_check_mode=True,
     )
+    problem = owner_problem(module.params["owner"])
+    if problem:
+        refuse(module, [problem])
     config_dir = module.params["config_dir"]
+    try:
+        # The watchdog's drains take the same lock from their read to their write: neither loses the other's update.
+        # Check mode writes nothing, not even the lock file, and judges what it reads.
+        if module.check_mode:
+            route(module, config_dir)
+        else:
+            os.makedirs(config_dir, mode=0o700, exist_ok=True)
+            with open(os.path.join(config_dir, ROUTE_LOCK), "a", encoding="utf-8") as lock:
+                os.chmod(lock.name, 0o600)
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                route(module, config_dir)
+    except OSError as error:
+        refuse(module, [f"{config_dir}: the gateway's routing lock cannot be taken ({error}); give a config_dir the task's user can "
+                        "write (become: true), then re-run"])
+
+
+def route(module: AnsibleModule, config_dir: str) -> None:
     files = gateway_files(config_dir)
     paths = {name: files[name] for name in ("plan", "drained", "config")}
     try:
@@ -163,16 +217,18 @@ def main() -> None:
         plan, problem = read_plan(before["plan"], paths["plan"])
     if problem:
         refuse(module, [problem])
-    drained, problem = read_drained(before["drained"], paths["drained"])
+    record, problem = read_drained(before["drained"], paths["drained"])
     if problem:
         refuse(module, [problem])
-    problems = drain_problems(plan, drained, module.params["drain"], module.params["undrain"], module.params["force"])
+    owner, drain, undrain = module.params["owner"], module.params["drain"], module.params["undrain"]
+    problems = drain_problems(plan, record, drain, undrain, module.params["force"], owner)
     if problems:
         refuse(module, problems)
     known = targets(plan)
-    stale = sorted(name for name in drained if name not in known)
-    after_drained = sorted(after_request(drained, module.params["drain"], module.params["undrain"]) - set(stale))
-    after = {"plan": plan_file(plan), "drained": drained_file(after_drained), "config": render_config(plan, after_drained)}
+    stale = sorted(name for name in record if name not in known)
+    after_record = {name: owners for name, owners in apply_request(record, drain, undrain, owner).items() if name not in stale}
+    after_drained = sorted(after_record)
+    after = {"plan": plan_file(plan), "drained": drained_file(after_record), "config": render_config(plan, after_drained)}
     changed_names = [name for name in paths if before[name] != after[name]]
     if changed_names and not module.check_mode:
         try:
@@ -185,16 +241,20 @@ def main() -> None:
     rotation: dict[str, list[str]] = {group: [] for group in plan["groups"]}
     for deployment in in_rotation(plan, after_drained):
         rotation.setdefault(deployment["group"], []).append(deployment["id"])
+    held = held_by_others(after_record, undrain)
     result = {
-        "changed": bool(changed_names), "ok": True, "url": plan["url"], "unit": UNIT, "drained": after_drained, "in_rotation": rotation,
-        "config_changed": "config" in changed_names, "reasons": [],
+        "changed": bool(changed_names), "ok": True, "url": plan["url"], "unit": UNIT, "drained": after_drained, "owners": after_record,
+        "held": held, "in_rotation": rotation, "config_changed": "config" in changed_names, "reasons": [],
         "diff": [{"before_header": paths[name], "after_header": paths[name], "before": before[name] or "", "after": after[name]}
                  for name in ("drained", "config") if name in changed_names],
     }
     warnings = [f"dropped from the drained list, no longer backends: {', '.join(stale)}"] if stale else []
-    kept = kept_out(after_drained, module.params["undrain"])
+    kept = kept_out(after_drained, undrain)
     if kept:
         warnings.append(f"{', '.join(kept)}: drained by name, so still out of rotation; undrain by name to put back")
+    warnings += [f"{name} stays out of rotation: drained by {', '.join(owners)}, whose drain {owner} does not undo; the operator "
+                 f"puts it back (playbooks/gateway.yml -e '{{\"gateway_undrain\": [\"{name}\"]}}') when it may serve"
+                 for name, owners in held.items()]
     if warnings:
         result["warnings"] = warnings
     module.exit_json(**result)

@@ -33,7 +33,7 @@ import urllib.request
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _diagnose import CONFIG_DIRS, collect_host_bundle, run_command  # noqa: E402
-from _gateway_routes import ROUTING_FILES, drained_file, read_drained, read_plan, render_config, watchdog_route  # noqa: E402
+from _gateway_routes import ROUTE_LOCK, ROUTING_FILES, drained_file, host_of, read_drained, read_plan, render_config, watchdog_route  # noqa: E402
 from _gateway_routes import UNIT as GATEWAY_UNIT  # noqa: E402
 from _watchdog import (  # noqa: E402
     CONFIG_PATH,
@@ -44,6 +44,7 @@ from _watchdog import (  # noqa: E402
     PEER_DIR,
     PEER_KEY,
     PLAN_NAME,
+    ROUTE_BUDGET_FILE,
     SERVING,
     SETTINGS,
     STATE_DIR,
@@ -62,6 +63,7 @@ from _watchdog import (  # noqa: E402
     person_needed_path,
     plan_problems,
     recently_restarted,
+    route_budget,
     routed_backends,
     usable_gateways,
     worth_a_line,
@@ -291,23 +293,38 @@ def peer_call(address, command, peer_dir, timeout=STOP_TIMEOUT + 30):
 
 
 def route_here(settings, verb, name):
-    """A drain or undrain of one backend unit at this host's gateway (its own watchdog's, or a backend's over SSH): the
-    routing rewritten and LiteLLM restarted, which reads it at start only. One at a time: backends may ask at once."""
+    """A drain or undrain of one backend unit at this host's gateway (its own watchdog's, or a backend's over SSH), as
+    that backend's watchdog (owner watchdog@HOST): the routing rewritten and LiteLLM restarted, which reads it at start
+    only, within the backend's route budget. Under the routing's lock, which the gateway_route module takes too:
+    backends and playbooks may ask at once, and none loses another's update."""
     folder = settings.get("gateway_config_dir")
     if not folder:
         return {"result": "no_gateway", "why": "this host runs no gateway"}
+    if any(isinstance(settings.get(key), bool) or not isinstance(settings.get(key), int) for key in ("route_budget", "route_budget_window")):
+        return {"result": "error", "why": "the watchdog's configuration has no route budget (an older release wrote it): re-apply the watchdog role"}
     paths = {key: os.path.join(folder, path) for key, path in ROUTING_FILES.items()}
     try:
-        with open(os.path.join(folder, ".watchdog-route.lock"), "a", encoding="utf-8") as lock:
+        with open(os.path.join(folder, ROUTE_LOCK), "a", encoding="utf-8") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             text = read_text(paths["plan"])
             plan, problem = read_plan(text, paths["plan"]) if text is not None else (None, f"no gateway plan at {paths['plan']}")
-            drained, problem = read_drained(read_text(paths["drained"]), paths["drained"]) if plan else ([], problem)
+            record, problem = read_drained(read_text(paths["drained"]), paths["drained"]) if plan else ({}, problem)
             if problem:
                 return {"result": "error", "why": problem}
-            after, reply = watchdog_route(plan, drained, verb, name)
-            if after is not None:
-                write_text(paths["drained"], drained_file(after), 0o600)
+            after, reply = watchdog_route(plan, record, verb, name)
+            if after is None:
+                return reply
+            if set(after) != set(record):
+                budget_path = os.path.join(settings["state_dir"], ROUTE_BUDGET_FILE)
+                spent = read_json(budget_path, {})
+                spent = spent if isinstance(spent, dict) else {}
+                backend = host_of(name)
+                changes, refusal = route_budget(spent.get(backend), verb, name, settings, time.time())
+                if refusal:
+                    return refusal
+                write_json(budget_path, {**spent, backend: changes})
+            write_text(paths["drained"], drained_file(after), 0o600)
+            if set(after) != set(record):
                 write_text(paths["config"], render_config(plan, after), 0o600)
                 # Queued, not waited for: the backend's call returns at once; a gateway an operator stopped stays stopped.
                 reply["gateway_restart"] = run_command(["systemctl", "try-restart", "--no-block", "--", GATEWAY_UNIT], COMMAND_TIMEOUT)[0]
@@ -347,21 +364,25 @@ def drain(plan, settings):
     return replies
 
 
-def undrain(plan, settings, now):
-    """A unit the watchdog drained, serving again: undrained where it was drained; kept for the next sample where the
-    gateway could not be reached."""
+def undrain(plan, settings, memory, now):
+    """A unit the watchdog drained, serving again: undrained where it was drained (its own drain only: one another
+    made stays); kept for the next sample where the gateway could not be reached or deferred it (its route budget
+    spent), and a deferral written to the journal once, not at every sample."""
     gateways = drained_names(read_json(os.path.join(settings["state_dir"], DRAINS_FILE), {})).get(plan["unit"])
     routes = read_json(os.path.join(settings["peer_dir"], GATEWAYS_FILE), None)
     # Without a readable list of the gateways, none is known to be gone: the record waits for the role to write it again.
     if not gateways or not isinstance(routes, dict) or not isinstance(routes.get("gateways"), list):
         return
     replies = at_gateways(plan, settings, "undrain", only=gateways)
-    answered = {reply["gateway"] for reply in replies if reply["result"] not in ("unreachable", "error")}
+    answered = {reply["gateway"] for reply in replies if reply["result"] not in ("unreachable", "error", "deferred")}
     gone = set(gateways) - {entry["name"] for entry in usable_gateways(routes)}
     record_drains(settings, plan["unit"], remove=answered | gone)
-    print(journal_line({"unit": plan["unit"], "verdict": "serving", "action": "undrain", "gateway": replies,
-                        "why": "the unit the watchdog drained serves again" + (f"; no longer routed by {', '.join(sorted(gone))}" if gone else "")},
-                       now), flush=True)
+    outcome = sorted((reply["gateway"], reply["result"]) for reply in replies)
+    if answered or gone or outcome != memory.get("undrain_outcome"):
+        print(journal_line({"unit": plan["unit"], "verdict": "serving", "action": "undrain", "gateway": replies,
+                            "why": "the unit the watchdog drained serves again" + (f"; no longer routed by {', '.join(sorted(gone))}" if gone else "")},
+                           now), flush=True)
+    memory["undrain_outcome"] = outcome
 
 
 def record_drains(settings, unit, add=(), remove=()):
@@ -495,7 +516,7 @@ def watch(plan, settings, memories, now):
     memory["verdict"] = decision["verdict"]
     memories[plan["unit"]] = memory
     if decision["verdict"] in SERVING:
-        undrain(plan, settings, now)
+        undrain(plan, settings, memory, now)
 
 
 def run(arguments):

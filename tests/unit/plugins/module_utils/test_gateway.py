@@ -204,6 +204,11 @@ def test_a_group_naming_a_model_nobody_serves_is_refused():
     assert plan["deployments"] == []
 
 
+def ops(*names):
+    """A drained record of the operator's drains."""
+    return {name: ["operator"] for name in names}
+
+
 def test_draining_a_node_or_one_instance_takes_it_out_of_every_group():
     plan = plan_for()
     assert {d["litellm_params"]["api_base"] for d in config_document(plan, ["gx10-1"])["model_list"]} == {"http://192.0.2.10:8000/v1"}
@@ -213,32 +218,37 @@ def test_draining_a_node_or_one_instance_takes_it_out_of_every_group():
 
 def test_a_drain_that_empties_a_group_is_refused_unless_forced():
     plan = plan_for()
-    assert drain_problems(plan, [], ["gx10-1"], [], False) == []
-    assert drain_problems(plan, ["gx10-1"], ["spark-1"], [], False) == [
+    assert drain_problems(plan, {}, ["gx10-1"], [], False) == []
+    assert drain_problems(plan, ops("gx10-1"), ["spark-1"], [], False) == [
         "gateway drain: draining spark-1 leaves model group(s) code, fast with nothing to route to, so every client request for "
         "them would fail. Undrain another node first, or force the drain (gateway_drain_force: true) for a planned outage"]
-    assert drain_problems(plan, ["gx10-1"], ["spark-1"], [], True) == []
-    assert drain_problems(plan, ["gx10-1", "spark-1"], [], ["spark-1"], False) == [], "undraining is never refused"
-    assert drain_problems(plan, [], ["spark-9", "spark-1/other"], [], False) == [
+    assert drain_problems(plan, ops("gx10-1"), ["spark-1"], [], True) == []
+    assert drain_problems(plan, ops("gx10-1", "spark-1"), [], ["spark-1"], False) == [], "undraining is never refused"
+    assert drain_problems(plan, {}, ["spark-9", "spark-1/other"], [], False) == [
         "gateway drain: 'spark-9' is not a backend of this gateway (known: gx10-1, gx10-1/chat, spark-1, spark-1/chat); name an "
         "inventory host, or host/instance",
         "gateway drain: 'spark-1/other' is not a backend of this gateway (known: gx10-1, gx10-1/chat, spark-1, spark-1/chat); name "
         "an inventory host, or host/instance"]
-    assert drain_problems(plan, [], ["spark-1"], ["spark-1"], False) == ["gateway drain: spark-1 asked to be drained and undrained at once"]
+    assert drain_problems(plan, {}, ["spark-1"], ["spark-1"], False) == ["gateway drain: spark-1 asked to be drained and undrained at once"]
 
 
-def test_a_watchdog_drains_its_unit_never_the_last_replica_and_undrains_only_by_name():
+def test_a_watchdog_drains_its_unit_never_the_last_replica_and_undrains_only_its_own_drain():
     plan = plan_for()
-    assert watchdog_route(plan, [], "drain", "gx10-1/chat") == (["gx10-1/chat"], {"result": "drained", "why": "gx10-1/chat out of rotation"})
-    refused, reply = watchdog_route(plan, ["gx10-1/chat"], "drain", "spark-1/chat")
+    mine = {"gx10-1/chat": ["watchdog@gx10-1"]}
+    assert watchdog_route(plan, {}, "drain", "gx10-1/chat") == (mine, {"result": "drained", "why": "gx10-1/chat out of rotation"})
+    refused, reply = watchdog_route(plan, mine, "drain", "spark-1/chat")
     assert refused is None and reply["result"] == "refused" and "leaves model group(s) code, fast with nothing to route to" in reply["why"]
-    assert watchdog_route(plan, ["gx10-1"], "drain", "gx10-1/chat")[0] is None, "an operator's drain of the host covers it"
-    assert watchdog_route(plan, ["gx10-1"], "drain", "gx10-1/chat")[1]["result"] == "already_drained"
-    assert watchdog_route(plan, [], "drain", "gx10-1/other") == (None, {"result": "not_routed", "why": "gx10-1/other is no backend of this gateway"})
-    assert watchdog_route(plan, ["gx10-1/chat", "spark-1"], "undrain", "gx10-1/chat") == (
-        ["spark-1"], {"result": "undrained", "why": "gx10-1/chat back in rotation"})
-    assert watchdog_route(plan, ["gx10-1"], "undrain", "gx10-1/chat")[1]["result"] == "not_drained", "the operator's host drain stays"
-    assert watchdog_route(plan, ["gx10-1", "gx10-1/chat"], "undrain", "gx10-1/chat")[1]["why"].endswith("though its host gx10-1 stays drained")
+    assert watchdog_route(plan, ops("gx10-1"), "drain", "gx10-1/chat")[0] is None, "an operator's drain of the host covers it"
+    assert watchdog_route(plan, ops("gx10-1"), "drain", "gx10-1/chat")[1] == {
+        "result": "already_drained", "why": "gx10-1/chat was out of rotation already, drained by operator, whose drain stays"}
+    assert watchdog_route(plan, {}, "drain", "gx10-1/other") == (None, {"result": "not_routed", "why": "gx10-1/other is no backend of this gateway"})
+    assert watchdog_route(plan, {**mine, **ops("spark-1")}, "undrain", "gx10-1/chat") == (
+        ops("spark-1"), {"result": "undrained", "why": "gx10-1/chat back in rotation"})
+    assert watchdog_route(plan, ops("gx10-1"), "undrain", "gx10-1/chat")[1]["result"] == "kept", "the operator's host drain stays"
+    assert watchdog_route(plan, {}, "undrain", "gx10-1/chat") == (None, {"result": "not_drained", "why": "gx10-1/chat was not drained by name"})
+    after, reply = watchdog_route(plan, {**ops("gx10-1"), **mine}, "undrain", "gx10-1/chat")
+    assert after == ops("gx10-1") and reply == {
+        "result": "kept", "why": "the watchdog's drain of gx10-1/chat released; it stays out of rotation, drained by operator"}
 
 
 def test_a_drain_reaches_the_gateways_routing_to_the_node_each_with_its_own_backends():
@@ -322,13 +332,13 @@ def test_a_host_and_its_instance_drained_and_undrained_at_once_are_refused():
     crossed = ("gateway drain: {} asked at once: a host and one of its instances leave each other in place (a drained host keeps "
                "all its instances out, a drained instance stays out when its host goes back), so one request would do nothing. "
                "Name either the host or its instances")
-    assert drain_problems(plan, [], ["gx10-1"], ["gx10-1/chat"], False) == [crossed.format("gx10-1 (drain) and gx10-1/chat (undrain)")]
-    assert drain_problems(plan, ["gx10-1"], ["gx10-1/chat"], ["gx10-1"], False) == [
+    assert drain_problems(plan, {}, ["gx10-1"], ["gx10-1/chat"], False) == [crossed.format("gx10-1 (drain) and gx10-1/chat (undrain)")]
+    assert drain_problems(plan, ops("gx10-1"), ["gx10-1/chat"], ["gx10-1"], False) == [
         crossed.format("gx10-1/chat (drain) and gx10-1 (undrain)")]
-    assert drain_problems(plan, ["gx10-1"], [], ["gx10-1/chat"], False) == [
+    assert drain_problems(plan, ops("gx10-1"), [], ["gx10-1/chat"], False) == [
         "gateway undrain: gx10-1/chat would stay out of rotation, because the host stays drained; undrain the host (and drain by "
         "name those of its instances that must stay out)"]
-    assert drain_problems(plan, ["gx10-1/chat"], [], ["gx10-1/chat"], False) == []
+    assert drain_problems(plan, ops("gx10-1/chat"), [], ["gx10-1/chat"], False) == []
     assert kept_out(["gx10-1/chat"], ["gx10-1"]) == ["gx10-1/chat"] and kept_out(["gx10-1/chat"], ["gx10-1/chat"]) == []
 
 
@@ -336,8 +346,11 @@ def test_the_plan_and_drained_files_carry_their_schema_and_read_back():
     plan = {k: v for k, v in plan_for().items() if k not in ("env_file", "errors")}
     assert plan["schema_version"] == SCHEMA_VERSION
     assert read_plan(plan_file(plan), "/gw/plan.json") == (plan, None)
-    assert read_drained(drained_file(["spark-1", "gx10-1/chat"]), "/gw/drained.json") == (["gx10-1/chat", "spark-1"], None)
-    assert read_drained(None, "/gw/drained.json") == ([], None)
+    record = {"spark-1": ["operator", "bench@r1"], "gx10-1/chat": ["watchdog@gx10-1"]}
+    assert json.loads(drained_file(record)) == {"schema_version": 2, "drained": ["gx10-1/chat", "spark-1"],
+                                                "owners": {"gx10-1/chat": ["watchdog@gx10-1"], "spark-1": ["bench@r1", "operator"]}}
+    assert read_drained(drained_file(record), "/gw/drained.json") == ({"gx10-1/chat": ["watchdog@gx10-1"], "spark-1": ["bench@r1", "operator"]}, None)
+    assert read_drained(None, "/gw/drained.json") == ({}, None)
 
 
 @pytest.mark.parametrize(("text", "expected"), [
@@ -355,8 +368,10 @@ def test_a_plan_file_this_collection_did_not_write_is_refused_naming_the_fix(tex
     assert plan is None and problem.startswith(expected), problem
 
 
-def test_an_older_releases_drained_list_reads_as_it_was_written():
-    assert read_drained('["spark-2", "gx10-1/chat"]', "/gw/drained.json") == (["spark-2", "gx10-1/chat"], None)
+def test_an_older_releases_drained_list_reads_as_the_operators_drains():
+    expected = ({"spark-2": ["operator"], "gx10-1/chat": ["operator"]}, None)
+    assert read_drained('["spark-2", "gx10-1/chat"]', "/gw/drained.json") == expected
+    assert read_drained('{"schema_version": 1, "drained": ["spark-2", "gx10-1/chat"]}', "/gw/drained.json") == expected
 
 
 @pytest.mark.parametrize("address", ["::ffff:0.0.0.0", "::ffff:192.0.2.1", "fe80::1%eth0"])
@@ -367,12 +382,17 @@ def test_a_mapped_or_zoned_bind_address_is_refused(address):
 
 @pytest.mark.parametrize(("text", "expected"), [
     ('{"schema_version": 1, "drained": ["spark', "/gw/drained.json: not a drained list (Unterminated string"),
-    ('{"schema_version": 2, "drained": []}', "/gw/drained.json: schema_version 2, while this collection reads 1"),
+    ('{"schema_version": 3, "drained": []}', "/gw/drained.json: schema_version 3, while this collection reads 2 (and 1)"),
+    ('{"drained": []}', "/gw/drained.json: schema_version missing, while this collection reads 2 (and 1)"),
     ('{"schema_version": 1, "drained": "spark-2"}', "/gw/drained.json: its drained entry must list hosts or host/instance names"),
+    ('{"schema_version": 2, "drained": ["spark-2"]}', "/gw/drained.json: its owners entry must give every drained name"),
+    ('{"schema_version": 2, "drained": ["spark-2"], "owners": {"spark-2": []}}', "/gw/drained.json: its owners entry must give"),
+    ('{"schema_version": 2, "drained": ["spark-2"], "owners": {"spark-3": ["operator"]}}', "/gw/drained.json: its owners entry must give"),
+    ('{"schema_version": 2, "drained": ["spark-2"], "owners": {"spark-2": [""]}}', "/gw/drained.json: its owners entry must give"),
 ])
 def test_a_drained_list_this_collection_did_not_write_is_refused_never_guessed(text, expected):
     drained, problem = read_drained(text, "/gw/drained.json")
-    assert drained == [] and problem.startswith(expected), problem
+    assert drained == {} and problem.startswith(expected), problem
     assert problem.endswith("move it aside (every node then goes back into rotation) and re-run site.yml --tags gateway, then "
                             "drain again what must stay out (playbooks/gateway.yml -e '{\"gateway_drain\": [...]}')")
 

@@ -4,8 +4,10 @@ systemd's own starts, the grace after a start (cold, then warm), the restart bud
 and the role's plan with its refusals."""
 
 import json
+from pathlib import Path
 
 import pytest
+import yaml
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._watchdog import (
     SETTINGS,
@@ -27,12 +29,14 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._watchdog import (
     plan_problems,
     recently_restarted,
     routed_backends,
+    settings_problems,
     watchdog_plan,
     worth_a_line,
 )
 
+ROOT = Path(__file__).resolve().parents[4]
 SETTINGS_DEFAULT = {"interval": 30, "failures": 3, "probe_timeout": 15, "probe_tokens": 4, "budget": 3, "budget_window": 21600,
-                    "warm_grace": 600, "maintenance_max_age": 7200, "bundle_time_limit": 60}
+                    "warm_grace": 600, "maintenance_max_age": 7200, "bundle_time_limit": 60, "route_budget": 8, "route_budget_window": 3600}
 PLAN = {"unit": "sparkfleet-vllm-llm.service", "container": "sparkfleet-vllm-llm", "config_hash": "h1", "health_timeout": 1200}
 # A page as vLLM 0.32's CPU build serves it (recorded on the lab, trimmed to the families read here).
 METRICS_PAGE = """# HELP vllm:num_requests_running Number of requests in model execution batches.
@@ -281,6 +285,11 @@ def test_the_plan_lays_out_the_daemon_its_libraries_config_and_unit():
     ({"failures": 1}, None, "watchdog_failures is 1: give a whole number from 2 to 20"),
     ({"budget": True}, None, "watchdog_budget is True"),
     ({"probe_tokens": 64}, None, "watchdog_probe_tokens is 64"),
+    ({"route_budget": 1}, None, "watchdog_route_budget is 1: give a whole number from 2 to 100 (changes of a gateway's routing"),
+    ({"route_budget": "8"}, None, "watchdog_route_budget is '8': give a whole number from 2 to 100"),
+    ({"route_budget": False}, None, "watchdog_route_budget is False"),
+    ({"route_budget_window": 59}, None, "watchdog_route_budget_window is 59: give a whole number from 60 to 86400"),
+    ({"route_budget_window": 86_401}, None, "watchdog_route_budget_window is 86401"),
     ({"interval": 3600, "failures": 20, "budget_window": 3600}, None, "exceeds watchdog_budget_window"),
     ({}, ["relative/dir"], "watchdog_plan_dirs is ['relative/dir']: give a list of absolute folders"),
     ({}, ["/etc/sparkfleet/../x"], "give a list of absolute folders"),
@@ -298,6 +307,13 @@ def test_bad_settings_are_refused_naming_the_variable_and_the_fix(changes, plan_
 
 def test_every_setting_has_bounds_the_role_documents():
     assert set(SETTINGS) == set(SETTINGS_DEFAULT)
+    role = ROOT / "roles" / "watchdog"
+    defaults = yaml.safe_load((role / "defaults" / "main.yml").read_text())
+    assert SETTINGS_DEFAULT == {name: defaults[f"watchdog_{name}"] for name in SETTINGS}
+    assert settings_problems(SETTINGS_DEFAULT) == []
+    options = yaml.safe_load((role / "meta" / "argument_specs.yml").read_text())["argument_specs"]["main"]["options"]
+    for name, (least, most, _why) in SETTINGS.items():
+        assert f"({least} to {most}" in options[f"watchdog_{name}"]["description"], name
 
 
 NODES = [{"name": "spark-1", "rank": 0, "address": "10.0.0.1"}, {"name": "spark-3", "rank": 2, "address": "10.0.0.3"},
@@ -369,12 +385,13 @@ def reports(**changes):
 def test_each_peer_may_run_only_the_peer_command_from_its_own_address_and_only_its_host_key_is_trusted():
     access = peer_access("spark-1", reports())
     assert access["errors"] == [] and access["peers"] == ["spark-2", "spark-3"]
-    assert access["authorized_keys"][0] == {"peer": "spark-2", "line": (
+    assert access["authorized_keys"][0] == {"peer": "spark-2", "key_id": "spark-2:cluster", "line": (
         'restrict,from="10.0.0.2",command="/usr/bin/python3 /opt/sparkfleet/watchdog/sparkfleet_watchdog.py peer --from spark-2 --cluster" '
-        f"ssh-ed25519 {'A' * 67}1 sparkfleet-watchdog@spark-2")}
+        f"ssh-ed25519 {'A' * 67}1 sparkfleet-watchdog@spark-2:cluster")}
+    assert access["key_ids"] == ["spark-2:cluster", "spark-3:cluster"]
     assert access["known_hosts"] == f"10.0.0.2 ssh-ed25519 {'B' * 67}1\n10.0.0.3 ssh-ed25519 {'B' * 67}2\n"
     assert peer_access("spark-9", {"spark-9": {"ranks": [], "user_key": "", "host_key": ""}}) == {
-        "errors": [], "peers": [], "authorized_keys": [], "known_hosts": "", "gateways": []}
+        "errors": [], "peers": [], "key_ids": [], "authorized_keys": [], "known_hosts": "", "gateways": []}
 
 
 @pytest.mark.parametrize(("changes", "fragment"), [
@@ -395,10 +412,12 @@ def test_a_gateways_backends_may_drain_their_own_units_there_from_their_own_addr
         found[name]["addresses"] = [{"address": f"192.168.1.{index}", "prefix": 24}, {"address": f"10.0.0.{index}", "prefix": 24}]
     found["spark-1"]["gateway"] = {"spark-1": ["127.0.0.1"], "spark-3": ["192.168.1.3"], "spark-2": ["spark-2.lan"]}
     gateway = peer_access("spark-1", found)
-    lines = {entry["peer"]: entry["line"] for entry in gateway["authorized_keys"]}
-    assert lines["spark-3"].startswith(
-        'restrict,from="10.0.0.3,192.168.1.3",command="/usr/bin/python3 /opt/sparkfleet/watchdog/sparkfleet_watchdog.py '
-        'peer --from spark-3 --backend --cluster" ')
+    lines = {entry["key_id"]: entry["line"] for entry in gateway["authorized_keys"]}
+    assert sorted(lines) == ["spark-2:backend", "spark-2:backend+cluster", "spark-3:backend", "spark-3:backend+cluster"]
+    assert lines["spark-3:backend+cluster"].startswith(
+        'restrict,from="10.0.0.3",command="/usr/bin/python3 /opt/sparkfleet/watchdog/sparkfleet_watchdog.py peer --from spark-3 --backend --cluster" ')
+    assert lines["spark-3:backend"].startswith(
+        'restrict,from="192.168.1.3",command="/usr/bin/python3 /opt/sparkfleet/watchdog/sparkfleet_watchdog.py peer --from spark-3 --backend" ')
     assert gateway["gateways"] == [{"name": "spark-1", "address": "local"}], "its own units drain without SSH"
     backend = peer_access("spark-3", found)
     assert backend["gateways"] == [{"name": "spark-1", "address": "192.168.1.1"}], "the gateway's address on the network it reaches spark-3 on"

@@ -12,6 +12,7 @@ import sys
 import pytest
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._gateway import backend_reports, gateway_plan
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._gateway_routes import ROUTE_LOCK
 
 ROOT = pathlib.Path(__file__).resolve().parents[4]
 COLLECTIONS = ROOT / ".cache" / "collections"
@@ -45,8 +46,9 @@ def run(config_dir, check_mode=False, **args):
 
 
 def files(config_dir):
+    """The routing files; the lock file (empty, 0600) holds nothing to compare."""
     return {path.relative_to(config_dir).as_posix(): (path.read_text(), stat.S_IMODE(path.stat().st_mode))
-            for path in sorted(config_dir.rglob("*")) if path.is_file()}
+            for path in sorted(config_dir.rglob("*")) if path.is_file() and path.name != ROUTE_LOCK}
 
 
 def test_the_plan_is_written_once_and_a_rerun_changes_nothing(tmp_path, plan):
@@ -96,7 +98,7 @@ def test_the_files_carry_their_schema_version(tmp_path, plan):
     run(tmp_path, drain=["gx10-1"])
     written = files(tmp_path)
     assert json.loads(written["plan.json"][0])["schema_version"] == 1
-    assert json.loads(written["drained.json"][0]) == {"schema_version": 1, "drained": ["gx10-1"]}
+    assert json.loads(written["drained.json"][0]) == {"schema_version": 2, "drained": ["gx10-1"], "owners": {"gx10-1": ["operator"]}}
 
 
 def test_an_older_releases_drained_list_keeps_its_nodes_drained_and_gains_the_schema(tmp_path, plan):
@@ -104,7 +106,7 @@ def test_an_older_releases_drained_list_keeps_its_nodes_drained_and_gains_the_sc
     (tmp_path / "drained.json").write_text('["gx10-1"]\n')
     upgraded = run(tmp_path, plan=plan)
     assert upgraded["ok"] and upgraded["in_rotation"] == {"fast": ["spark-1/chat/qwen/fast"]}
-    assert json.loads((tmp_path / "drained.json").read_text()) == {"schema_version": 1, "drained": ["gx10-1"]}
+    assert json.loads((tmp_path / "drained.json").read_text()) == {"schema_version": 2, "drained": ["gx10-1"], "owners": {"gx10-1": ["operator"]}}
 
 
 @pytest.mark.parametrize(("name", "damage", "expected"), [
