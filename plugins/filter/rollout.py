@@ -17,8 +17,9 @@ def rollout_plan(hosts, hostvars, settings):
 
 
 def rollout_verdict(unit, launch, before_correctness, before_bench, after_correctness, after_bench, settings):
-    before = measured(before_correctness, before_bench) if before_correctness else None
-    after = measured(after_correctness, after_bench) if after_correctness else None
+    repeats = (settings or {}).get("rollout_repeats") or 0
+    before = measured(before_correctness, before_bench, repeats) if before_correctness else None
+    after = measured(after_correctness, after_bench, repeats) if after_correctness else None
     record = judge_unit(unit, launch or {}, before, after, settings)
     # Only the counts of the correctness results travel to the report (the answers stay on the host).
     for side in ("before", "after"):

@@ -40,7 +40,8 @@ def vllm_sweep_plan(instances, settings, defaults=None, catalog_extra=None):
 def vllm_sweep_record(variant, status, reason=None, correctness=None, baseline=None, bench=None, acceptance=None,
                       max_changed_answers=0):
     """One variant's record: its gate (no fewer passes than the baseline, at most max_changed_answers changed
-    greedy answers) and its figures over the repeats."""
+    greedy answers) and its figures over the repeats, with the repeats that recorded nothing and the runs far
+    outside their siblings."""
     record = {key: variant[key] for key in ("name", "id", "rank", "draft_count", "settings")}
     record.update(status=status, reason=reason or None)
     if status != "ok":
@@ -54,7 +55,8 @@ def vllm_sweep_record(variant, status, reason=None, correctness=None, baseline=N
     if gate["ok"] and len(gate["changed"]) > max_changed_answers:
         gate.update(ok=False, reason=gate["reason"] + f"; more than {max_changed_answers} changed (greedy answers should not "
                     "change with the draft length)")
-    summary = summarise_variant([run.get("runs") or [] for run in bench or []])
+    # Each repeat's registered result, a failed one too: it is a repeat that recorded nothing, named in the summary.
+    summary = summarise_variant(list(bench or []))
     return {**record, "gate": gate, "summary": {str(c): entry for c, entry in summary.items()},
             "categories": (acceptance or {}).get("categories") or {},
             "correctness": {key: correctness.get(key) for key in ("passed", "total")}}

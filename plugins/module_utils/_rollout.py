@@ -8,7 +8,9 @@ plan into batches: a single instance is one unit, a cluster (every rank of it) i
 cluster is always whole within one batch; the first batch is the canary. ``judge_unit`` holds a
 relaunched unit to what it did before the change on the same machine the same day (seed 001
 re-measured each release against the previous one there): no fewer correct answers and at most
-the allowed changed ones, throughput and TPOT no worse than the measured spread plus a floor.
+the allowed changed ones, throughput and TPOT no worse than the measured spread plus a floor, and
+no verdict on missing data: a repeat on either side that recorded nothing, or a run far outside
+its siblings, keeps the last good settings.
 ``rollout_report`` is the Markdown page on the controller. Standard library only.
 """
 
@@ -24,8 +26,11 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_sweep import
     Setting,
     correctness_gate,
     figure,
+    not_recorded,
     setting_value,
+    single_run_note,
     summarise_variant,
+    unsteady,
 )
 
 ROLLOUT_SETTINGS: tuple[Setting, ...] = (
@@ -133,17 +138,43 @@ def plan_rollout(hosts: t.Sequence[str], facts: t.Mapping[str, t.Mapping[str, t.
     return {"settings": values, "batches": batches, "errors": errors, "unchanged": unchanged, "new": new, "shown": shown}
 
 
-def measured(correctness: t.Any, bench: t.Any) -> dict[str, t.Any]:
-    """One side of a comparison: the correctness result and the benchmark's figures over the repeats."""
-    repeats = [result.get("runs") or [] for result in bench or [] if isinstance(result, dict)]
-    return {"correctness": correctness if isinstance(correctness, dict) else None, "summary": summarise_variant(repeats)}
+def measured(correctness: t.Any, bench: t.Any, repeats: int) -> dict[str, t.Any]:
+    """One side of a comparison: the correctness result and the benchmark's figures over the ``repeats`` asked for
+    (a repeat that left no result is a missing one, not one fewer)."""
+    return {"correctness": correctness if isinstance(correctness, dict) else None,
+            "summary": summarise_variant(list(bench or []), repeats)}
+
+
+# How each side's missing or unsteady measurement weighs: the new settings carry the burden of proof, so a failed
+# repeat after the change counts against them; one before leaves nothing sound to compare with, and the change is
+# not kept either (no verdict on missing data).
+SIDES = (("before", "before the change", "the comparison is incomplete, so the change is not kept"),
+         ("after", "after the change", "it counts against the new settings"))
+
+
+def measurement_problems(before: t.Mapping[str, t.Any], after: t.Mapping[str, t.Any], concurrency: int,
+                         settings: t.Mapping[str, t.Any]) -> list[str]:
+    """Each repeat on either side that recorded nothing at ``concurrency``, and, when speed is judged, each run far
+    outside its siblings in a judged figure, named with its figure and the median of the others."""
+    problems = []
+    for side, where, weight in SIDES:
+        summary = (before if side == "before" else after)["summary"]
+        missing = not_recorded(summary, concurrency, where)
+        found = [missing] if missing else []
+        if settings["rollout_judge_speed"]:
+            found += [problem for name, _higher in JUDGED for problem in unsteady(figure(summary, concurrency, name), name,
+                                                                               f"at {concurrency} {where}")]
+        problems += [f"{problem}: {weight}" for problem in found]
+    return problems
 
 
 def judge_unit(unit: t.Mapping[str, t.Any], launch: t.Mapping[str, t.Any], before: t.Mapping[str, t.Any] | None,
                after: t.Mapping[str, t.Any] | None, settings: t.Mapping[str, t.Any]) -> dict[str, t.Any]:
     """The unit's verdict: ``upgraded`` (keep the new settings), ``regressed`` (roll back to the last
     good ones) or ``failed`` (it did not serve; the transaction already rolled it back), with the reasons
-    and the figures before and after."""
+    and the figures before and after. A repeat that recorded nothing or a run far outside its siblings, on
+    either side, is regressed; a figure with one run a side is judged against the floor alone, and the
+    verdict says its spread was not measured."""
     record = {"id": unit["id"], "kind": unit["kind"], "key": unit["key"], "drift": unit["drift"],
               "before": before, "after": after}
     if not launch.get("ok"):
@@ -162,25 +193,34 @@ def judge_unit(unit: t.Mapping[str, t.Any], launch: t.Mapping[str, t.Any], befor
                        f"more than rollout_max_changed_answers ({limit})")
     floor = settings["rollout_noise_floor_pct"]
     judged = JUDGED if settings["rollout_judge_speed"] else ()
+    single_runs = []
     for concurrency in settings["rollout_concurrencies"]:
+        reasons += measurement_problems(before, after, concurrency, settings)
         for name, higher_is_better in judged:
             old, new = figure(before["summary"], concurrency, name), figure(after["summary"], concurrency, name)
             if not old or not new or old.get("mean") is None or new.get("mean") is None:
                 reasons.append(f"{name} at {concurrency}: not measured {'before' if not old or old.get('mean') is None else 'after'}")
                 continue
+            note = single_run_note((old, new), "rollout_noise_floor_pct")
+            single_runs += [f"{name} at {concurrency}"] if note else []
             allowed = max(old["spread_pct"] or 0.0, new["spread_pct"] or 0.0) + floor
             change = (new["mean"] - old["mean"]) / old["mean"] * 100 if old["mean"] else 0.0
             worse = -change if higher_is_better else change
             if worse > allowed:
                 reasons.append(f"{name} at {concurrency}: {old['mean']:.1f} before, {new['mean']:.1f} after, {worse:.1f} % worse "
-                               f"(allowed: the spread plus rollout_noise_floor_pct, {allowed:.1f} %)")
+                               f"(allowed: the spread plus rollout_noise_floor_pct, {allowed:.1f} %){note}")
         failed_old = (before["summary"].get(concurrency) or {}).get("failed", 0)
         failed_new = (after["summary"].get(concurrency) or {}).get("failed", 0)
         if failed_new > failed_old:
             reasons.append(f"failed requests at {concurrency}: {failed_old} before, {failed_new} after")
-    return {**record, "verdict": "regressed" if reasons else "upgraded", "ok": not reasons,
-            "reasons": reasons or [f"no worse than before: {gate['reason']}; " + (f"every figure within its spread plus {floor} %" if judged else
-                                   "speed not judged (rollout_judge_speed false), no more failed requests")]}
+    if reasons:
+        return {**record, "verdict": "regressed", "ok": False, "reasons": reasons}
+    speed = (f"every figure within its spread plus {floor} %" if judged else
+             "speed not judged (rollout_judge_speed false), no more failed requests")
+    if single_runs:
+        speed += (f"; spread not measured (one run) for {', '.join(single_runs)}: judged against rollout_noise_floor_pct "
+                  "alone, set rollout_repeats to 2 or more to measure it")
+    return {**record, "verdict": "upgraded", "ok": True, "reasons": [f"no worse than before: {gate['reason']}; {speed}"]}
 
 
 def cell(side: t.Mapping[str, t.Any] | None, concurrency: int, name: str) -> str:

@@ -5,9 +5,11 @@
 ``plan_variants`` turns draft counts or setting overrides into variants, each with a stable id
 (so a rerun skips what is done) and a simplicity rank (fewer draft tokens is simpler).
 ``summarise_variant`` folds a variant's repeated benchmark runs into mean, min, max and spread
-per concurrency; ``correctness_gate`` holds it to the baseline's passes; ``decide`` applies
-the objective: a more complex variant only wins by more than the measured spread (seed 001
-saw 5 % run to run). ``schedule`` recommends vLLM's per-batch-size draft counts.
+per concurrency, naming each repeat that recorded nothing and each run far outside its siblings
+(no verdict on missing data: one run has no spread, never a spread of zero); ``correctness_gate``
+holds it to the baseline's passes; ``decide`` applies the objective: a more complex variant only
+wins by more than the measured spread (seed 001 saw 5 % run to run), and a variant with a repeat
+missing or a run far off is out. ``schedule`` recommends vLLM's per-batch-size draft counts.
 """
 
 from __future__ import annotations
@@ -93,6 +95,9 @@ SWEEP_SETTINGS: tuple[Setting, ...] = (
     Setting("sweep_drain_tasks", "tasks", "The task file that drains the host at its gateway; empty for none."),
     Setting("sweep_undrain_tasks", "tasks", "The task file that undrains it; empty for none."),
 )
+# A run beyond this factor of the median of its siblings (under half or over twice) is named, never averaged away:
+# seed 001 saw 5 % run to run, so such a run measured something else (a throttled box, a restart, another load).
+OUTLIER_FACTOR = 2.0
 FIGURES = ("output_throughput", "mean_tpot_ms", "mean_ttft_ms", "median_ttft_ms", "mean_itl_ms", "p99_ttft_ms", "p99_itl_ms", "acceptance")
 # Settings a variant may change; the rest (name, port, key, addresses, served names) is the instance's.
 OVERRIDABLE = frozenset({"speculative", "max_num_batched_tokens", "max_num_seqs", "attention_backend", "moe_backend",
@@ -284,33 +289,103 @@ def objective_problems(objective: t.Mapping[str, t.Any], concurrencies: t.Any,
     return checked, errors + VARIANT_RANGES["max_num_seqs"].problems("max_num_seqs", max_num_seqs)
 
 
-def spread(values: t.Sequence[float]) -> dict[str, t.Any]:
-    """mean, min, max and spread (max - min, in percent of the mean) of repeated figures."""
-    numbers = [v for v in values if isinstance(v, (int, float))]
+def is_number(value: t.Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def far_from(value: float, median: float) -> bool:
+    """Beyond OUTLIER_FACTOR of the median either way; against a median of zero, anything above it."""
+    if median <= 0:
+        return value > 0
+    return value < median / OUTLIER_FACTOR or value > median * OUTLIER_FACTOR
+
+
+def outliers(values: t.Sequence[t.Any]) -> list[dict[str, t.Any]]:
+    """The runs of one figure far outside their siblings, by repeat (``values`` in repeat order, None where a repeat
+    has no figure), each with the median of the others. With three runs or more, a run beyond OUTLIER_FACTOR of the
+    median of all of them (which one run far off cannot move, where the median of the other two would be pulled
+    halfway to it); with two that far apart, both, since two runs cannot tell which is off; one run has no sibling."""
+    measured = [(repeat, value) for repeat, value in enumerate(values, start=1) if is_number(value)]
+    if len(measured) < 2:
+        return []
+    middle = statistics.median(value for _repeat, value in measured)
+    found = []
+    for repeat, value in measured:
+        others = statistics.median(other for number, other in measured if number != repeat)
+        if far_from(value, others if len(measured) == 2 else middle):
+            found.append({"repeat": repeat, "value": value, "median_of_others": others, "runs": len(measured)})
+    return found
+
+
+def spread(values: t.Sequence[t.Any]) -> dict[str, t.Any]:
+    """mean, min, max and spread (max - min, in percent of the mean) of repeated figures, given in repeat order (None
+    where a repeat has none), with the runs far outside their siblings. One run has no spread: spread_pct is None,
+    never a zero it did not measure."""
+    numbers = [v for v in values if is_number(v)]
     if not numbers:
-        return {"mean": None, "min": None, "max": None, "spread_pct": None, "n": 0}
+        return {"mean": None, "min": None, "max": None, "spread_pct": None, "n": 0, "outliers": []}
     mean = statistics.fmean(numbers)
-    return {"mean": mean, "min": min(numbers), "max": max(numbers),
-            "spread_pct": (max(numbers) - min(numbers)) / mean * 100 if mean else 0.0, "n": len(numbers)}
+    measured_spread = ((max(numbers) - min(numbers)) / mean * 100 if mean else 0.0) if len(numbers) > 1 else None
+    return {"mean": mean, "min": min(numbers), "max": max(numbers), "spread_pct": measured_spread, "n": len(numbers),
+            "outliers": outliers(values)}
 
 
-def summarise_variant(repeats: t.Sequence[t.Sequence[t.Mapping[str, t.Any]]]) -> dict[int, dict[str, t.Any]]:
-    """Per concurrency, each figure of FIGURES over the repeats (each repeat is vllm_bench's runs),
-    and acceptance per draft position averaged over the repeats."""
-    by_concurrency: dict[int, list[t.Mapping[str, t.Any]]] = {}
-    for runs in repeats:
-        for run in runs:
-            by_concurrency.setdefault(int(run["concurrency"]), []).append(run)
+def repeat_runs(repeat: t.Any) -> tuple[list[t.Mapping[str, t.Any]], str]:
+    """A vllm_bench result's runs and, for a repeat that recorded none, why."""
+    if not isinstance(repeat, dict) or not isinstance(repeat.get("runs"), list):
+        return [], "it left no benchmark result"
+    why = "; ".join(str(reason) for reason in repeat.get("reasons") or []) or repeat.get("msg") or "it recorded no run there"
+    return [run for run in repeat["runs"] if isinstance(run, dict)], why
+
+
+def summarise_variant(repeats: t.Sequence[t.Any], expected: int = 0) -> dict[int, dict[str, t.Any]]:
+    """Per concurrency, each figure of FIGURES over the repeats (each a vllm_bench result; a run it did not record,
+    one with reasons, gives no figure), acceptance per draft position averaged over them, the failed requests of the
+    runs recorded, ``repeats`` (how many there were) and ``missing``: each repeat, numbered from 1, that recorded no
+    run at that concurrency, and why. ``expected`` is the repeats asked for: one that left no result at all is missing too."""
+    count = max(len(repeats), expected)
+    read = [repeat_runs(repeats[index]) if index < len(repeats) else ([], "it left no benchmark result") for index in range(count)]
+    concurrencies = sorted({int(run["concurrency"]) for runs, _why in read for run in runs})
     summary = {}
-    for concurrency, runs in sorted(by_concurrency.items()):
-        entry: dict[str, t.Any] = {figure: spread([run.get(figure) for run in runs]) for figure in FIGURES}
+    for concurrency in concurrencies:
+        chosen: list[t.Mapping[str, t.Any] | None] = []
+        missing = []
+        for number, (runs, why) in enumerate(read, start=1):
+            found = next((run for run in runs if int(run["concurrency"]) == concurrency), None)
+            recorded = found is not None and not found.get("reasons")
+            chosen.append(found if recorded else None)
+            if not recorded:
+                missing.append({"repeat": number, "why": "; ".join(found["reasons"]) if found else why})
+        entry: dict[str, t.Any] = {figure: spread([run.get(figure) if run else None for run in chosen]) for figure in FIGURES}
         # vllm_bench reports each position as {position, accepted, rate}.
-        positions = [[p["rate"] for p in run.get("acceptance_per_position") or []] for run in runs]
+        positions = [[p["rate"] for p in run.get("acceptance_per_position") or []] for run in chosen if run]
         width = max((len(p) for p in positions), default=0)
         entry["acceptance_per_position"] = [spread([p[i] for p in positions if len(p) > i])["mean"] for i in range(width)]
-        entry["failed"] = sum(int(run.get("failed") or 0) for run in runs)
+        entry["failed"] = sum(int(run.get("failed") or 0) for run in chosen if run)
+        entry.update(repeats=count, missing=missing)
         summary[concurrency] = entry
     return summary
+
+
+def unsteady(entry: t.Mapping[str, t.Any] | None, name: str, where: str) -> list[str]:
+    """Each run of a figure far outside its siblings, named with its figure and the median of the others."""
+    found = (entry or {}).get("outliers") or []
+    if len(found) == 2 and all(o["runs"] == 2 for o in found):
+        first, second = found
+        return [f"{name} {where}: repeats {first['repeat']} and {second['repeat']} disagree, {first['value']:.1f} and "
+                f"{second['value']:.1f}, more than {OUTLIER_FACTOR:g}x apart (two runs cannot tell which is off)"]
+    return [f"{name} {where}: repeat {o['repeat']} ran at {o['value']:.1f} against {o['median_of_others']:.1f}, the median of "
+            f"the others (beyond {OUTLIER_FACTOR:g}x)" for o in found]
+
+
+def not_recorded(summary: t.Mapping[t.Any, t.Any], concurrency: int, where: str) -> str | None:
+    """The repeats that recorded nothing at a concurrency, named with why; None when every repeat did."""
+    entry = summary.get(concurrency) or summary.get(str(concurrency)) or {}
+    missing = entry.get("missing") or []
+    if not missing:
+        return None
+    named = "; ".join(f"repeat {m['repeat']}: {m['why']}" for m in missing)
+    return f"{len(missing)} of {entry.get('repeats', '?')} repeat(s){' ' + where if where else ''} recorded no run at concurrency {concurrency} ({named})"
 
 
 def correctness_gate(baseline: t.Mapping[str, t.Any] | None, variant: t.Mapping[str, t.Any]) -> dict[str, t.Any]:
@@ -349,6 +424,14 @@ def beats(challenger: t.Mapping[str, t.Any] | None, holder: t.Mapping[str, t.Any
     return challenger["mean"] < holder["mean"] * (1 - margin)
 
 
+def single_run_note(entries: t.Sequence[t.Mapping[str, t.Any] | None], floor_setting: str) -> str:
+    """Said beside a comparison of figures one of which has a single run: its spread was not measured (never taken
+    as zero), so the margin is the floor alone."""
+    if any(entry and entry.get("mean") is not None and entry.get("n", 0) < 2 for entry in entries):
+        return f" (spread not measured: one run, so the margin is {floor_setting} alone)"
+    return ""
+
+
 def decide(results: t.Sequence[t.Mapping[str, t.Any]], objective: t.Mapping[str, t.Any]) -> dict[str, t.Any]:
     """The winner among the variants that started and passed the gate (and the TTFT budget).
 
@@ -373,6 +456,13 @@ def decide(results: t.Sequence[t.Mapping[str, t.Any]], objective: t.Mapping[str,
         if not throughput or throughput["mean"] is None:
             reasons.append(f"{name}: out, no throughput measured at concurrency {target}")
             continue
+        # A repeat that recorded nothing, or a run far outside its siblings, counts against the variant.
+        unmeasured = [found for found in (not_recorded(result["summary"], concurrency, "") for concurrency in sorted({target, single})) if found]
+        unmeasured += unsteady(throughput, "output throughput", f"at concurrency {target}")
+        unmeasured += unsteady(figure(result["summary"], single, "mean_tpot_ms"), "mean TPOT", f"at concurrency {single}")
+        if unmeasured:
+            reasons.append(f"{name}: out, " + "; ".join(unmeasured))
+            continue
         ttft = figure(result["summary"], single, "median_ttft_ms")
         if budget is not None and (not ttft or ttft["mean"] is None):
             reasons.append(f"{name}: out, no median TTFT measured at concurrency {single} to hold against the budget of {budget} ms")
@@ -389,18 +479,20 @@ def decide(results: t.Sequence[t.Mapping[str, t.Any]], objective: t.Mapping[str,
     for challenger in candidates[1:]:
         challenger_throughput = figure(challenger["summary"], target, "output_throughput")
         winner_throughput = figure(winner["summary"], target, "output_throughput")
+        compared = (challenger_throughput, winner_throughput, figure(challenger["summary"], single, "mean_tpot_ms"),
+                    figure(winner["summary"], single, "mean_tpot_ms"))
+        note = single_run_note(compared, "sweep_noise_floor_pct")
         if beats(challenger_throughput, winner_throughput, True, floor):
             reasons.append(f"{challenger['name']}: wins over {winner['name']}, {challenger_throughput['mean']:.1f} against "
-                           f"{winner_throughput['mean']:.1f} tok/s at concurrency {target}, beyond the spread")
+                           f"{winner_throughput['mean']:.1f} tok/s at concurrency {target}, beyond the spread{note}")
             winner = challenger
             continue
-        if not beats(winner_throughput, challenger_throughput, True, floor) and beats(
-                figure(challenger["summary"], single, "mean_tpot_ms"), figure(winner["summary"], single, "mean_tpot_ms"), False, floor):
+        if not beats(winner_throughput, challenger_throughput, True, floor) and beats(compared[2], compared[3], False, floor):
             reasons.append(f"{challenger['name']}: wins over {winner['name']}, throughput within the spread and a lower TPOT "
-                           f"at concurrency {single} beyond the spread")
+                           f"at concurrency {single} beyond the spread{note}")
             winner = challenger
             continue
-        reasons.append(f"{challenger['name']}: does not beat {winner['name']} by more than the spread; the simpler one stays")
+        reasons.append(f"{challenger['name']}: does not beat {winner['name']} by more than the spread{note}; the simpler one stays")
     return {"ok": True, "winner": winner["name"], "reasons": reasons}
 
 

@@ -175,6 +175,102 @@ def test_a_unit_that_did_not_serve_failed_and_one_not_measured_is_not_upgraded()
     assert unmeasured["verdict"] == "regressed" and "could not be measured" in unmeasured["reasons"][0]
 
 
+def failing(reason):
+    """A vllm_bench repeat whose run at 4 was not recorded: its file's zero figures are no measurement."""
+    return {"runs": [{"concurrency": 1, "output_throughput": 20.0, "mean_tpot_ms": 10.0, "failed": 0, "reasons": []},
+                     {"concurrency": 4, "output_throughput": 0.0, "mean_tpot_ms": 0.0, "failed": None, "reasons": [f"concurrency 4: {reason}"]}],
+            "reasons": [f"concurrency 4: {reason}"]}
+
+
+# Every way a repeat leaves nothing to judge: its run not recorded (requests unaccounted for, none succeeded), no run at
+# all (the endpoint did not answer), no result (a crashed module, filtered out by the playbook), fewer results than asked.
+MISSING_AFTER = {
+    "unaccounted": ([*bench(100.0), failing("32 prompts sent, 29 completed, 0 failed: 3 unaccounted for")],
+                    "1 of 2 repeat(s) after the change recorded no run at concurrency 4 (repeat 2: concurrency 4: 32 prompts sent, "
+                    "29 completed, 0 failed: 3 unaccounted for): it counts against the new settings"),
+    "none-succeeded": ([failing("no request succeeded (8 failed: Error 0: Internal Server Error)"), *bench(100.0)],
+                       "1 of 2 repeat(s) after the change recorded no run at concurrency 4 (repeat 1: concurrency 4: no request succeeded"),
+    "no-run": ([*bench(100.0), {"runs": [], "reasons": ["http://127.0.0.1:8000/v1/models did not answer"]}],
+               "(repeat 2: http://127.0.0.1:8000/v1/models did not answer): it counts against the new settings"),
+    "crashed": ([*bench(100.0), {"failed": True, "msg": "MODULE FAILURE"}],
+                "(repeat 2: it left no benchmark result): it counts against the new settings"),
+    "fewer-results": (bench(100.0), "(repeat 2: it left no benchmark result): it counts against the new settings"),
+}
+
+
+@pytest.mark.parametrize(("after_bench", "fragment"), MISSING_AFTER.values(), ids=MISSING_AFTER.keys())
+def test_a_repeat_after_the_change_that_recorded_nothing_counts_against_the_new_settings(after_bench, fragment):
+    record = verdict(after_bench)
+    assert record["verdict"] == "regressed" and not record["ok"]
+    assert any(fragment in reason for reason in record["reasons"]), record["reasons"]
+    assert record["after"]["summary"]["4"]["output_throughput"]["mean"] == 100.0, "the failed run is not averaged in"
+
+
+@pytest.mark.parametrize("before_bench", [[*bench(100.0), failing("20 prompts sent, 17 completed, 0 failed: 3 unaccounted for")],
+                                          bench(100.0), [{"runs": [], "reasons": ["refused"]}, *bench(100.0)]])
+def test_a_repeat_before_the_change_that_recorded_nothing_leaves_the_comparison_incomplete(before_bench):
+    record = verdict(bench(100.0, 104.0), before_bench=before_bench)
+    assert record["verdict"] == "regressed" and not record["ok"]
+    assert any(reason.startswith("1 of 2 repeat(s) before the change recorded no run at concurrency 4")
+               and reason.endswith(": the comparison is incomplete, so the change is not kept") for reason in record["reasons"])
+
+
+def test_a_missing_repeat_counts_even_when_speed_is_not_judged():
+    record = rollout_verdict(UNIT, {"ok": True}, CORRECT, bench(100.0, 104.0), CORRECT, bench(100.0), {**JUDGED, "rollout_judge_speed": False})
+    assert record["verdict"] == "regressed" and record["reasons"] == [
+        "1 of 2 repeat(s) after the change recorded no run at concurrency 1 (repeat 2: it left no benchmark result): it counts against the "
+        "new settings",
+        "1 of 2 repeat(s) after the change recorded no run at concurrency 4 (repeat 2: it left no benchmark result): it counts against the "
+        "new settings"]
+
+
+THREE = {**JUDGED, "rollout_repeats": 3}
+
+
+@pytest.mark.parametrize(("before_bench", "after_bench", "named"), [
+    (bench(100.0, 104.0, 102.0), bench(100.0, 104.0, 10.0),
+     "output_throughput at 4 after the change: repeat 3 ran at 10.0 against 102.0, the median of the others (beyond 2x): it counts "
+     "against the new settings"),
+    (bench(100.0, 104.0, 102.0), bench(300.0, 104.0, 102.0),
+     "output_throughput at 4 after the change: repeat 1 ran at 300.0 against 103.0, the median of the others (beyond 2x): it counts "
+     "against the new settings"),
+    (bench(10.0, 104.0, 102.0), bench(100.0, 104.0, 102.0),
+     "output_throughput at 4 before the change: repeat 1 ran at 10.0 against 103.0, the median of the others (beyond 2x): the comparison "
+     "is incomplete, so the change is not kept"),
+])
+def test_a_run_far_outside_its_siblings_is_named_never_averaged_away(before_bench, after_bench, named):
+    record = rollout_verdict(UNIT, {"ok": True}, CORRECT, before_bench, CORRECT, after_bench, THREE)
+    assert record["verdict"] == "regressed" and named in record["reasons"], record["reasons"]
+
+
+def test_two_runs_too_far_apart_are_both_named():
+    record = verdict(bench(100.0, 10.0))
+    assert ("output_throughput at 4 after the change: repeats 1 and 2 disagree, 100.0 and 10.0, more than 2x apart (two runs cannot "
+            "tell which is off): it counts against the new settings") in record["reasons"]
+
+
+def test_outliers_are_not_judged_when_speed_is_not():
+    record = rollout_verdict(UNIT, {"ok": True}, CORRECT, bench(100.0, 104.0, 102.0), CORRECT, bench(100.0, 104.0, 10.0),
+                             {**THREE, "rollout_judge_speed": False})
+    assert record["verdict"] == "upgraded"
+
+
+ONE = {**JUDGED, "rollout_repeats": 1}
+
+
+def test_one_run_a_side_is_judged_on_the_floor_and_the_verdict_says_the_spread_was_not_measured():
+    record = rollout_verdict(UNIT, {"ok": True}, CORRECT, bench(100.0), CORRECT, bench(97.0), ONE)
+    assert record["verdict"] == "upgraded"
+    assert record["after"]["summary"]["4"]["output_throughput"]["spread_pct"] is None, "one run claims no spread of zero"
+    assert record["reasons"][0].endswith(
+        "; spread not measured (one run) for output_throughput at 1, mean_tpot_ms at 1, output_throughput at 4, mean_tpot_ms at 4: judged "
+        "against rollout_noise_floor_pct alone, set rollout_repeats to 2 or more to measure it")
+    slower = rollout_verdict(UNIT, {"ok": True}, CORRECT, bench(100.0), CORRECT, bench(94.0), ONE)
+    assert slower["verdict"] == "regressed" and slower["reasons"] == [
+        "output_throughput at 4: 100.0 before, 94.0 after, 6.0 % worse (allowed: the spread plus rollout_noise_floor_pct, 5.0 %) "
+        "(spread not measured: one run, so the margin is rollout_noise_floor_pct alone)"]
+
+
 def test_a_step_that_failed_after_the_judgement_fails_the_unit_keeping_its_reasons():
     judged = verdict(bench(100.0, 104.0))
     record = rollout_failed(UNIT, [judged], "batch 1 stopped: the rollback failed")

@@ -46,7 +46,8 @@ def run(concurrency, throughput, tpot=10.0, ttft=100.0, acceptance=None):
 
 def result(name, count, rank, throughputs, tpots=(10.0, 10.0), status="ok", gate_ok=True, ttft=100.0, queued_ttft=None):
     """A variant measured twice: throughputs per repeat at c=8, TPOT per repeat at c=1; TTFT at c=1, and at c=8 (queued_ttft)."""
-    repeats = [[run(1, 50.0, tpot, ttft), run(8, throughput, 20.0, queued_ttft or ttft)] for throughput, tpot in zip(throughputs, tpots, strict=True)]
+    repeats = [{"runs": [run(1, 50.0, tpot, ttft), run(8, throughput, 20.0, queued_ttft or ttft)], "reasons": []}
+               for throughput, tpot in zip(throughputs, tpots, strict=True)]
     return {"name": name, "rank": rank, "draft_count": count, "status": status, "settings": {},
             "gate": {"ok": gate_ok, "reason": "fewer passes" if not gate_ok else "ok"},
             "summary": {str(c): e for c, e in summarise_variant(repeats).items()}}
@@ -78,8 +79,120 @@ def test_named_variants_rank_by_draft_count_then_order():
 
 
 def test_spread_is_the_range_in_percent_of_the_mean():
-    assert spread([95.0, 105.0]) == {"mean": 100.0, "min": 95.0, "max": 105.0, "spread_pct": 10.0, "n": 2}
+    assert spread([95.0, 105.0]) == {"mean": 100.0, "min": 95.0, "max": 105.0, "spread_pct": 10.0, "n": 2, "outliers": []}
     assert spread([None])["mean"] is None
+
+
+@pytest.mark.parametrize("values", [[100.0], [None, 100.0], [100.0, None, None]])
+def test_one_run_has_no_spread_never_a_spread_of_zero(values):
+    assert spread(values) == {"mean": 100.0, "min": 100.0, "max": 100.0, "spread_pct": None, "n": 1, "outliers": []}
+
+
+# A run far outside its siblings, in every spelling: values by repeat, and the repeats named with their median of the others.
+OUTLIERS = {
+    "a-tenth-of-two-others": ([100.0, 104.0, 10.0], [(3, 10.0, 102.0)]),
+    "a-tenth-among-four": ([100.0, 10.0, 98.0, 102.0], [(2, 10.0, 100.0)]),
+    "a-slow-token-beside-two-steady": ([10.0, 10.0, 31.0], [(3, 31.0, 10.0)]),
+    "two-of-four-low": ([100.0, 100.0, 10.0, 10.0], [(3, 10.0, 100.0), (4, 10.0, 100.0)]),
+    "far-above": ([100.0, 250.0, 104.0], [(2, 250.0, 102.0)]),
+    "zero": ([0.0, 100.0, 100.0], [(1, 0.0, 100.0)]),
+    "numbered-past-a-missing-repeat": ([None, 100.0, 100.0, 10.0], [(4, 10.0, 100.0)]),
+    "a-pair-too-far-apart": ([100.0, 10.0], [(1, 100.0, 10.0), (2, 10.0, 100.0)]),
+    "a-pair-of-zero-and-some": ([0.0, 50.0], [(1, 0.0, 50.0), (2, 50.0, 0.0)]),
+}
+
+
+@pytest.mark.parametrize(("values", "named"), OUTLIERS.values(), ids=OUTLIERS.keys())
+def test_a_run_far_outside_its_siblings_is_named(values, named):
+    found = spread(values)["outliers"]
+    assert [(o["repeat"], o["value"], o["median_of_others"]) for o in found] == named
+
+
+@pytest.mark.parametrize("values", [[100.0, 60.0, 100.0], [100.0, 190.0], [100.0], [0.0, 0.0, 0.0], [100.0, None, 51.0], []])
+def test_runs_within_a_factor_of_two_of_their_siblings_are_no_outliers(values):
+    assert spread(values)["outliers"] == []
+
+
+def bench_repeat(*runs, reasons=()):
+    return {"runs": list(runs), "reasons": list(reasons)}
+
+
+def failed_run(concurrency, reason):
+    # vllm_bench's run that was not recorded: its figures are what the file held (here all zero), never a measurement.
+    return {**run(concurrency, 0.0, 0.0, 0.0), "reasons": [reason]}
+
+
+def test_a_repeat_that_recorded_nothing_is_named_and_never_averaged_in():
+    repeats = [bench_repeat(run(1, 50.0), run(8, 100.0)),
+               bench_repeat(run(1, 52.0), failed_run(8, "concurrency 8: 32 prompts sent, 29 completed, 0 failed: 3 unaccounted for"),
+                            reasons=["concurrency 8: 32 prompts sent, 29 completed, 0 failed: 3 unaccounted for"]),
+               bench_repeat(reasons=["http://127.0.0.1:8000/v1/models did not answer"]),
+               {"skipped": True, "changed": False},
+               {"failed": True, "msg": "the module crashed"}]
+    summary = summarise_variant(repeats, expected=6)
+    entry = summary[8]
+    assert entry["output_throughput"]["mean"] == 100.0 and entry["output_throughput"]["n"] == 1
+    assert entry["repeats"] == 6 and [(m["repeat"], m["why"]) for m in entry["missing"]] == [
+        (2, "concurrency 8: 32 prompts sent, 29 completed, 0 failed: 3 unaccounted for"),
+        (3, "http://127.0.0.1:8000/v1/models did not answer"),
+        (4, "it left no benchmark result"), (5, "it left no benchmark result"), (6, "it left no benchmark result")]
+    assert [m["repeat"] for m in summary[1]["missing"]] == [3, 4, 5, 6]
+    assert summary[1]["output_throughput"]["mean"] == 51.0
+
+
+def test_every_repeat_recorded_names_none_missing():
+    summary = summarise_variant([bench_repeat(run(8, 100.0)), bench_repeat(run(8, 102.0))])
+    assert summary[8]["missing"] == [] and summary[8]["repeats"] == 2
+
+
+def test_a_variant_with_a_repeat_that_recorded_nothing_is_out():
+    k0 = result("k0", 0, 0, [100.0, 104.0])
+    k2 = result("k2", 2, 1, [200.0, 204.0])
+    repeats = [bench_repeat(run(1, 50.0), run(8, 200.0)), bench_repeat(run(1, 50.0), failed_run(8, "concurrency 8: no request succeeded"),
+                                                                      reasons=["concurrency 8: no request succeeded"])]
+    k2["summary"] = {str(c): e for c, e in summarise_variant(repeats).items()}
+    decision = decide([k0, k2], OBJECTIVE)
+    assert decision["winner"] == "k0"
+    assert decision["reasons"][0] == ("k2: out, 1 of 2 repeat(s) recorded no run at concurrency 8 (repeat 2: concurrency 8: no request "
+                                      "succeeded)")
+
+
+@pytest.mark.parametrize(("throughputs", "tpots", "named"), [
+    ([200.0, 204.0, 20.0], (10.0, 10.0, 10.0), "k2: out, output throughput at concurrency 8: repeat 3 ran at 20.0 against 202.0, "
+                                                "the median of the others (beyond 2x)"),
+    ([200.0, 20.0], (10.0, 10.0), "k2: out, output throughput at concurrency 8: repeats 1 and 2 disagree, 200.0 and 20.0, more than "
+                                  "2x apart (two runs cannot tell which is off)"),
+    ([200.0, 204.0, 202.0], (10.0, 10.0, 31.0), "k2: out, mean TPOT at concurrency 1: repeat 3 ran at 31.0 against 10.0, the median "
+                                                "of the others (beyond 2x)"),
+])
+def test_a_variant_with_a_run_far_outside_its_siblings_is_out_and_the_run_named(throughputs, tpots, named):
+    k0 = result("k0", 0, 0, [100.0, 104.0])
+    k2 = result("k2", 2, 1, throughputs, tpots=tpots)
+    decision = decide([k0, k2], OBJECTIVE)
+    assert decision["winner"] == "k0" and decision["reasons"][0] == named
+
+
+def test_one_run_a_variant_is_compared_on_the_floor_and_says_its_spread_was_not_measured():
+    k0 = result("k0", 0, 0, [100.0], tpots=(10.0,))
+    k2 = result("k2", 2, 1, [104.0], tpots=(10.0,))
+    assert k2["summary"]["8"]["output_throughput"]["spread_pct"] is None
+    decision = decide([k0, k2], {**OBJECTIVE, "noise_floor_pct": 5.0})
+    assert decision["winner"] == "k0" and decision["reasons"][-1] == (
+        "k2: does not beat k0 by more than the spread (spread not measured: one run, so the margin is sweep_noise_floor_pct alone); "
+        "the simpler one stays")
+    clear = result("k4", 4, 2, [120.0], tpots=(10.0,))
+    decision = decide([k0, clear], {**OBJECTIVE, "noise_floor_pct": 5.0})
+    assert decision["winner"] == "k4" and decision["reasons"][-1].endswith(
+        "beyond the spread (spread not measured: one run, so the margin is sweep_noise_floor_pct alone)")
+    assert "not measured" not in " ".join(decide([result("k0", 0, 0, [100.0, 101.0]), result("k2", 2, 1, [99.0, 100.0])], OBJECTIVE)["reasons"])
+
+
+def test_a_record_names_the_repeat_that_failed_among_its_registered_results():
+    variant = {"name": "k2", "id": "k2-abc", "rank": 1, "draft_count": 2, "settings": {}}
+    bench = [{"runs": [run(1, 50.0)], "reasons": []}, {"runs": [], "reasons": ["the endpoint did not answer"], "failed": True}]
+    record = vllm_sweep_record(variant, "ok", None, {"passed": 18, "total": 20}, {"passed": 18, "total": 20}, bench)
+    assert record["summary"]["1"]["missing"] == [{"repeat": 2, "why": "the endpoint did not answer"}]
+    assert record["summary"]["1"]["output_throughput"]["spread_pct"] is None
 
 
 def test_a_more_complex_variant_wins_only_beyond_the_spread():
