@@ -25,7 +25,7 @@ import typing as t
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._fabric import MTU_MAX, MTU_MIN, MTU_WHY, interface_named, interface_on, rocev2_gid_index
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._model_catalog import VERSION, version_tuple
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._settings import Setting, dropin_problem, setting_problems
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._settings import Setting, coerced, dropin_problem, setting_problems
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_instance import DOCKER_CLIENT, UNIT_NAME, removal
 
 BACKENDS = ("native", "ray")
@@ -201,7 +201,7 @@ def override_problems(nodes: t.Sequence[str], node_vars: t.Mapping[str, t.Mappin
 
 def declaration_problems(cluster: t.Mapping[str, t.Any], inventory: t.Collection[str]) -> list[str]:
     """Problems of the declaration itself, before any node is looked at."""
-    cluster = {**DEFAULTS, **cluster}
+    cluster = coerced(CLUSTER_SETTINGS, {**DEFAULTS, **cluster})
     errors = []
     nodes = cluster.get("nodes")
     node_vars = cluster["node_vars"] if isinstance(cluster["node_vars"], dict) else {}
@@ -321,8 +321,9 @@ def cluster_nodes(cluster: t.Mapping[str, t.Any], reports: t.Mapping[str, t.Mapp
     """Every node's part of the cluster: ``nodes`` (host -> rank, headless, network, the cluster
     option of the instance plan), ``errors`` and ``warnings``. ``reports`` holds, per host, what
     it reported: facts, overrides, rdma_links, gids; None when only the inventory is checked (the
-    network is then a stand-in, and the instance plan still checks the model across nodes)."""
-    cluster = {**DEFAULTS, **cluster}
+    network is then a stand-in, and the instance plan still checks the model across nodes). Numbers and
+    switches given as text (extra variables) are read as the role's argument spec reads them."""
+    cluster = coerced(CLUSTER_SETTINGS, {**DEFAULTS, **cluster})
     errors = declaration_problems(cluster, inventory)
     plan: dict[str, t.Any] = {"nodes": {}, "errors": errors, "head": None, "master_addr": None}
     if errors:

@@ -6,18 +6,27 @@ Private to the collection. Each role lists its scalar settings once (``Setting``
 kind, its bounds and why they are the bounds), and ``setting_problems`` checks a settings mapping
 against the table, every problem at once, each naming the variable, what is wrong and the fix.
 What only a role can judge (a subnet, an address against it, a drop-in's folder) stays with the
-role; the shared kinds are the ones both read the same way. Standard library only.
+role; the shared kinds are the ones both read the same way. A value is read as the role's argument
+spec reads its type: an extra variable (``-e cluster_ping_count=5``) arrives as text, which
+validate_argument_spec accepts for an int, a float or a bool without converting the variable, so a
+role passes its settings through ``coerced`` (``as_int``, ``as_float``, ``as_bool`` accept the same
+text) before ``setting_problems`` checks their types and the plan uses them. Standard library only.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import decimal
+import math
 import re
 import typing as t
 
 # One path component as a unit file, an env file and a docker volume spec all carry it unchanged:
 # no ':' (docker reads host:container:mode), no whitespace, no quoting, no shell or unit specials.
 PATH_PART = re.compile(r"[A-Za-z0-9_@+][A-Za-z0-9_.@+-]*")
+# Ansible's boolean spellings (module_utils.parsing.convert_bool), compared lower-cased.
+TRUE_WORDS = frozenset({"y", "yes", "on", "1", "true", "t"})
+FALSE_WORDS = frozenset({"n", "no", "off", "0", "false", "f"})
 # A Debian package version as apt-get reads NAME=VERSION: epoch, upstream, revision; no spaces or commas.
 DEBIAN_VERSION = re.compile(r"(?:[0-9]+:)?[0-9][A-Za-z0-9.+~-]*")
 
@@ -37,6 +46,64 @@ class Setting:
 
 def is_int(value: t.Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def as_int(value: t.Any) -> int | None:
+    """A whole number as an argument spec's int takes it: an int, an integral float, or text of one
+    (``"30"``, ``" 30 "``, ``"30.0"``); None otherwise. A bool is no number here, though Ansible would
+    take true as 1: a switch given for a count is a mistake to name."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        return None
+    try:
+        number = decimal.Decimal(value.strip() if isinstance(value, str) else value)
+    except (decimal.DecimalException, ValueError):
+        return None
+    if not number.is_finite() or number != number.to_integral_value():
+        return None
+    return int(number)
+
+
+def as_float(value: t.Any) -> float | None:
+    """A finite number as an argument spec's float takes it: an int, a float, or text of one (``"18"``, ``"18.5"``)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        return None
+    try:
+        number = float(value)
+    except ValueError:
+        return None
+    return number if math.isfinite(number) else None
+
+
+def as_bool(value: t.Any) -> bool | None:
+    """A bool as an argument spec's bool takes it: true or false, Ansible's words for them in any case
+    (yes, no, on, off, y, n, t, f, 1, 0) and the numbers 1 and 0."""
+    if isinstance(value, bool):
+        return value
+    if not isinstance(value, (str, int, float)):
+        return None
+    word = value.strip().lower() if isinstance(value, str) else value
+    if word in TRUE_WORDS or (not isinstance(word, str) and word == 1):
+        return True
+    if word in FALSE_WORDS or (not isinstance(word, str) and word == 0):
+        return False
+    return None
+
+
+READERS: dict[str, t.Callable[[t.Any], t.Any]] = {"bool": as_bool, "port": as_int, "count": as_int, "number": as_float}
+
+
+def coerced(table: t.Sequence[Setting], settings: t.Mapping[str, t.Any]) -> dict[str, t.Any]:
+    """``settings`` with each text value of a bool, port, count or number setting converted as the role's
+    argument spec reads it. Only text: that is what an extra variable gives, and a value of another type
+    (an int 1 for a switch, true for a count) was written so and is ``setting_problems``' to name, as is
+    text that does not convert."""
+    converted = dict(settings)
+    for setting in table:
+        reader = READERS.get(setting.kind)
+        value = settings.get(setting.name)
+        if reader and isinstance(value, str) and reader(value) is not None:
+            converted[setting.name] = reader(value)
+    return converted
 
 
 def shown(number: float | None) -> str:
