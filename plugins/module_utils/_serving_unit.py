@@ -58,8 +58,8 @@ RELAUNCHING_KINDS = frozenset(("env", "unit"))
 ROLLED_BACK_KINDS = {"instance": frozenset(FILE_KINDS), "gateway": frozenset(("plan", "unit"))}
 SECRET_KINDS = frozenset(("env",))
 HIDDEN = "(the env file holds the API key; its content is not shown)\n"
-STEPS = ("prepare", "stop", "start", "restore", "keep", "last_good", "remove", "relaunch", "roll_back", "raise_flag", "clear_flag",
-         "pause", "resume")
+STEPS = ("prepare", "stop", "start", "restore", "keep", "last_good", "hold", "remove", "relaunch", "roll_back", "raise_flag",
+         "clear_flag", "pause", "resume")
 GATEWAY = "gateway"
 DROP_CACHES = "/proc/sys/vm/drop_caches"
 
@@ -176,16 +176,18 @@ def prepare(plan: t.Mapping[str, t.Any], env_text: str, check_mode: bool, run: R
     drift = drift_reasons(plan, relaunching, state["ActiveState"], container) + routing_drift(plan, container)
     enabling = state["UnitFileState"] != "enabled"
     kept: dict[str, t.Any] = {"changed": False, "written": []}
+    unjudged = read_unjudged(plan)
     if not drift and not check_mode:
         if enabling:
             enable(plan["unit"], run)
         # A check run wrote none of the files it reported, so it has nothing new to keep; a rank's
-        # files are kept only once its cluster's head passed the gate.
-        if not plan.get("cluster"):
+        # files are kept only once its cluster's head passed the gate; settings nobody judged, never.
+        if not plan.get("cluster") and unjudged is None:
             kept = keep(plan, False)
     return {"changed": bool(synced["content"] or synced["metadata"]) or kept["changed"] or (enabling and not drift),
             "written": synced["content"], "fixed": synced["metadata"], "enabled": enabling, "kept": kept["written"],
             "drift": drift, "unit_state": state, "diff": synced["diff"],
+            "unjudged": unjudged_report(plan, unjudged, drift) if unjudged is not None else None,
             # Whether a start of these settings served on the image's caches here (a cluster's gate is cold when any node lacks it).
             "warm": is_warm((plan.get("cold_start") or {}).get("stamp"))}
 
@@ -279,7 +281,62 @@ def restore(plan: t.Mapping[str, t.Any], check_mode: bool, run: Runner) -> dict[
     synced = sync_files(files, check_mode)
     if not check_mode:
         checked(run, ["systemctl", "daemon-reload"])
-    return {"changed": bool(synced["content"] or synced["metadata"]), "restored": True, "written": synced["content"]}
+    cleared = clear_unjudged(plan, check_mode)
+    return {"changed": bool(synced["content"] or synced["metadata"]) or cleared, "restored": True, "written": synced["content"]}
+
+
+def unjudged_path(plan: t.Mapping[str, t.Any]) -> str:
+    """Where a unit relaunched with its last good settings held (a rollout's) is marked until they are judged: beside its
+    last good copies, in the root-only configuration folder, on the host itself (a controller lost mid-batch knows none)."""
+    return os.path.join(os.path.dirname(plan["kept_files"][0]["last_good"]), f"{plan['name']}.unjudged.json")
+
+
+def hold(plan: t.Mapping[str, t.Any], check_mode: bool) -> dict[str, t.Any]:
+    """Mark the unit as running settings nobody judged yet, before they start: until step keep or a restore clears it,
+    prepare keeps no last good copy of them and reports the unit (a rollout stopped mid-batch, a host lost in one)."""
+    marker = json.dumps({"config_hash": plan["config_hash"], "since": round(time.time())}, sort_keys=True) + "\n"
+    synced = sync_files([unit_file("unjudged", unjudged_path(plan), "0600", marker.encode())], check_mode)
+    return {"changed": bool(synced["content"])}
+
+
+def read_unjudged(plan: t.Mapping[str, t.Any]) -> dict[str, t.Any] | None:
+    """The unit's unjudged mark (config_hash and since: what started unjudged and when), None without one; a mark that is
+    no JSON still marks the unit."""
+    found = read_file(unjudged_path(plan))
+    if found is None:
+        return None
+    try:
+        mark = json.loads(found[0])
+    except ValueError:
+        mark = None
+    if not isinstance(mark, dict):
+        return {"config_hash": None, "since": None}
+    return {"config_hash": mark.get("config_hash") if isinstance(mark.get("config_hash"), str) else None,
+            "since": mark.get("since") if isinstance(mark.get("since"), int) and not isinstance(mark.get("since"), bool) else None}
+
+
+def clear_unjudged(plan: t.Mapping[str, t.Any], check_mode: bool) -> bool:
+    """Settings were judged (kept) or put back (restored): the mark goes. Whether there was one."""
+    path = unjudged_path(plan)
+    if not os.path.lexists(path):
+        return False
+    if not check_mode:
+        try:
+            os.unlink(path)
+        except OSError as error:
+            raise UnitError(f"{path}: the unjudged mark cannot be removed ({error.strerror}); run the task as root") from error
+    return True
+
+
+def unjudged_report(plan: t.Mapping[str, t.Any], mark: t.Mapping[str, t.Any], drift: t.Sequence[str]) -> str:
+    """What an operator reads about a unit left unjudged, and what to do."""
+    since = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(mark["since"])) if mark.get("since") is not None else "an unknown time"
+    running = "runs" if mark.get("config_hash") == plan["config_hash"] else "ran"
+    outcome = ("its relaunch now keeps the plan's settings as the last good ones" if drift else
+               "no last good copy is taken of them until they are judged")
+    return (f"{plan['name']} {running} settings relaunched at {since} with their last good copy held (a rollout's) and never judged: "
+            f"the rollout was stopped or lost its host before keeping or rolling them back; {outcome}. Run playbooks/rollout.yml "
+            "with the settings before in the inventory to roll back, or put the change back and roll it out again to judge it")
 
 
 def last_good(plan: t.Mapping[str, t.Any]) -> dict[str, t.Any]:
@@ -297,7 +354,8 @@ def keep(plan: t.Mapping[str, t.Any], check_mode: bool) -> dict[str, t.Any]:
             raise UnitError(f"{kept['path']}: missing, so it cannot be kept as the last good copy; re-run the play")
         files.append(unit_file(kind, kept["last_good"], kept["mode"], current[0]))
     synced = sync_files(files, check_mode)
-    return {"changed": bool(synced["content"] or synced["metadata"]), "written": synced["content"]}
+    cleared = clear_unjudged(plan, check_mode)
+    return {"changed": bool(synced["content"] or synced["metadata"]) or cleared, "written": synced["content"]}
 
 
 def keep_gated(plan: t.Mapping[str, t.Any], check_mode: bool, run: Runner) -> dict[str, t.Any]:
@@ -463,6 +521,8 @@ def relaunch(plan: t.Mapping[str, t.Any], memory_admission: bool, flag: str | No
     paused = pause(plan, run)
     if paused.get("failed"):
         return paused
+    if not keep_last_good:
+        hold(plan, False)
     try:
         if flag:
             raise_flag(flag, plan["name"], False)
@@ -590,6 +650,8 @@ def step(name: str, plan: t.Any, check_mode: bool, run: Runner, env_text: str | 
         return keep_gated(plan, check_mode, run)
     if name == "last_good":
         return last_good(plan)
+    if name == "hold":
+        return hold(plan, check_mode)
     if name == "relaunch":
         return relaunch(plan, memory_admission, flag, check_mode, run, keep_last_good)
     if name == "roll_back":

@@ -23,6 +23,11 @@ description:
     instance's keeps its files as the last good settings; a unit that drifts is enabled and kept only once its
     relaunch passed the gate (C(relaunch); a cluster's ranks by C(keep)), so a first launch that fails never starts at
     boot.
+  - C(hold) marks the unit as running settings nobody judged yet (C(<name>.unjudged.json) beside its last good copies); a
+    C(relaunch) with O(keep_last_good) false marks it itself before the start, and a cluster's role marks every rank
+    before a rollout's relaunch. C(keep) and a C(restore) clear the mark. While it is there C(prepare) keeps no last good
+    copy of the running settings and warns naming the unit, when the settings started and what to do (C(unjudged)): a
+    rollout stopped mid-batch, or one that lost the host, is found by the next run.
   - C(stop) stops the unit (systemd reads its unit file again first) and removes its container.
   - C(start) drops the page cache when the plan says so (seed 002), refuses a start (O(memory_admission)) while a process
     outside the collection's containers holds the GPU's device nodes (C(/dev/nvidia*); nvidia-persistenced may) or
@@ -152,6 +157,12 @@ drift:
   returned: when O(step=prepare)
   type: list
   elements: str
+unjudged:
+  description: >-
+    Set when the unit is marked as running settings a rollout relaunched and never judged (step C(hold)): what happened, when,
+    and what to do; the same text is a warning. None otherwise.
+  returned: when O(step=prepare)
+  type: str
 enabled:
   description: Whether the unit was not enabled; a unit that runs its plan was then enabled, one that drifts is enabled by its relaunch once gated.
   returned: when O(step=prepare)
@@ -221,6 +232,8 @@ def main():
                       memory_admission=params["memory_admission"], keep_last_good=params["keep_last_good"], paused=params["paused"])
     except FileProblem as error:
         module.fail_json(msg=str(error))
+    if result.get("unjudged"):
+        module.warn(result["unjudged"])
     if result.pop("failed", False):
         module.fail_json(**result)
     module.exit_json(**result)

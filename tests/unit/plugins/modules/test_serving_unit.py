@@ -752,7 +752,10 @@ def test_a_held_relaunch_keeps_the_settings_before_until_judged_and_roll_back_se
     held = relaunch(host, changed, keep_last_good=False)
     assert held["gate"]["ok"] and held["kept"] == [], "a held relaunch keeps nothing"
     assert host_state(host)["enabled"] == [changed["unit"]], "the held unit still starts at boot"
-    assert {path: kept[path] for path in kept if "last-good" in path} == {path: text for path, text in files(host).items() if "last-good" in path}
+    marked = {path for path in files(host) if path.endswith(".unjudged.json")}
+    assert marked == {"config/last-good/tiny.unjudged.json"}, "the held settings are marked until judged"
+    assert {path: kept[path] for path in kept if "last-good" in path} == {
+        path: text for path, text in files(host).items() if "last-good" in path and path not in marked}
     assert run(host, changed, step="roll_back", check_mode=True)["changed"], "check mode: last good settings to go back to"
     forget_calls(host)
     rolled = run(host, changed, step="roll_back", memory_admission=False)
@@ -760,6 +763,56 @@ def test_a_held_relaunch_keeps_the_settings_before_until_judged_and_roll_back_se
     assert files(host) == kept, "the settings before the change are back"
     assert [line for line in calls(host) if "start" in line] == [f"systemctl start --no-block {good['unit']}", "maintenance flag at start: tiny"]
     assert not (host / "run" / "vllm-maintenance").exists()
+
+
+def test_a_rollout_stopped_after_a_held_relaunch_leaves_a_mark_the_next_run_reports_and_never_keeps(host, vllm):
+    """Found in a reading: a rollout stopped (or its host lost) between the held relaunch and its verdict left the unit on
+    unjudged settings, and the next site.yml, seeing no drift, kept them as the last good ones."""
+    good, good_env = planned(host, port=vllm.server_port)
+    vllm.serves[KEY] = ["tiny"]
+    set_state(host, flag=str(host / "run" / "vllm-maintenance"), starts=[(good["container"], running(good))])
+    run(host, good, good_env)
+    run(host, good, step="keep")
+    before = {path: text for path, text in files(host).items() if "last-good" in path}
+    changed, changed_env = planned(host, port=vllm.server_port, max_num_seqs=8)
+    set_state(host, flag=str(host / "run" / "vllm-maintenance"), starts=[(changed["container"], running(changed))])
+    run(host, changed, changed_env)
+    assert relaunch(host, changed, keep_last_good=False)["gate"]["ok"]
+    mark = json.loads((host / "config" / "last-good" / "tiny.unjudged.json").read_text())
+    assert mark["config_hash"] == changed["config_hash"] and isinstance(mark["since"], int)
+    assert stat.S_IMODE((host / "config" / "last-good" / "tiny.unjudged.json").stat().st_mode) == 0o600
+    for check_mode in (True, False):
+        nexts = run(host, changed, changed_env, check_mode=check_mode)
+        assert nexts["drift"] == [] and nexts["kept"] == [], "settings nobody judged are never kept as the last good ones"
+        assert nexts["unjudged"].startswith("tiny runs settings relaunched at ") and "never judged" in nexts["unjudged"]
+        assert any("never judged" in str(warning) for warning in nexts["warnings"]), nexts["warnings"]
+    assert {path: text for path, text in files(host).items() if "last-good" in path and "unjudged" not in path} == before
+    # The inventory moved on meanwhile (another setting): the relaunch that follows keeps, and that clears the mark.
+    other, other_env = planned(host, port=vllm.server_port, max_num_seqs=4)
+    drifted = run(host, other, other_env)
+    assert drifted["drift"] and "its relaunch now keeps" in drifted["unjudged"] and drifted["unjudged"].startswith("tiny ran ")
+    assert run(host, changed, step="keep")["changed"]
+    assert not (host / "config" / "last-good" / "tiny.unjudged.json").exists()
+    assert run(host, changed, changed_env)["unjudged"] is None
+
+
+@pytest.mark.parametrize("damage", ["", "not json", "[]", '{"since": "yesterday", "config_hash": 7}'])
+def test_a_mark_that_cannot_be_read_still_marks_and_a_restore_clears_it(host, damage):
+    """A cluster's rank is marked by step hold on every node (the cluster role, before a rollout's relaunch); whatever
+    the mark holds, it marks. A restore (the rollback to the settings before) clears it."""
+    plan, env_file = planned(host)
+    set_state(host, units=active(plan["unit"]), containers={plan["container"]: running(plan)})
+    run(host, plan, env_file)
+    run(host, plan, step="keep")
+    assert run(host, plan, step="hold", check_mode=True)["changed"] and not (host / "config" / "last-good" / "tiny.unjudged.json").exists()
+    assert run(host, plan, step="hold")["changed"]
+    (host / "config" / "last-good" / "tiny.unjudged.json").write_text(damage)
+    found = run(host, plan, env_file)
+    assert "at an unknown time" in found["unjudged"] and found["kept"] == []
+    assert run(host, plan, step="restore", check_mode=True)["changed"]
+    assert (host / "config" / "last-good" / "tiny.unjudged.json").exists(), "check mode removes nothing"
+    assert run(host, plan, step="restore")["restored"]
+    assert run(host, plan, env_file)["unjudged"] is None
 
 
 def test_roll_back_without_last_good_settings_fails_with_the_unit_stopped(host, vllm):
