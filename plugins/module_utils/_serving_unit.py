@@ -43,7 +43,7 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._systemd import pa
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_client import cold_start, read_endpoint
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_gate import Endpoint, gate
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_health import is_warm, mark_warm, parse_env_file
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_instance import PLAN_SCHEMA_VERSION
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_instance import PLAN_SCHEMA_VERSION, unjudged_mark
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_plan import INSTANCE_LABEL, STAMP_PATH, drift_reasons
 
 # An image reference as the plan builder writes run_image: never an option to docker.
@@ -286,9 +286,8 @@ def restore(plan: t.Mapping[str, t.Any], check_mode: bool, run: Runner) -> dict[
 
 
 def unjudged_path(plan: t.Mapping[str, t.Any]) -> str:
-    """Where a unit relaunched with its last good settings held (a rollout's) is marked until they are judged: beside its
-    last good copies, in the root-only configuration folder, on the host itself (a controller lost mid-batch knows none)."""
-    return os.path.join(os.path.dirname(plan["kept_files"][0]["last_good"]), f"{plan['name']}.unjudged.json")
+    """The unit's unjudged mark, on the host itself: a controller lost mid-batch knows nothing of it."""
+    return unjudged_mark(os.path.dirname(plan["kept_files"][0]["last_good"]), plan["name"])
 
 
 def hold(plan: t.Mapping[str, t.Any], check_mode: bool) -> dict[str, t.Any]:

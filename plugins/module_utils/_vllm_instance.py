@@ -54,12 +54,19 @@ def instance_files(config_dir: str, name: str, cluster: bool) -> dict[str, t.Any
     }
 
 
+def unjudged_mark(last_good_dir: str, name: str) -> str:
+    """Where a unit relaunched with its last good settings held (a rollout's) is marked until they are judged: beside its
+    last good copies, in the root-only configuration folder, on the host itself."""
+    return f"{last_good_dir.rstrip('/')}/{name}.unjudged.json"
+
+
 def removal(config_dir: str, name: str, cluster: bool) -> dict[str, t.Any]:
     """What removing an instance or a rank no longer planned stops and deletes: its unit, its
-    container, its files and their last good copies."""
+    container, its files, their last good copies and an unjudged mark a stopped rollout left."""
     files = instance_files(config_dir, name, cluster)
     return {"name": name, "unit": files["unit"], "container": files["container"],
-            "files": [kept["path"] for kept in files["kept_files"]] + [kept["last_good"] for kept in files["kept_files"]]}
+            "files": [kept["path"] for kept in files["kept_files"]] + [kept["last_good"] for kept in files["kept_files"]]
+            + [unjudged_mark(files["last_good_dir"], name)]}
 
 
 def deployed_instances(paths: t.Iterable[str], config_dir: str) -> list[str]:

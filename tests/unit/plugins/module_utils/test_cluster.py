@@ -501,14 +501,15 @@ def test_ranks_of_other_clusters_are_stale_with_the_names_the_plan_gave_them():
     assert stale == {"problems": [], "ranks": [{
         "name": "old-tp2", "unit": "sparkfleet-cluster-old-tp2.service", "container": "vllm-cluster-old-tp2",
         "files": [f"{config}/old-tp2.env", f"{config}/old-tp2.json", "/etc/systemd/system/sparkfleet-cluster-old-tp2.service",
-                  f"{config}/last-good/old-tp2.env", f"{config}/last-good/old-tp2.json", f"{config}/last-good/sparkfleet-cluster-old-tp2.service"]}]}
+                  f"{config}/last-good/old-tp2.env", f"{config}/last-good/old-tp2.json", f"{config}/last-good/sparkfleet-cluster-old-tp2.service",
+                  f"{config}/last-good/old-tp2.unjudged.json"]}]}
     cleared = stale_ranks(deployed, "", config)
     assert [rank["name"] for rank in cleared["ranks"]] == ["lab-tp2", "old-tp2"], "cluster_name cleared: every rank goes"
     old = {**declaration(), "name": "old-tp2"}
     launched = node_plan(old, planned(old)["nodes"]["spark-2"])["instances"][0]
     assert (launched["unit"], launched["container"]) == (stale["ranks"][0]["unit"], stale["ranks"][0]["container"])
     kept = launched["kept_files"]
-    assert [f["path"] for f in kept] + [f["last_good"] for f in kept] == stale["ranks"][0]["files"], "the plan's files are the ones removed"
+    assert [f["path"] for f in kept] + [f["last_good"] for f in kept] == stale["ranks"][0]["files"][:-1], "the plan's files are the ones removed"
 
 
 @pytest.mark.parametrize(("text", "fragment"), [

@@ -117,7 +117,8 @@ def test_an_instance_no_longer_planned_is_removed_with_the_files_the_plan_gave_i
     was_planned = plan(instance(name="old"), config_dir=config)["instances"][0]
     old = removals[1]
     assert (old["unit"], old["container"]) == (was_planned["unit"], was_planned["container"])
-    assert old["files"] == [f["path"] for f in was_planned["kept_files"]] + [f["last_good"] for f in was_planned["kept_files"]]
+    assert old["files"] == [f["path"] for f in was_planned["kept_files"]] + [f["last_good"] for f in was_planned["kept_files"]] + [
+        f"{was_planned['last_good_dir']}/{was_planned['name']}.unjudged.json"], "a mark a stopped rollout left goes too"
 
 
 def test_a_checkpoint_is_staged_in_its_name_or_its_repos():
