@@ -19,7 +19,7 @@ import typing as t
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._cluster import RAY_PORT, fleet_cluster_problems, identity
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._gateway import DEFAULT_SETTINGS as GATEWAY_DEFAULTS
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._settings import path_problem
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._settings import normal_path, path_problem
 
 # What a Spark or GX10 commonly runs beside vLLM, on ports an instance must not take; an inventory
 # names its own in sparkfleet_reserved_ports.
@@ -81,11 +81,12 @@ def folder_problems(host: str, variables: t.Mapping[str, t.Any]) -> list[str]:
     each role removes what it no longer plans from its own folder (the vllm role every plan file of
     an instance it no longer serves), so it would remove the other role's files. The vllm role's
     folder counts on every host (its removal runs there); the cluster's and the gateway's where they
-    serve. A malformed folder is its role's refusal."""
+    serve. Folders are compared in one spelling (``//etc/x/`` is ``/etc/x``). A malformed folder is its
+    role's refusal."""
     used = {"vllm_config_dir": True, "cluster_config_dir": bool(variables.get("cluster_name")),
             "gateway_config_dir": bool(variables.get("gateway_backends"))}
     folders = {name: variables.get(name, default) for name, default in ROLE_DEFAULT_FOLDERS.items() if used[name]}
-    paths = {name: pathlib.PurePosixPath(folder) for name, folder in folders.items() if path_problem(folder) is None}
+    paths = {name: pathlib.PurePosixPath(normal_path(folder)) for name, folder in folders.items() if path_problem(folder) is None}
     errors = []
     names = sorted(paths)
     for index, first in enumerate(names):

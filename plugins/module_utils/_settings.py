@@ -126,13 +126,20 @@ def path_problem(value: t.Any, least_parts: int = 1) -> str | None:
     return None
 
 
+def normal_path(path: str) -> str:
+    """One spelling of a path path_problem accepts, to compare it by: the kernel reads ``/etc//x/`` as
+    ``/etc/x``, so a check comparing the text would let the doubled slash pass where ``/etc/x`` fails
+    (posixpath.normpath keeps a leading ``//``, which POSIX leaves to the system; Linux reads it as ``/``)."""
+    return "/" + "/".join(part for part in path.split("/") if part)
+
+
 def dropin_problem(variable: str, path: t.Any, folders: t.Sequence[str], consequence: str) -> str | None:
     """Beyond being a path (path_problem's check): a drop-in its reader reads, a .conf file in one
-    of ``folders`` (where systemd looks), worded to name ``variable``."""
+    of ``folders`` (where systemd looks), worded to name ``variable``; compared in one spelling."""
     if path_problem(path):
         return None
-    parent, name = path.rstrip("/").rsplit("/", 1)
-    if parent in folders and name.endswith(".conf"):
+    parent, name = normal_path(path).rsplit("/", 1)
+    if parent in {normal_path(folder) for folder in folders} and name.endswith(".conf"):
         return None
     return (f"{variable}: {path} is not a file its reader reads: drop-ins end in .conf in {' or '.join(folders)} (such as "
             f"{folders[0]}/10-sparkfleet.conf), so {consequence}")

@@ -416,7 +416,7 @@ def test_the_environment_a_container_gets_is_judged_not_each_layer():
     ({"config_dir": "srv/cluster"}, "cluster_config_dir: 'srv/cluster' must be an absolute path"),
     ({"iputils_ping_version": "3:20221126-1, netcat-openbsd"}, "cluster_iputils_ping_version: '3:20221126-1, netcat-openbsd' must "
                                                                "be empty or one Debian package version"),
-    ({"fabric_gate": "yes"}, "cluster_fabric_gate: 'yes' must be true or false"),
+    ({"fabric_gate": "maybe"}, "cluster_fabric_gate: 'maybe' must be true or false"),
     ({"logind_remove_ipc_dropin": "/etc/systemd/logind.conf"},
      "cluster_logind_remove_ipc_dropin: /etc/systemd/logind.conf is not a file its reader reads: drop-ins end in .conf in "
      "/etc/systemd/logind.conf.d or "),
