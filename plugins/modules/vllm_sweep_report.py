@@ -15,6 +15,10 @@ description:
     highest output throughput at the target concurrency, then lowest TPOT at one stream, among the variants that
     started, passed the correctness gate and the optional TTFT budget; a more complex variant (more draft tokens)
     only wins by more than the measured spread.
+  - No verdict on missing data; a variant is out when a repeat recorded no run at the target concurrency or the single
+    stream, or when a run's throughput there or TPOT at one stream is under half or over twice the median of its
+    siblings (two runs more than twice apart), the repeat, its figure and the median of the others named. A figure of
+    one run has no spread; the margin is then the floor alone, and the reasons say so.
   - Writes C(decision.json) (C(ok), C(winner), C(winner_settings), C(reasons), C(schedule), the figures of every
     variant), C(report.md) (a table per variant) and C(sweep.png) (throughput, TPOT and acceptance against the draft
     count) into O(dest), on the controller.
@@ -100,7 +104,9 @@ winner_settings:
   returned: always
   type: dict
 reasons:
-  description: How the decision was reached, variant by variant.
+  description:
+    - How the decision was reached, variant by variant, naming a variant out for a repeat that recorded nothing or a run
+      far outside its siblings, and saying where a margin was the floor alone because a figure had one run.
   returned: always
   type: list
   elements: str
