@@ -528,6 +528,20 @@ def cell(entry: t.Mapping[str, t.Any] | None, pattern: str, scale: float = 1.0) 
     return text + (f" ±{entry['spread_pct'] / 2:.1f}%" if entry.get("n", 0) > 1 else "")
 
 
+def measurement_notes(summary: t.Mapping[t.Any, t.Any]) -> list[str]:
+    """What the report says of a variant's figures beside its table: the repeats that recorded nothing, the runs far
+    outside their siblings, and the concurrencies whose figures had one run, so no spread."""
+    notes = []
+    for concurrency in sorted(int(c) for c in summary):
+        entry = figure(summary, concurrency, "output_throughput") or {}
+        notes += [found for found in (not_recorded(summary, concurrency, ""),) if found]
+        notes += [found for name, label in (("output_throughput", "output throughput"), ("mean_tpot_ms", "mean TPOT"))
+                  for found in unsteady(figure(summary, concurrency, name), label, f"at concurrency {concurrency}")]
+        if entry.get("n") == 1:
+            notes.append(f"spread not measured at concurrency {concurrency}: one run")
+    return notes
+
+
 def report_markdown(title: str, results: t.Sequence[t.Mapping[str, t.Any]], decision: t.Mapping[str, t.Any],
                     objective: t.Mapping[str, t.Any]) -> str:
     """The sweep report: the decision, then a table per variant (spread is half the min-max range, in
@@ -554,6 +568,9 @@ def report_markdown(title: str, results: t.Sequence[t.Mapping[str, t.Any]], deci
         if not result["summary"]:
             lines += ["", "Not benchmarked: the correctness gate rejected it."]
             continue
+        unsound = measurement_notes(result["summary"])
+        if unsound:
+            lines += ["", "Not sound:", "", *[f"- {note}" for note in unsound]]
         lines += ["",
                   "| concurrency | median TTFT ms | mean TTFT ms | mean TPOT ms | mean ITL ms | output tok/s | acceptance | per position |",
                   "|---:|---:|---:|---:|---:|---:|---:|---|"]

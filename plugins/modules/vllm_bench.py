@@ -15,6 +15,9 @@ description:
   - Judges every run by the completed and failed counts in the JSON it saved, never by the exit code
     (C(vllm bench serve) exits 0 when every request failed); a run with no success, or with any failure unless
     O(allow_failures), is not recorded and fails the module (seed 000, "the benchmark that silently didn't run").
+  - Every prompt sent is accounted for; a result file without C(completed) or C(failed) (a missing C(failed) is no
+    zero), with one that is not a count, or whose two fall short of or exceed the prompts sent, is a run not recorded,
+    its reason naming the numbers (C(32 prompts sent, 29 completed, 0 failed) leaves 3 unaccounted for).
   - Reads the speculative-decoding counters from C(/metrics) before and after each run and reports the
     acceptance the run itself produced, overall and per draft position.
   - The default dataset is natural text (seed 000, "random tokens lie about speculative decoding"), Markdown or
@@ -158,6 +161,8 @@ runs:
       (from the counters, null without a drafter), mean_acceptance_length, acceptance_per_position,
       acceptance_note (why acceptance is null although the server drafts, because its counters went backwards during the
       run, so it restarted), bench_acceptance_rate (vllm bench's own figure, percent) and result_file.
+    - Each run also carries prompts (sent), exit_code and reasons (why it was not recorded, empty when it was); the run
+      that was not recorded is the last, its figures what its file held, never a measurement.
   returned: always
   type: list
   elements: dict

@@ -272,6 +272,23 @@ def test_report_has_a_table_per_variant_with_spread_and_categories():
     assert "145.0 ±3.4%" in text and "| code | 2 | 200 | 50.0% | 2.00 |" in text and "Not measured: engine exited." in text
 
 
+def test_report_names_what_is_not_sound_beside_a_variants_table():
+    k0 = result("k0", 0, 0, [100.0, 104.0])
+    far = result("k2", 2, 1, [200.0, 204.0, 20.0], tpots=(10.0, 10.0, 10.0))
+    single = result("k4", 4, 2, [150.0], tpots=(10.0,))
+    missing = result("k5", 5, 3, [150.0, 151.0])
+    missing["summary"]["8"]["missing"] = [{"repeat": 3, "why": "concurrency 8: no request succeeded"}]
+    missing["summary"]["8"]["repeats"] = 3
+    text = report_markdown("lab sweep", [k0, far, single, missing], decide([k0, far, single, missing], OBJECTIVE), OBJECTIVE)
+    sections = {section.split("\n", 1)[0]: section for section in text.split("\n## ")[1:]}
+    assert "Not sound" not in sections["k0 (draft tokens 0): ok"]
+    assert ("- output throughput at concurrency 8: repeat 3 ran at 20.0 against 202.0, the median of the others (beyond 2x)"
+            in sections["k2 (draft tokens 2): ok"])
+    assert "- spread not measured at concurrency 1: one run\n- spread not measured at concurrency 8: one run" in sections["k4 (draft tokens 4): ok"]
+    assert ("- 1 of 3 repeat(s) recorded no run at concurrency 8 (repeat 3: concurrency 8: no request succeeded)"
+            in sections["k5 (draft tokens 5): ok"])
+
+
 def test_busy_servers_are_refused_for_measurement():
     idle = parse_samples("vllm:num_requests_running{model_name=\"m\"} 0.0\nvllm:num_requests_waiting{model_name=\"m\"} 0.0\n")
     assert busy_problem(idle) is None
