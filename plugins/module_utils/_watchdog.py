@@ -187,7 +187,7 @@ def route_budget(changes: t.Any, verb: str, name: str, settings: t.Mapping[str, 
     again. An undrain over the budget is deferred: the watchdog keeps it and asks again on its next samples, so the
     unit comes back once the window frees a change; a drain over the budget is refused and the watchdog acts anyway."""
     recent = sorted(moment for moment in (changes if isinstance(changes, list) else [])
-                    if isinstance(moment, (int, float)) and not isinstance(moment, bool) and now - settings["route_budget_window"] < moment <= now)
+                    if isinstance(moment, (int, float)) and not isinstance(moment, bool) and moment > now - settings["route_budget_window"])
     if len(recent) < settings["route_budget"]:
         return [*recent, round(now, 1)], None
     free_in = int(recent[0] + settings["route_budget_window"] - now) + 1
