@@ -99,7 +99,9 @@ def test_a_drained_node_gets_no_request_and_comes_back_when_undrained(gateway):
     drained = run_hook("drain", OTHER)
     assert drained.returncode == 0, drained.stdout[-3000:]
     drain_seconds = round(time.monotonic() - started, 1)
-    assert json.loads(gateway.file(f"{CONFIG}/drained.json").content_string) == {"schema_version": 1, "drained": [OTHER]}
+    record = json.loads(gateway.file(f"{CONFIG}/drained.json").content_string)
+    assert (record["schema_version"], record["drained"], list(record["owners"])) == (2, [OTHER], [OTHER]), record
+    assert len(record["owners"][OTHER]) == 1 and record["owners"][OTHER][0].startswith("hook@"), "the hook's run owns its drain"
     before = served_requests(other)
     answers = [ask(gateway, model) for model in ["tiny", "fast"] * 6]
     assert all(status == "200" for status, _d, _s in answers), answers
@@ -128,6 +130,32 @@ def test_a_drained_node_gets_no_request_and_comes_back_when_undrained(gateway):
     assert again.returncode == 0 and "changed=0" in again.stdout.split("PLAY RECAP")[1], again.stdout[-2000:]
     print(f"\ndrain (sweep hook, gateway restarted and routing): {drain_seconds} s; undrain (playbooks/gateway.yml): {undrain_seconds} s; "
           f"after the undrain {routes.count(ROUTE[OTHER])} of 16 requests went to {OTHER}")
+
+
+def run_hooks(host):
+    """The drain hook and the undrain hook of one run (playbooks/tasks/), as the bench and the sweep include them."""
+    with tempfile.TemporaryDirectory() as folder:
+        play = pathlib.Path(folder) / "hooks.yml"
+        play.write_text(json.dumps([{"name": "Run the hooks", "hosts": host, "gather_facts": False, "tasks": [
+            {"name": f"Include the {name} hook", "ansible.builtin.include_tasks": str(ROOT / "playbooks" / "tasks" / f"gateway_{name}.yml"),
+             "vars": {"gateway_hook_name": "bench"}} for name in ("drain", "undrain")]}]))
+        return subprocess.run(["ansible-playbook", "-i", str(INVENTORY), str(play)], capture_output=True, text=True, cwd=ROOT, check=False)
+
+
+def test_a_hooks_undrain_leaves_a_host_the_operator_drained_and_says_so(gateway):
+    drained = playbook("gateway.yml", "-e", json.dumps({"gateway_drain": [OTHER]}))
+    assert drained.returncode == 0, drained.stdout[-3000:]
+    try:
+        hooks = run_hooks(OTHER)
+        assert hooks.returncode == 0, hooks.stdout[-3000:]
+        assert f"{OTHER} stays out of rotation: drained by operator" in hooks.stdout + hooks.stderr, hooks.stdout[-3000:]
+        record = json.loads(gateway.file(f"{CONFIG}/drained.json").content_string)
+        assert (record["drained"], record["owners"]) == ([OTHER], {OTHER: ["operator"]}), record
+        assert {ask(gateway)[1] for _request in range(8)} == {ROUTE[GATEWAY]}, "still out of rotation after the hook's undrain"
+    finally:
+        undrained = playbook("gateway.yml", "-e", json.dumps({"gateway_undrain": [OTHER]}))
+    assert undrained.returncode == 0, undrained.stdout[-3000:]
+    assert json.loads(gateway.file(f"{CONFIG}/drained.json").content_string)["drained"] == []
 
 
 def test_bench_measures_a_host_out_of_its_gateways_rotation(gateway, tmp_path):

@@ -1,7 +1,8 @@
 """The watchdog on the lab cluster, after the cluster's and the gateway's tests (the files' order): the
 nodes' watchdogs exchange keys that may only stop, start or (on the head) restart a rank, and drain
 or undrain the second node's own units at the gateway on the first; the second node's instance,
-stopped, is drained at the gateway before its watchdog starts it and undrained once it serves; a
+stopped, is drained at the gateway before its watchdog starts it and undrained once it serves; the
+worker's key, over the gateway's SSH forced command, never undoes the operator's drain of its unit; a
 killed worker rank, seen by both nodes at once, makes the head restart every rank once in the
 cluster's order (the worker, then the head), after which the cluster serves again, its only replica
 in its model group left in rotation. Detection and recovery times are printed for the closing note."""
@@ -9,7 +10,7 @@ in its model group left in rotation. Detection and recovery times are printed fo
 import json
 
 import pytest
-from site_runner import docker_host, site
+from site_runner import docker_host, playbook, site
 from watchdog_journal import journal_decisions, now, wait_for
 
 HEAD, WORKER = "sparkfleet-molecule-node-1", "sparkfleet-molecule-node-2"
@@ -52,8 +53,9 @@ def chat_answers(head):
 def test_each_nodes_key_may_only_stop_or_start_a_rank_and_only_from_its_peer(nodes):
     head, worker = nodes
     lines = worker.file("/root/.ssh/authorized_keys").content_string.splitlines()
-    entry = [line for line in lines if line.endswith(f"sparkfleet-watchdog@{HEAD}")]
-    assert len(entry) == 1 and entry[0].startswith(f'restrict,from="{address(head)}",command="/usr/bin/python3 ')
+    entry = [line for line in lines if f"sparkfleet-watchdog@{HEAD}" in line]
+    assert len(entry) == 1 and entry[0].endswith(f"sparkfleet-watchdog@{HEAD}:cluster"), entry
+    assert entry[0].startswith(f'restrict,from="{address(head)}",command="/usr/bin/python3 ') and entry[0].count(" --cluster\"") == 1
     assert worker.file("/root/.ssh/authorized_keys").mode == 0o600 and head.file(PEER_KEY).mode == 0o600
     ssh = (f"ssh -i {PEER_KEY} -o BatchMode=yes -o IdentitiesOnly=yes -o UserKnownHostsFile=/etc/sparkfleet/watchdog/known_hosts "
            f"-o StrictHostKeyChecking=yes -l root {address(worker)}")
@@ -69,8 +71,13 @@ def drained_at_gateway(head):
 def test_a_stopped_instance_behind_the_gateway_is_drained_before_the_start_and_undrained_once_it_serves(nodes):
     head, worker = nodes
     lines = head.file("/root/.ssh/authorized_keys").content_string.splitlines()
-    entry = [line for line in lines if line.endswith(f"sparkfleet-watchdog@{WORKER}")]
-    assert len(entry) == 1 and f'sparkfleet_watchdog.py peer --from {WORKER} --backend --cluster" ' in entry[0], entry
+    # The worker is the head's cluster peer and a backend of its gateway: its cluster steps only from the cluster's link.
+    entries = {line.rsplit("@", 1)[1]: line for line in lines if f"sparkfleet-watchdog@{WORKER}:" in line}
+    assert entries[f"{WORKER}:backend+cluster"].startswith(
+        f'restrict,from="{address(worker)}",command="/usr/bin/python3 /opt/sparkfleet/watchdog/sparkfleet_watchdog.py peer --from {WORKER} '
+        '--backend --cluster" '), entries
+    assert set(entries) <= {f"{WORKER}:backend+cluster", f"{WORKER}:backend"}, entries
+    assert all("--cluster" not in line for key, line in entries.items() if key == f"{WORKER}:backend"), entries
     routes = json.loads(worker.file("/etc/sparkfleet/watchdog/gateways.json").content_string)["gateways"]
     assert routes == [{"name": HEAD, "address": address(head)}]
     assert json.loads(head.file("/etc/sparkfleet/watchdog/gateways.json").content_string)["gateways"] == [{"name": HEAD, "address": "local"}]
@@ -86,6 +93,34 @@ def test_a_stopped_instance_behind_the_gateway_is_drained_before_the_start_and_u
     undrained = wait_for(lambda: journal_decisions(worker, INSTANCE_UNIT, stopped, action="undrain"), SERVE_TIMEOUT, "the undrain")[0]
     print(f"watchdog: undrained {undrained['time'] - stopped:.1f} s after the stop: {undrained['gateway']}")
     assert [(reply["name"], reply["result"]) for reply in undrained["gateway"]] == [(f"{WORKER}/tiny", "undrained")]
+    assert drained_at_gateway(head) == []
+
+
+@pytest.mark.parametrize("operator_drains", [f"{WORKER}/tiny", WORKER])
+def test_a_backends_key_never_undoes_an_operators_drain_through_the_gateways_peer_command(nodes, operator_drains):
+    """Over the real SSH forced command: the worker's watchdog key asks the head's gateway to undrain the worker's unit
+    that the operator drained (by name, or its whole host), and to change the head's own unit; the operator's drain
+    stays, the head's unit is refused, and nothing is rewritten."""
+    head, worker = nodes
+    unit = f"{WORKER}/tiny"
+    drained = playbook("gateway.yml", "-e", json.dumps({"gateway_drain": [operator_drains]}))
+    assert drained.returncode == 0, drained.stdout[-3000:]
+    try:
+        before = json.loads(head.file("/etc/sparkfleet/gateway/drained.json").content_string)
+        assert before["owners"] == {operator_drains: ["operator"]}, before
+        ssh = (f"ssh -i {PEER_KEY} -o BatchMode=yes -o IdentitiesOnly=yes -o UserKnownHostsFile=/etc/sparkfleet/watchdog/known_hosts "
+               f"-o StrictHostKeyChecking=yes -l root {address(head)}")
+        kept = worker.run(f"{ssh} undrain {unit}")
+        reply = json.loads(kept.stdout)
+        assert kept.rc == 0 and reply["result"] == "kept", (kept.rc, kept.stdout, kept.stderr)
+        assert "drained by operator, not by its watchdog" in reply["why"] and "gateway_restart" not in reply, reply
+        for request in (f"undrain {HEAD}/tiny", f"drain {HEAD}/tiny", f"undrain {WORKER}", f"stop {UNIT}x"):
+            refused = worker.run(f"{ssh} {request}")
+            assert refused.rc == 2 and refused.stderr.startswith("refused"), (request, refused.rc, refused.stdout, refused.stderr)
+        assert json.loads(head.file("/etc/sparkfleet/gateway/drained.json").content_string) == before
+    finally:
+        undrained = playbook("gateway.yml", "-e", json.dumps({"gateway_undrain": [operator_drains]}))
+    assert undrained.returncode == 0, undrained.stdout[-3000:]
     assert drained_at_gateway(head) == []
 
 
