@@ -44,7 +44,7 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_client impor
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_gate import Endpoint, gate
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_health import is_warm, mark_warm, parse_env_file
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_instance import PLAN_SCHEMA_VERSION, unjudged_mark
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_plan import INSTANCE_LABEL, STAMP_PATH, drift_reasons
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_plan import INSTANCE_LABEL, STAMP_PATH, drift_reasons, is_share
 
 # An image reference as the plan builder writes run_image: never an option to docker.
 IMAGE_REFERENCE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/:@-]{0,511}")
@@ -69,11 +69,6 @@ Runner = t.Callable[[list[str]], tuple[int, str, str]]
 class UnitError(FileProblem):
     """What stopped the unit's state from being read or changed, with the fix; its files' problems
     are FileProblem, the base class, so ``except FileProblem`` catches both."""
-
-
-def is_share(value: t.Any) -> bool:
-    """A memory share as the plan writes it: a number in (0, 1]."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value <= 1
 
 
 def plan_problem(plan: t.Any) -> str | None:

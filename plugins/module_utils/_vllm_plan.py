@@ -29,8 +29,15 @@ import typing as t
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._cluster import NETWORK_ENV, ray_start_args, serve_cluster_args
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._hardware_classes import resolve_class
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._launch_checks import memory_probe_argv, paused_containers_problems
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._model_catalog import CATALOG, MAX_DRAFT_TOKENS, VERSION, catalog_problems
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._settings import path_problem
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._model_catalog import (
+    CATALOG,
+    MAX_DRAFT_TOKENS,
+    VERSION,
+    catalog_id,
+    catalog_problems,
+    catalog_reference_problems,
+)
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._settings import as_bool, as_float, as_int, path_problem
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._systemd import exec_line
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_guards import (
     GIB,
@@ -255,6 +262,11 @@ def closest(name: str, known: t.Iterable[str]) -> str:
     return f"; did you mean {match[0]}?" if match else ""
 
 
+def is_share(value: t.Any) -> bool:
+    """A memory share as the plan writes it: a number in (0, 1]."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value <= 1
+
+
 def is_int(value: t.Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -302,7 +314,7 @@ def check_value(where: str, key: Key, value: t.Any, options: t.Mapping[str, t.An
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
             return [f"{field}: {value!r} must be a fraction between 0 and 1 of the whole memory pool"]
     elif kind == "catalog":
-        if value not in options["catalog"]:
+        if catalog_id(value) not in options["catalog"]:
             return [f"{field}: {value!r} is not a catalog entry{closest(str(value), options['catalog'])} "
                     "(docs/catalog.md lists them; vllm_catalog_extra adds your own)"]
     elif kind in ("switch", "bool", "tristate"):
@@ -543,7 +555,7 @@ def merged_instances(instances: t.Any, defaults: t.Mapping[str, t.Any], image: s
             errors.append(f"{variable}[{index}]: must be a mapping of instance keys")
             continue
         base = {"image": image, "state": "present"} if image else {"state": "present"}
-        entry = catalog.get(instance.get("catalog") or defaults.get("catalog"))  # type: ignore[arg-type]
+        entry = catalog.get(catalog_id(instance.get("catalog") or defaults.get("catalog")))  # type: ignore[arg-type]
         brought = catalog_defaults({**defaults, **instance}, entry) if entry else {}
         combined = {**base, **defaults, **brought, **instance, "_index": index, "_own": set(instance)}
         if "speculative" in brought:
@@ -571,6 +583,9 @@ def instance_problems(instance: t.Mapping[str, t.Any], options: t.Mapping[str, t
                 errors.append(f"{where}.{key.name}: missing; {key.doc}")
             continue
         errors += check_value(where, key, value, options)
+    # The instance's own model wins over its catalog entry's: left empty in YAML it would serve nothing.
+    if "model" in instance["_own"] and catalog_id(instance.get("catalog")) in options["catalog"]:
+        errors += catalog_reference_problems(where, {"catalog": instance["catalog"], "model": instance["model"]}, options["catalog"])
     errors += dev_route_problems(where, instance, options)
     warm, cold = instance.get("health_timeout") or options["health_timeout"], instance.get("cold_timeout") or options["cold_timeout"]
     if is_int(warm) and is_int(cold) and 0 < cold < warm <= KEYS_BY_NAME["health_timeout"].maximum:
@@ -595,7 +610,7 @@ def dev_route_problems(where: str, instance: t.Mapping[str, t.Any], options: t.M
     arguments = instance.get("extra_args") if isinstance(instance.get("extra_args"), list) else []
     opened += [(f"{where}.extra_args {flag}", DEV_ROUTE_FLAGS[flag]) for flag in
                sorted({expanded_flag(a, DEV_ROUTE_FLAGS) for a in arguments if isinstance(a, str)} - {None})]
-    binds = [a for a in instance.get("bind_addresses") or [] if isinstance(a, str)]
+    binds = [a for a in instance.get("bind_addresses") if isinstance(a, str)] if isinstance(instance.get("bind_addresses"), list) else []
     exposed = [a for a in binds if not is_loopback_address(a)]
     errors = []
     for setting, routes in opened:
@@ -613,7 +628,9 @@ def host_problems(present: t.Sequence[t.Mapping[str, t.Any]], options: t.Mapping
     (those only when the host's addresses are known: not when only the inventory is checked)."""
     errors: list[str] = []
     gmus = [i.get("gpu_memory_utilization") for i in present]
-    if gmus and all(isinstance(g, (int, float)) and not isinstance(g, bool) and 0 < g < 1 for g in gmus):
+    cap = options["gmu_cap"]
+    # A cap that is no fraction is option_problems' to name.
+    if gmus and all(isinstance(g, (int, float)) and not isinstance(g, bool) and 0 < g < 1 for g in gmus) and is_share(cap):
         total = round(sum(gmus) + options["reserved_gmu"], 4)
         if total > options["gmu_cap"]:
             listed = " + ".join(f"{i.get('name')} {i.get('gpu_memory_utilization')}" for i in present)
@@ -634,7 +651,8 @@ def host_problems(present: t.Sequence[t.Mapping[str, t.Any]], options: t.Mapping
         return errors
     for instance in present:
         # Misspelt addresses are refused by the instance's own check.
-        addresses = [a for a in instance.get("bind_addresses") or [] if canonical_address(a) == a]
+        binds = instance.get("bind_addresses") if isinstance(instance.get("bind_addresses"), list) else []
+        addresses = [a for a in binds if isinstance(a, str) and canonical_address(a) == a]
         lan = [a for a in addresses if a not in LOOPBACK | WILDCARDS]
         missing = [a for a in lan if a not in options["host_addresses"]]
         if missing:
@@ -881,6 +899,10 @@ PLAN_OPTIONS: tuple[str, ...] = (
     "wait_online_enabled", "readiness_script", "start_limit_interval", "start_limit_burst", "restart_delay", "maintenance_flag",
     "launch_paused_containers", "cache_backup_dir", "cache_backup_location", "host_name",
 )
+# The options an argument spec types as a switch or a number: given as text by -e (extra variables are text), they are
+# read as validate_argument_spec reads them before anything checks them.
+SWITCH_OPTIONS = ("allow_floating_tag", "allow_wildcard_bind", "allow_dev_mode", "allow_outbound", "drop_caches")
+FRACTION_OPTIONS = ("gmu_cap",)
 CACHE_BACKUP_LOCATIONS = ("host", "controller")
 HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
 
@@ -993,6 +1015,18 @@ def pool_share(instances: t.Any, defaults: t.Any) -> float:
     return round(sum(s for s in shares if isinstance(s, (int, float)) and not isinstance(s, bool)), 4)
 
 
+def text_read(given: t.Mapping[str, t.Any]) -> dict[str, t.Any]:
+    """The options with each text switch or number read as the role's argument spec reads it (``-e vllm_health_timeout=30``
+    arrives as "30"); text that reads as neither is left for the checks to name, and so is any other type."""
+    readers = {**dict.fromkeys(OPTION_BOUNDS, as_int), **dict.fromkeys(SWITCH_OPTIONS, as_bool), **dict.fromkeys(FRACTION_OPTIONS, as_float)}
+    options = dict(given)
+    for name, reader in readers.items():
+        value = options.get(name)
+        if isinstance(value, str) and value.strip() and reader(value) is not None:
+            options[name] = reader(value)
+    return options
+
+
 def build_plan(instances: t.Any, defaults: t.Any, **given: t.Any) -> dict[str, t.Any]:
     """The plan of one host: ``instances`` (planned, in start order), ``absent`` (names to remove),
     ``errors`` (every problem; when there is any, nothing else is filled in), ``folders`` (the
@@ -1003,7 +1037,7 @@ def build_plan(instances: t.Any, defaults: t.Any, **given: t.Any) -> dict[str, t
     missing, unknown = [name for name in PLAN_OPTIONS if name not in given], sorted(set(given) - set(PLAN_OPTIONS))
     if missing or unknown:
         raise TypeError(f"build_plan: plan options missing: {', '.join(missing) or 'none'}; unknown: {', '.join(unknown) or 'none'}")
-    options = dict(given)
+    options = text_read(given)
     options["variable"] = "cluster_instance" if options["cluster"] else "vllm_instances"
     options["owned_env"] = (OWNED_ENV | set(NETWORK_ENV) if options["cluster"] else OWNED_ENV) | (
         set() if options["allow_outbound"] is True else set(OFFLINE_ENV))

@@ -174,7 +174,7 @@ def test_nothing_deployed_phones_home_unless_the_operator_opts_in():
         assert "vllm_allow_outbound: true" in error
         assert only_error(instance(), env={spelling: "0"}).startswith(f"vllm_env: {spelling} is set by the role")
         assert errors(instance(env={spelling: "0"}), allow_outbound=True) == [], "opted in, the names are the operator's"
-    assert only_error(instance(), allow_outbound="yes") == "vllm_allow_outbound: 'yes' must be true or false"
+    assert only_error(instance(), allow_outbound="maybe") == "vllm_allow_outbound: 'maybe' must be true or false"
 
 
 @pytest.mark.parametrize(
@@ -287,6 +287,49 @@ def test_a_secret_given_through_env_reaches_only_the_env_file():
     result = plan(instance(env={"HF_TOKEN": HF_TOKEN}))
     assert result["errors"] == [] and f"HF_TOKEN={HF_TOKEN}" in result["env_files"]["llm"].splitlines()
     assert HF_TOKEN not in json.dumps(result["instances"]) and "HF_TOKEN" in result["instances"][0]["env_names"]
+
+
+@pytest.mark.parametrize(("option", "text", "read"), [
+    ("health_timeout", "900", 900), ("cold_timeout", " 3600 ", 3600), ("start_limit_burst", "3.0", 3), ("restart_delay", "10", 10),
+    ("allow_outbound", "yes", True), ("allow_dev_mode", "False", False), ("allow_wildcard_bind", "no", False), ("drop_caches", "on", True),
+    ("gmu_cap", "0.5", 0.5),
+])
+def test_switches_and_numbers_given_as_text_by_extra_vars_read_as_the_argument_spec_reads_them(option, text, read):
+    """Found in a reading: -e vllm_health_timeout=900 (extra variables are text) was refused although the role's argument
+    spec takes it as an int."""
+    assert errors(instance(), **{option: text}) == []
+    assert plan(instance(), **{option: text})["errors"] == plan(instance(), **{option: read})["errors"] == []
+
+
+@pytest.mark.parametrize(("option", "text", "fragment"), [
+    ("health_timeout", "soon", "vllm_health_timeout: 'soon' must be a whole number"), ("restart_delay", "1e999", "vllm_restart_delay"),
+    ("allow_outbound", "maybe", "vllm_allow_outbound: 'maybe' must be true or false"), ("start_limit_burst", "2.5", "vllm_start_limit_burst"),
+    ("gmu_cap", "most", "vllm_gmu_cap: 'most'"),
+])
+def test_text_that_reads_as_no_value_of_its_type_is_named(option, text, fragment):
+    assert any(fragment in error for error in errors(instance(), **{option: text}))
+
+
+@pytest.mark.parametrize("model", [None, "", "   ", ["/models/x"], 7, True, {"path": "/models/x"}, "two words"])
+def test_a_model_left_empty_beside_a_catalog_entry_is_named_never_a_traceback(model):
+    """Found in a reading: `model:` left empty beside `catalog:` ended the plan in a traceback (AttributeError in
+    host_path), which no_log hid on a real host as "censored"."""
+    found = errors(instance(catalog="gemma-4-26b-a4b-it-nvfp4", model=model))
+    assert found and any(".model:" in error for error in found), found
+
+
+BAD_VALUES = (None, "", " ", "x\n", -1, 0, 1.5, True, [], ["a", 3], {}, {"a": None}, 10**30, float("nan"))
+
+
+@pytest.mark.parametrize("key", [key.name for key in INSTANCE_KEYS])
+def test_no_value_of_any_type_in_any_key_ends_the_plan_in_a_traceback(key):
+    """Every key with values of every JSON shape (the plan runs under no_log on a host: a traceback shows only "censored")."""
+    for value in BAD_VALUES:
+        for where in ("instance", "defaults"):
+            given = instance(**{key: value}) if where == "instance" else instance()
+            defaults = {**DEFAULTS, key: value} if where == "defaults" and key != "name" else DEFAULTS
+            result = plan(given, defaults=defaults)
+            assert isinstance(result["errors"], list), (key, value)
 
 
 def test_extra_args_with_a_newline_are_refused():
