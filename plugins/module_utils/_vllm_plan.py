@@ -37,7 +37,7 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._model_catalog imp
     catalog_problems,
     catalog_reference_problems,
 )
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._settings import as_bool, as_float, as_int, path_problem
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._settings import as_bool, as_float, as_int, normal_path, path_problem
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._systemd import exec_line
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_guards import (
     GIB,
@@ -350,7 +350,7 @@ def weights_problems(field: str, value: t.Any) -> list[str]:
         return [f"{field}: {value!r} must be one path or model id of letters, digits and _.:/@+=,- (it becomes one argument of vllm serve)"]
     if ".." in value.split("/"):
         return [f"{field}: {value!r} has a '..' segment, which would leave the models folder; give the path under /models/ itself"]
-    if value.startswith("/") and value != "/models" and not value.startswith("/models/"):
+    if value.startswith("/") and normal_path(value) != "/models" and not normal_path(value).startswith("/models/"):
         return [f"{field}: {value!r} is a path outside /models, where the container sees vllm_models_dir (read-only); "
                 "give /models/<folder> or a model id"]
     return []
@@ -981,7 +981,9 @@ def cache_backup_problems(options: t.Mapping[str, t.Any]) -> list[str]:
     problem = path_problem(backup, 2)
     if problem:
         return [f"vllm_cache_backup_dir: {backup!r} {problem}; give a folder a reinstall does not wipe, or leave it empty"]
-    if location == "host" and (f"{backup}/".startswith(f"{options['cache_dir']}/") or f"{options['cache_dir']}/".startswith(f"{backup}/")):
+    # Compared in one spelling each: /srv//cache/x is /srv/cache/x to the kernel.
+    backup_dir, cache_dir = normal_path(backup) + "/", normal_path(str(options["cache_dir"])) + "/"
+    if location == "host" and (backup_dir.startswith(cache_dir) or cache_dir.startswith(backup_dir)):
         return [f"vllm_cache_backup_dir: {backup!r} and vllm_cache_dir {options['cache_dir']!r} hold one another; a backup "
                 "belongs on another disk or a share, apart from the caches it keeps"]
     if not (isinstance(options["host_name"], str) and HOST_NAME.fullmatch(options["host_name"])):

@@ -332,6 +332,11 @@ def test_no_value_of_any_type_in_any_key_ends_the_plan_in_a_traceback(key):
             assert isinstance(result["errors"], list), (key, value)
 
 
+@pytest.mark.parametrize("model", ["//models/tiny-llama", "/models//tiny-llama", "/models/./tiny-llama"])
+def test_a_model_path_is_judged_in_one_spelling(model):
+    assert errors(instance(model=model)) == []
+
+
 def test_extra_args_with_a_newline_are_refused():
     assert "control character" in only_error(instance(extra_args=["--seed\n0"]))
 
@@ -731,6 +736,10 @@ def test_the_compile_caches_are_backed_up_per_host_and_image_where_the_operator_
     ({"cache_backup_dir": "backups"}, "vllm_cache_backup_dir: 'backups' "),
     ({"cache_backup_dir": "/var/cache/sv/backup", "cache_dir": "/var/cache/sv"}, "hold one another"),
     ({"cache_backup_dir": "/var/cache", "cache_dir": "/var/cache/sv"}, "hold one another"),
+    ({"cache_backup_dir": "/var//cache/sv/backup", "cache_dir": "/var/cache/sv"}, "hold one another"),
+    ({"cache_backup_dir": "/var/cache/sv/./backup", "cache_dir": "/var/cache/sv"}, "must not step through"),
+    ({"cache_backup_dir": "/var/cache/sv/backup", "cache_dir": "/var/cache//sv/"}, "hold one another"),
+    ({"cache_backup_dir": "/var/cache/", "cache_dir": "//var/cache/sv"}, "hold one another"),
     ({"cache_backup_dir": "/mnt/b", "cache_backup_location": "nfs"}, "vllm_cache_backup_location: 'nfs' must be host"),
     ({"cache_backup_dir": "/mnt/b", "host_name": "../spark"}, "rename the host in the inventory"),
 ])
