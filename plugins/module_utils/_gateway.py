@@ -20,7 +20,7 @@ import re
 import typing as t
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._gateway_routes import MASTER_KEY_ENV, ROUTING_FILES, SCHEMA_VERSION, UNIT, host_of
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._settings import Setting, setting_problems
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._settings import Setting, coerced, setting_problems
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._systemd import exec_line
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_instance import (
     DOCKER_CLIENT,
@@ -272,7 +272,7 @@ def gateway_plan(settings: t.Mapping[str, t.Any], backends: t.Sequence[t.Mapping
     """The gateway's plan: ``deployments`` (group, id, node, instance, model, api_base, key_env),
     ``groups``, ``settings`` (what the config needs), ``docker_run``, ``unit_file``; ``env_file``
     is the only part holding secrets; ``errors`` lists every problem and empties the rest."""
-    settings = {**DEFAULT_SETTINGS, **settings}
+    settings = coerced(GATEWAY_SETTINGS, {**DEFAULT_SETTINGS, **settings})
     plan: dict[str, t.Any] = {"errors": settings_problems(settings), "deployments": [], "groups": {}}
     endpoints, errors = backend_endpoints(backends, gateway_host) if not plan["errors"] else ([], [])
     plan["errors"] += errors

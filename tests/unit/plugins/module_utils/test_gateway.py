@@ -299,13 +299,21 @@ def test_a_backend_on_the_gateway_host_bound_to_a_wildcard_in_any_spelling_is_re
     ("config_dir", "/etc/sparkfleet/../gw", "gateway_config_dir: '/etc/sparkfleet/../gw' must not step through '.' or '..'"),
     ("config_dir", "/etc/gw:/x", "gateway_config_dir: '/etc/gw:/x' has 'gw:', which a unit file, an env file or a docker volume "
                                  "spec (host:container:mode) would not carry unchanged"),
-    ("admin_ui", "yes", "gateway_admin_ui: 'yes' must be true or false"),
+    ("admin_ui", "maybe", "gateway_admin_ui: 'maybe' must be true or false"),
     ("api_docs", 1, "gateway_api_docs: 1 must be true or false"),
-    ("allow_outbound", "no", "gateway_allow_outbound: 'no' must be true or false"),
+    ("allow_outbound", "perhaps", "gateway_allow_outbound: 'perhaps' must be true or false"),
 ])
 def test_every_setting_is_bounded_saying_why(setting, value, expected):
     errors = plan_for(**{setting: value})["errors"]
     assert len(errors) == 1 and errors[0].startswith(expected), errors
+
+
+@pytest.mark.parametrize(("setting", "text", "read"), [("port", "4001", 4001), ("retries", " 3 ", 3), ("admin_ui", "no", False),
+                                                  ("allow_outbound", "yes", True), ("ready_timeout", "120.0", 120)])
+def test_settings_given_as_text_by_extra_vars_read_as_the_argument_spec_reads_them(setting, text, read):
+    """-e gateway_port=4001 arrives as text; the role's argument spec takes it as an int, and so does the plan."""
+    assert plan_for(**{setting: text})["errors"] == []
+    assert plan_for(**{setting: text})["docker_run"] == plan_for(**{setting: read})["docker_run"]
 
 
 def test_the_admin_ui_and_the_api_docs_are_off_unless_opted_in():
