@@ -174,7 +174,7 @@ def test_the_gateway_is_planned_from_the_inventory_and_refuses_what_it_cannot_ro
                       "watchdog_plan_dirs ['/etc/sparkfleet/vllm', '/etc/sparkfleet/cluster'] leaves out /srv/sparkfleet/vllm"],
                      id="watchdog-probe-and-plan-folders"),
         pytest.param("tp2", {"cluster_nccl_test_command": ["all_gather_perf", "-e", "lots"]},
-                     ["cluster_nccl_test.max_size: give the largest buffer as bytes or with K/M/G"], id="nccl-buffer-size"),
+                     ["cluster_nccl_test_command: all_gather_perf: -e lots: give the buffer as bytes or with K/M/G"], id="nccl-buffer-size"),
     ],
 )
 def test_settings_refused_before_any_host_is_contacted(inventory, extra_vars, fragments):
