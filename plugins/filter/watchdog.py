@@ -5,14 +5,26 @@
 from __future__ import annotations
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._gateway import DEFAULT_SETTINGS as GATEWAY_DEFAULTS
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._watchdog import has_peers, host_addresses, kept_gateways, peer_access, watchdog_plan
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._settings import as_int
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._watchdog import (
+    SETTINGS,
+    has_peers,
+    host_addresses,
+    kept_gateways,
+    peer_access,
+    watchdog_plan,
+)
 
 
 def watchdog_plan_filter(settings, plan_dirs, serving_dirs, node, gateway_config_dir):
     """``gateway_config_dir``: the host's gateway's folder, None when the inventory leaves it at the gateway role's
-    default, "" when the host runs no gateway."""
+    default, "" when the host runs no gateway. A whole number given as text (``-e watchdog_interval=30``: extra variables
+    are text) is read as the role's argument spec reads it, here on the controller: the host's copy of _watchdog.py
+    stands alone and gets the numbers in its configuration file."""
     folder = GATEWAY_DEFAULTS["config_dir"] if gateway_config_dir is None else gateway_config_dir
-    return watchdog_plan(settings, plan_dirs, serving_dirs, node, folder)
+    read = {name: as_int(value) if name in SETTINGS and isinstance(value, str) and as_int(value) is not None else value
+            for name, value in settings.items()}
+    return watchdog_plan(read, plan_dirs, serving_dirs, node, folder)
 
 
 def watchdog_peer_access(reports, host, previous=None, inventory=()):

@@ -609,6 +609,12 @@ def unit_text() -> str:
     ])
 
 
+def one_spelling(path: str) -> str:
+    """A folder as the kernel reads it (``/etc//x/`` is ``/etc/x``), to compare by; _settings.normal_path's rule, here
+    because this file stands alone on the host."""
+    return "/" + "/".join(part for part in path.split("/") if part)
+
+
 def absolute_folder(path: t.Any) -> bool:
     return isinstance(path, str) and path.startswith("/") and ".." not in path.split("/") and "\n" not in path
 
@@ -630,7 +636,7 @@ def watchdog_plan(settings: t.Mapping[str, t.Any], plan_dirs: t.Any, serving_dir
                       "(the vllm role's vllm_config_dir, the cluster role's cluster_config_dir)")
     else:
         errors += [f"watchdog_plan_dirs {plan_dirs!r} leaves out {folder}, where the serving roles keep their plans here: add it"
-                   for folder in serving_dirs if isinstance(folder, str) and folder.rstrip("/") not in [d.rstrip("/") for d in plan_dirs]]
+                   for folder in serving_dirs if isinstance(folder, str) and one_spelling(folder) not in [one_spelling(d) for d in plan_dirs]]
     if errors:
         return {"errors": errors}
     unit_path = f"/etc/systemd/system/{SERVICE}"

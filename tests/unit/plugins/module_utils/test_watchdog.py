@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from ansible_collections.sparkfleet.vllm.plugins.filter.watchdog import watchdog_plan_filter
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._watchdog import (
     SETTINGS,
     WatchdogError,
@@ -303,6 +304,22 @@ def test_bad_settings_are_refused_naming_the_variable_and_the_fix(changes, plan_
                          host["node"], host["gateway_config_dir"])
     assert any(fragment in error for error in plan["errors"]), plan["errors"]
     assert set(plan) == {"errors"}
+
+
+@pytest.mark.parametrize(("name", "text"), [("interval", "30"), ("failures", " 3 "), ("warm_grace", "600.0"), ("route_budget", "8")])
+def test_a_number_given_as_text_by_extra_vars_is_read_as_the_argument_spec_reads_it(name, text):
+    """Found in a reading: -e watchdog_interval=30 (extra variables are text) was refused although the role's argument spec
+    types it int."""
+    plan = watchdog_plan_filter({**SETTINGS_DEFAULT, name: text}, ["/etc/sparkfleet/vllm"], [], "spark-1", "")
+    assert plan["errors"] == [] and plan == watchdog_plan_filter({**SETTINGS_DEFAULT, name: int(float(text))}, ["/etc/sparkfleet/vllm"], [],
+                                                                 "spark-1", "")
+    assert any("is 'soon'" in error for error in watchdog_plan_filter({**SETTINGS_DEFAULT, name: "soon"}, ["/etc/sparkfleet/vllm"], [],
+                                                                         "spark-1", "")["errors"])
+
+
+@pytest.mark.parametrize("serving", ["/srv//vllm-conf", "/srv/vllm-conf/", "//srv/vllm-conf"])
+def test_plan_folders_are_compared_in_one_spelling(serving):
+    assert watchdog_plan(SETTINGS_DEFAULT, ["/srv/vllm-conf"], [serving], "spark-1", "")["errors"] == []
 
 
 def test_every_setting_has_bounds_the_role_documents():
