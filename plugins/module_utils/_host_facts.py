@@ -211,7 +211,8 @@ def installed_packages(output: str, names: t.Sequence[str]) -> dict[str, str | N
     installed = {}
     for line in output.splitlines():
         fields = line.split("\t")
-        if len(fields) == 3 and fields[2] == "installed":
+        # Name, version, status and error flag: a package dpkg must reinstall is not installed either.
+        if len(fields) == 4 and fields[2] == "installed" and fields[3] == "ok":
             installed[fields[0]] = fields[1]
     return {name: installed.get(name) for name in names}
 

@@ -122,13 +122,15 @@ def test_package_lists_count_only_package_indexes_and_age_from_the_newest():
 
 
 # dpkg-query -W -f DPKG_QUERY_FORMAT as a lab host answers it (a removed package keeps its config files).
-DPKG_QUERY = "earlyoom\t1.7-1+b1\tinstalled\niputils-ping\t3:20221126-1\tconfig-files\npython3-requests\t2.28.1+dfsg-1\thalf-configured\n"
+# dpkg-query's lines in DPKG_QUERY_FORMAT: name, version, status, error flag.
+DPKG_QUERY = ("earlyoom\t1.7-1+b1\tinstalled\tok\niputils-ping\t3:20221126-1\tconfig-files\tok\n"
+              "python3-requests\t2.28.1+dfsg-1\thalf-configured\tok\nrsync\t3.2.7-1\tinstalled\treinstreq\n")
 
 
 def test_installed_packages_are_only_the_ones_dpkg_holds_installed():
-    names = ["earlyoom", "iputils-ping", "python3-requests", "python3-prometheus-client"]
+    names = ["earlyoom", "iputils-ping", "python3-requests", "rsync", "python3-prometheus-client"]
     assert installed_packages(DPKG_QUERY, names) == {"earlyoom": "1.7-1+b1", "iputils-ping": None, "python3-requests": None,
-                                                     "python3-prometheus-client": None}
+                                                     "rsync": None, "python3-prometheus-client": None}
 
 
 @pytest.mark.parametrize(("pins", "expected"), [
