@@ -7,7 +7,8 @@ from __future__ import annotations
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._fleet import ROLE_DEFAULT_FOLDERS, fleet_problems, tag_in_run
 
 # The variables the fleet check reads of each host: inventory settings and the plans the same play published.
-READ = ("ansible_host", "ansible_port", "sparkfleet_reserved_ports", "sparkfleet_hardware_class", "vllm_endpoints", "cluster_name", "cluster_nodes", "cluster_instance",
+READ = ("ansible_host", "ansible_port", "sparkfleet_reserved_ports", "sparkfleet_hardware_class", "vllm_endpoints", "cluster_name", "cluster_nodes",
+        "cluster_instance",
         "cluster_master_port", "cluster_backend", "gateway_backends", "gateway_port", "vllm_models_source",
         "vllm_models_rsync_port", *ROLE_DEFAULT_FOLDERS)
 

@@ -259,8 +259,8 @@ def watchdog_route(plan: t.Mapping[str, t.Any], record: t.Mapping[str, t.Collect
     if owner not in record.get(name, ()):
         holders = held_by_others(record, [name]).get(name)
         if holders:
-            return None, {"result": "kept", "why": f"{name} stays out of rotation: drained by {', '.join(holders)}, not by its watchdog, "
-                                                     "which undoes only its own drains"}
+            why = f"{name} stays out of rotation: drained by {', '.join(holders)}, not by its watchdog, which undoes only its own drains"
+            return None, {"result": "kept", "why": why}
         return None, {"result": "not_drained", "why": f"{name} was not drained by name"}
     after = apply_request(record, [], [name], owner)
     holders = held_by_others(after, [name]).get(name)

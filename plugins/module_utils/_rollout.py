@@ -162,8 +162,8 @@ def measurement_problems(before: t.Mapping[str, t.Any], after: t.Mapping[str, t.
         missing = not_recorded(summary, concurrency, where)
         found = [missing] if missing else []
         if settings["rollout_judge_speed"]:
-            found += [problem for name, _higher in JUDGED for problem in unsteady(figure(summary, concurrency, name), name,
-                                                                               f"at {concurrency} {where}")]
+            found += [problem for name, _higher in JUDGED
+                      for problem in unsteady(figure(summary, concurrency, name), name, f"at {concurrency} {where}")]
         problems += [f"{problem}: {weight}" for problem in found]
     return problems
 

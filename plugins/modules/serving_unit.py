@@ -26,8 +26,8 @@ description:
   - C(hold) marks the unit as running settings nobody judged yet (C(<name>.unjudged.json) beside its last good copies); a
     C(relaunch) with O(keep_last_good) false marks it itself before the start, and a cluster's role marks every rank
     before a rollout's relaunch. C(keep) and a C(restore) clear the mark. While it is there C(prepare) keeps no last good
-    copy of the running settings and warns naming the unit, when the settings started and what to do (C(unjudged)): a
-    rollout stopped mid-batch, or one that lost the host, is found by the next run.
+    copy of the running settings and warns naming the unit, when the settings started and what to do (C(unjudged)), so
+    a rollout stopped mid-batch, or one that lost the host, is found by the next run.
   - C(stop) stops the unit (systemd reads its unit file again first) and removes its container.
   - C(start) drops the page cache when the plan says so (seed 002), refuses a start (O(memory_admission)) while a process
     outside the collection's containers holds the GPU's device nodes (C(/dev/nvidia*); nvidia-persistenced may) or
@@ -76,7 +76,7 @@ options:
   step:
     description: The step to run.
     type: str
-    choices: [prepare, stop, start, restore, keep, last_good, remove, relaunch, roll_back, raise_flag, clear_flag, pause, resume]
+    choices: [prepare, stop, start, restore, keep, last_good, hold, remove, relaunch, roll_back, raise_flag, clear_flag, pause, resume]
     default: prepare
   env_file:
     description:

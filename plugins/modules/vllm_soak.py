@@ -27,7 +27,8 @@ description:
     the instance's unit (C(NRestarts), a new invocation) and container (a new Id, C(StartedAt), C(RestartCount)),
     before against after.
   - FAIL when a request failed, a round did not finish, a round's result did not account for every prompt it sent
-    (its C(completed) or C(failed) missing or not a count, or the two adding up to other than the prompts sent), KV cache usage reached O(max_kv_cache_usage), a gap
+    (its C(completed) or C(failed) missing or not a count, or the two adding up to other than the prompts sent), KV cache usage reached
+    O(max_kv_cache_usage), a gap
     exceeded O(max_gap), more probes than O(max_probe_failures) went unanswered, MemAvailable fell under
     O(min_mem_available_mib), the kernel or earlyoom killed a process, the driver ran out of memory, anything
     restarted, the watchdog acted, or a journal could not be read. Every reason is returned.

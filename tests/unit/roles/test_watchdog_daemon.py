@@ -118,7 +118,8 @@ def host(tmp_path, instance):
             "health_timeout": 5, "maintenance_flag": str(tmp_path / "run" / "vllm-maintenance"), "cluster": None}
     (plans / "llm.json").write_text(json.dumps(plan))
     settings = {"interval": 5, "failures": 3, "probe_timeout": 1, "probe_tokens": 4, "budget": 1, "budget_window": 3600, "warm_grace": 30,
-                "maintenance_max_age": 60, "bundle_time_limit": 5, "route_budget": 8, "route_budget_window": 3600, "plan_dirs": [str(plans)], "state_dir": str(tmp_path / "state"),
+                "maintenance_max_age": 60, "bundle_time_limit": 5, "route_budget": 8, "route_budget_window": 3600, "plan_dirs": [str(plans)],
+                "state_dir": str(tmp_path / "state"),
                 "peer_dir": str(tmp_path / "peer"), "node": "spark-1", "gateway_config_dir": ""}
     (tmp_path / "watchdog.json").write_text(json.dumps(settings))
     set_host(tmp_path, container="running", active="active", sub="running")

@@ -557,7 +557,8 @@ def test_plan_secrets_reads_fields_and_the_gateway_config_but_not_references():
     litellm = "# Managed by Ansible\n" + json.dumps({"general_settings": {"master_key": "os.environ/LITELLM_MASTER_KEY"},
                                                      "model_list": [{"litellm_params": {"api_key": "sk-backend-inline"}}]}, indent=2)
     assert plan_secrets(litellm.encode()) == {"sk-backend-inline"}
-    yaml_text = "model_list:\n  - litellm_params:\n      api_key: 'sk-yaml-inline'\n      master_key: os.environ/X\ncommand:\n  - --hf-token\n  - hf_yaml_token\n"
+    yaml_text = ("model_list:\n  - litellm_params:\n      api_key: 'sk-yaml-inline'\n      master_key: os.environ/X\n"
+                 "command:\n  - --hf-token\n  - hf_yaml_token\n")
     assert plan_secrets(yaml_text.encode()) == {"sk-yaml-inline", "'sk-yaml-inline'", "hf_yaml_token"}
 
 

@@ -308,8 +308,9 @@ def test_every_setting_is_bounded_saying_why(setting, value, expected):
     assert len(errors) == 1 and errors[0].startswith(expected), errors
 
 
-@pytest.mark.parametrize(("setting", "text", "read"), [("port", "4001", 4001), ("retries", " 3 ", 3), ("admin_ui", "no", False),
-                                                  ("allow_outbound", "yes", True), ("ready_timeout", "120.0", 120)])
+@pytest.mark.parametrize(("setting", "text", "read"), [
+    ("port", "4001", 4001), ("retries", " 3 ", 3), ("admin_ui", "no", False), ("allow_outbound", "yes", True), ("ready_timeout", "120.0", 120),
+])
 def test_settings_given_as_text_by_extra_vars_read_as_the_argument_spec_reads_them(setting, text, read):
     """-e gateway_port=4001 arrives as text; the role's argument spec takes it as an int, and so does the plan."""
     assert plan_for(**{setting: text})["errors"] == []

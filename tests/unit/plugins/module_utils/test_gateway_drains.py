@@ -164,7 +164,8 @@ GATEWAYS = {"gateways": [{"name": "gw-1", "address": "192.168.1.1"}, {"name": "s
 KNOWN = f"10.0.0.3 {HOST}3\n192.168.1.1 {HOST}9\n"
 
 
-def previous(record=GATEWAYS, known=KNOWN):
+def previous(record=None, known=KNOWN):
+    record = GATEWAYS if record is None else record
     return {"record": json.dumps(record) if isinstance(record, dict) else record, "known_hosts": known}
 
 

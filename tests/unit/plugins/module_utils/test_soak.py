@@ -488,7 +488,8 @@ def passing_summary():
 
 
 def counts(**changed):
-    return {"rounds": 25, "unfinished_rounds": 0, "unaccounted_rounds": 0, "completed_requests": 1200, "failed_requests": 0, "oom_kills": 0, "earlyoom_kills": 0,
+    return {"rounds": 25, "unfinished_rounds": 0, "unaccounted_rounds": 0, "completed_requests": 1200, "failed_requests": 0, "oom_kills": 0,
+            "earlyoom_kills": 0,
             "nvrm_no_memory": 0, "watchdog_actions": 0, "journal_errors": {},
             "evidence": {"oom_kills": [], "earlyoom_kills": [], "nvrm_no_memory": [], "watchdog_actions": []}, **changed}
 

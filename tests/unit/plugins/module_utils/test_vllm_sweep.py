@@ -148,8 +148,8 @@ def test_every_repeat_recorded_names_none_missing():
 def test_a_variant_with_a_repeat_that_recorded_nothing_is_out():
     k0 = result("k0", 0, 0, [100.0, 104.0])
     k2 = result("k2", 2, 1, [200.0, 204.0])
-    repeats = [bench_repeat(run(1, 50.0), run(8, 200.0)), bench_repeat(run(1, 50.0), failed_run(8, "concurrency 8: no request succeeded"),
-                                                                      reasons=["concurrency 8: no request succeeded"])]
+    failed = failed_run(8, "concurrency 8: no request succeeded")
+    repeats = [bench_repeat(run(1, 50.0), run(8, 200.0)), bench_repeat(run(1, 50.0), failed, reasons=["concurrency 8: no request succeeded"])]
     k2["summary"] = {str(c): e for c, e in summarise_variant(repeats).items()}
     decision = decide([k0, k2], OBJECTIVE)
     assert decision["winner"] == "k0"
@@ -158,8 +158,8 @@ def test_a_variant_with_a_repeat_that_recorded_nothing_is_out():
 
 
 @pytest.mark.parametrize(("throughputs", "tpots", "named"), [
-    ([200.0, 204.0, 20.0], (10.0, 10.0, 10.0), "k2: out, output throughput at concurrency 8: repeat 3 ran at 20.0 against 202.0, "
-                                                "the median of the others (beyond 2x)"),
+    ([200.0, 204.0, 20.0], (10.0, 10.0, 10.0),
+     "k2: out, output throughput at concurrency 8: repeat 3 ran at 20.0 against 202.0, the median of the others (beyond 2x)"),
     ([200.0, 20.0], (10.0, 10.0), "k2: out, output throughput at concurrency 8: repeats 1 and 2 disagree, 200.0 and 20.0, more than "
                                   "2x apart (two runs cannot tell which is off)"),
     ([200.0, 204.0, 202.0], (10.0, 10.0, 31.0), "k2: out, mean TPOT at concurrency 1: repeat 3 ran at 31.0 against 10.0, the median "

@@ -313,8 +313,8 @@ def test_a_number_given_as_text_by_extra_vars_is_read_as_the_argument_spec_reads
     plan = watchdog_plan_filter({**SETTINGS_DEFAULT, name: text}, ["/etc/sparkfleet/vllm"], [], "spark-1", "")
     assert plan["errors"] == [] and plan == watchdog_plan_filter({**SETTINGS_DEFAULT, name: int(float(text))}, ["/etc/sparkfleet/vllm"], [],
                                                                  "spark-1", "")
-    assert any("is 'soon'" in error for error in watchdog_plan_filter({**SETTINGS_DEFAULT, name: "soon"}, ["/etc/sparkfleet/vllm"], [],
-                                                                         "spark-1", "")["errors"])
+    refused = watchdog_plan_filter({**SETTINGS_DEFAULT, name: "soon"}, ["/etc/sparkfleet/vllm"], [], "spark-1", "")["errors"]
+    assert any("is 'soon'" in error for error in refused)
 
 
 @pytest.mark.parametrize("serving", ["/srv//vllm-conf", "/srv/vllm-conf/", "//srv/vllm-conf"])

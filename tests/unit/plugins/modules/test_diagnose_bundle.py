@@ -30,8 +30,9 @@ def run(args):
 def deployed(folder, name):
     """A configuration folder holding one instance's plan and its 0600 env file."""
     folder.mkdir(parents=True)
-    (folder / f"{name}.json").write_text(json.dumps({"schema_version": 1, "name": name, "unit": f"sparkfleet-vllm-{name}.service",
-                                                      "container": f"vllm-{name}", "url": "http://127.0.0.1:8009", "cluster": None}))
+    plan = {"schema_version": 1, "name": name, "unit": f"sparkfleet-vllm-{name}.service", "container": f"vllm-{name}",
+            "url": "http://127.0.0.1:8009", "cluster": None}
+    (folder / f"{name}.json").write_text(json.dumps(plan))
     (folder / f"{name}.env").write_text(f"VLLM_API_KEY={'k' * 32}\n")
     (folder / f"{name}.env").chmod(0o600)
     return str(folder)
