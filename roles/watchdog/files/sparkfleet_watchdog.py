@@ -33,7 +33,17 @@ import urllib.request
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _diagnose import CONFIG_DIRS, collect_host_bundle, run_command  # noqa: E402
-from _gateway_routes import ROUTE_LOCK, ROUTING_FILES, drained_file, host_of, read_drained, read_plan, render_config, watchdog_route  # noqa: E402
+from _gateway_routes import (  # noqa: E402
+    ROUTE_LOCK,
+    ROUTING_FILES,
+    drained_file,
+    host_of,
+    in_rotation,
+    read_drained,
+    read_plan,
+    render_config,
+    watchdog_route,
+)
 from _gateway_routes import UNIT as GATEWAY_UNIT  # noqa: E402
 from _watchdog import (  # noqa: E402
     CONFIG_PATH,
@@ -314,7 +324,10 @@ def route_here(settings, verb, name):
             after, reply = watchdog_route(plan, record, verb, name)
             if after is None:
                 return reply
-            if set(after) != set(record):
+            # Only a change of what LiteLLM routes costs a restart and the budget: a hold added or released on a unit
+            # that stays out (its host drained, another's drain of it) changes the record, not the routing.
+            rerouted = in_rotation(plan, after) != in_rotation(plan, record)
+            if rerouted:
                 budget_path = os.path.join(settings["state_dir"], ROUTE_BUDGET_FILE)
                 spent = read_json(budget_path, {})
                 spent = spent if isinstance(spent, dict) else {}
@@ -324,7 +337,7 @@ def route_here(settings, verb, name):
                     return refusal
                 write_json(budget_path, {**spent, backend: changes})
             write_text(paths["drained"], drained_file(after), 0o600)
-            if set(after) != set(record):
+            if rerouted:
                 write_text(paths["config"], render_config(plan, after), 0o600)
                 # Queued, not waited for: the backend's call returns at once; a gateway an operator stopped stays stopped.
                 reply["gateway_restart"] = run_command(["systemctl", "try-restart", "--no-block", "--", GATEWAY_UNIT], COMMAND_TIMEOUT)[0]
