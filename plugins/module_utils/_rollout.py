@@ -159,7 +159,9 @@ def measurement_problems(before: t.Mapping[str, t.Any], after: t.Mapping[str, t.
     problems = []
     for side, where, weight in SIDES:
         summary = (before if side == "before" else after)["summary"]
-        missing = not_recorded(summary, concurrency, where)
+        # A concurrency no repeat recorded has no entry at all: every repeat is missing, not none.
+        recorded = concurrency in summary or str(concurrency) in summary
+        missing = not_recorded(summary, concurrency, where) if recorded else f"no repeat {where} recorded a run at concurrency {concurrency}"
         found = [missing] if missing else []
         if settings["rollout_judge_speed"]:
             found += [problem for name, _higher in JUDGED

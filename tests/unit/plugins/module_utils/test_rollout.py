@@ -224,6 +224,21 @@ def test_a_missing_repeat_counts_even_when_speed_is_not_judged():
         "new settings"]
 
 
+@pytest.mark.parametrize("judge_speed", [True, False])
+@pytest.mark.parametrize(("before_bench", "after_bench", "where", "weight"), [
+    (bench(100.0, 104.0), [], "after the change", "it counts against the new settings"),
+    (bench(100.0, 104.0), None, "after the change", "it counts against the new settings"),
+    ([], bench(100.0, 104.0), "before the change", "the comparison is incomplete, so the change is not kept"),
+])
+def test_a_side_whose_every_repeat_recorded_nothing_is_never_upgraded(before_bench, after_bench, where, weight, judge_speed):
+    """Found in a review: with every repeat of a side missing there was no summary entry to find a missing repeat in, and
+    with rollout_judge_speed false (the lab's) the unit was upgraded on its correctness alone."""
+    record = rollout_verdict(UNIT, {"ok": True}, CORRECT, before_bench, CORRECT, after_bench, {**JUDGED, "rollout_judge_speed": judge_speed})
+    assert record["verdict"] == "regressed"
+    for concurrency in JUDGED["rollout_concurrencies"]:
+        assert f"no repeat {where} recorded a run at concurrency {concurrency}: {weight}" in record["reasons"]
+
+
 THREE = {**JUDGED, "rollout_repeats": 3}
 
 
