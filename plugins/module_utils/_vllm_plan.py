@@ -350,7 +350,10 @@ def weights_problems(field: str, value: t.Any) -> list[str]:
         return [f"{field}: {value!r} must be one path or model id of letters, digits and _.:/@+=,- (it becomes one argument of vllm serve)"]
     if ".." in value.split("/"):
         return [f"{field}: {value!r} has a '..' segment, which would leave the models folder; give the path under /models/ itself"]
-    if value.startswith("/") and normal_path(value) != "/models" and not normal_path(value).startswith("/models/"):
+    # One spelling: the plan, the launch check and the staging read the path as written (//models/x is no folder of them).
+    if value.startswith("/") and value != normal_path(value):
+        return [f"{field}: {value!r} is {normal_path(value)!r} in other words; write it so (one slash between folders, none at the end)"]
+    if value.startswith("/") and value != "/models" and not value.startswith("/models/"):
         return [f"{field}: {value!r} is a path outside /models, where the container sees vllm_models_dir (read-only); "
                 "give /models/<folder> or a model id"]
     return []
