@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+import socket
 import typing as t
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._gateway_routes import MASTER_KEY_ENV, ROUTING_FILES, SCHEMA_VERSION, UNIT, host_of
@@ -188,16 +189,27 @@ def reach_address(host: str, gateway_host: str, host_address: str, binds: t.Sequ
     return reachable[0] if reachable else None
 
 
+# The names /etc/hosts gives loopback on Debian, Ubuntu and Red Hat systems; RFC 6761 reserves *.localhost too.
+LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "localhost4", "localhost4.localdomain4", "localhost6",
+                            "localhost6.localdomain6", "ip6-localhost", "ip6-loopback"})
+
+
 def names_the_gateway_itself(address: str) -> bool:
-    """An address that on any host means that host: loopback in any spelling (127.0.0.0/8, ::1, IPv4-mapped) and the
-    names RFC 6761 reserves for it."""
-    parsed = ip(address)
+    """An address that on any host means that host: loopback or the wildcard in any spelling the resolver reads
+    (127.0.0.0/8, ::1, IPv4-mapped, and inet_aton's 127.1, 2130706433, 0x7f000001, 0177.0.0.1, a trailing dot) and the
+    names systems give loopback."""
+    name = address.lower().rstrip(".")
+    parsed = ip(name)
+    if parsed is None:
+        try:
+            parsed = ipaddress.IPv4Address(socket.inet_aton(name))
+        except OSError:
+            parsed = None
     if isinstance(parsed, ipaddress.IPv6Address) and parsed.ipv4_mapped:
         parsed = parsed.ipv4_mapped
     if parsed is not None:
-        return parsed.is_loopback
-    name = address.lower().rstrip(".")
-    return name == "localhost" or name.endswith(".localhost") or name in ("localhost.localdomain", "ip6-localhost", "ip6-loopback")
+        return parsed.is_loopback or parsed.is_unspecified
+    return name in LOOPBACK_NAMES or name.endswith(".localhost")
 
 
 def url_host(address: str) -> str:

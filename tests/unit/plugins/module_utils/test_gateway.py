@@ -141,7 +141,8 @@ def test_a_backend_on_the_gateway_host_is_reached_on_loopback_and_a_cluster_head
 
 
 @pytest.mark.parametrize("address", ["127.0.0.1", "127.8.9.10", "::1", "0:0:0:0:0:0:0:1", "::ffff:127.0.0.1", "localhost",
-                                     "LOCALHOST.", "spark.localhost", "localhost.localdomain", "ip6-localhost"])
+                                     "LOCALHOST.", "spark.localhost", "localhost.localdomain", "ip6-localhost", "127.1", "2130706433",
+                                     "0x7f000001", "0177.0.0.1", "127.0.0.1.", "localhost4", "localhost6.localdomain6"])
 @pytest.mark.parametrize("variable", ["ansible_host", "gateway_backend_address"])
 def test_a_backend_reached_through_the_controllers_loopback_is_refused_not_routed_to_the_gateway_itself(address, variable):
     """Found in a reading: a backend whose ansible_host is 127.0.0.1 (an SSH tunnel on the controller) got the route
