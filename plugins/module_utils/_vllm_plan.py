@@ -904,7 +904,7 @@ PLAN_OPTIONS: tuple[str, ...] = (
 )
 # The options an argument spec types as a switch or a number: given as text by -e (extra variables are text), they are
 # read as validate_argument_spec reads them before anything checks them.
-SWITCH_OPTIONS = ("allow_floating_tag", "allow_wildcard_bind", "allow_dev_mode", "allow_outbound", "drop_caches")
+SWITCH_OPTIONS = ("allow_floating_tag", "allow_wildcard_bind", "allow_dev_mode", "allow_outbound", "drop_caches", "gpus")
 FRACTION_OPTIONS = ("gmu_cap",)
 CACHE_BACKUP_LOCATIONS = ("host", "controller")
 HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
@@ -953,7 +953,7 @@ def option_problems(options: t.Mapping[str, t.Any]) -> list[str]:
     if flag_problem:
         errors.append(f"vllm_maintenance_flag: {flag!r} {flag_problem}; give a file under /run (cleared at boot), such as "
                       "/run/sparkfleet/vllm-maintenance")
-    for switch in ("allow_dev_mode", "allow_outbound"):
+    for switch in ("allow_dev_mode", "allow_outbound", "gpus"):
         if not isinstance(options[switch], bool):
             errors.append(f"vllm_{switch}: {options[switch]!r} must be true or false")
     errors += paused_containers_problems("vllm_launch_paused_containers", options["launch_paused_containers"])

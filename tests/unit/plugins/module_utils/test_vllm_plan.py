@@ -292,7 +292,7 @@ def test_a_secret_given_through_env_reaches_only_the_env_file():
 @pytest.mark.parametrize(("option", "text", "read"), [
     ("health_timeout", "900", 900), ("cold_timeout", " 3600 ", 3600), ("start_limit_burst", "3.0", 3), ("restart_delay", "10", 10),
     ("allow_outbound", "yes", True), ("allow_dev_mode", "False", False), ("allow_wildcard_bind", "no", False), ("drop_caches", "on", True),
-    ("gmu_cap", "0.5", 0.5),
+    ("gmu_cap", "0.5", 0.5), ("gpus", "false", False), ("gpus", "yes", True),
 ])
 def test_switches_and_numbers_given_as_text_by_extra_vars_read_as_the_argument_spec_reads_them(option, text, read):
     """Found in a reading: -e vllm_health_timeout=900 (extra variables are text) was refused although the role's argument
@@ -301,10 +301,16 @@ def test_switches_and_numbers_given_as_text_by_extra_vars_read_as_the_argument_s
     assert plan(instance(), **{option: text})["errors"] == plan(instance(), **{option: read})["errors"] == []
 
 
+def test_gpus_off_as_text_gives_no_container_the_gpus():
+    """A review found -e vllm_gpus=false rendering --gpus all: the text "false" is true to Python."""
+    planned = plan(instance(), gpus="false")["instances"][0]
+    assert "--gpus" not in planned["docker_run"] and "--gpus" not in planned["memory_probe"]
+
+
 @pytest.mark.parametrize(("option", "text", "fragment"), [
     ("health_timeout", "soon", "vllm_health_timeout: 'soon' must be a whole number"), ("restart_delay", "1e999", "vllm_restart_delay"),
     ("allow_outbound", "maybe", "vllm_allow_outbound: 'maybe' must be true or false"), ("start_limit_burst", "2.5", "vllm_start_limit_burst"),
-    ("gmu_cap", "most", "vllm_gmu_cap: 'most'"),
+    ("gmu_cap", "most", "vllm_gmu_cap: 'most'"), ("gpus", "some", "vllm_gpus: 'some' must be true or false"),
 ])
 def test_text_that_reads_as_no_value_of_its_type_is_named(option, text, fragment):
     assert any(fragment in error for error in errors(instance(), **{option: text}))
