@@ -131,6 +131,13 @@ def held_by_others(after: t.Mapping[str, t.Collection[str]], undrain: t.Collecti
     return held
 
 
+def left_by_runs(record: t.Mapping[str, t.Collection[str]], owner: str) -> dict[str, list[str]]:
+    """Names only other playbook runs hold out of rotation (bench@..., sweep@..., rollout@...): a run stopped before its
+    undrain hook leaves them so, and nothing but the operator's undrain puts them back."""
+    return {name: sorted(owners) for name, owners in record.items()
+            if owners and owner not in owners and all(HOOK_OWNER.fullmatch(holder) for holder in owners)}
+
+
 def drain_problems(plan: t.Mapping[str, t.Any], drained: t.Mapping[str, t.Collection[str]], drain: t.Sequence[str],
                    undrain: t.Sequence[str], force: bool, owner: str = OPERATOR) -> list[str]:
     """Refusals of a drain or undrain: an unknown node, a request that contradicts itself or would

@@ -103,6 +103,12 @@ owners:
   description: Per drained name, who drained it (C(operator), C(NAME@RUN), C(watchdog@HOST)).
   type: dict
   returned: success
+left_by_runs:
+  description: >-
+    Names out of rotation only for other playbook runs (owners such as C(bench@...), C(sweep@...), C(rollout@...)): a run
+    stopped or lost before its undrain hook left them; each is also a warning naming the operator's undrain command.
+  returned: success
+  type: dict
 held:
   description: Of the names undrained, those that stay out of rotation because another owner drained them (or their host), with those owners.
   type: dict
@@ -147,6 +153,7 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._gateway_routes im
     held_by_others,
     in_rotation,
     kept_out,
+    left_by_runs,
     owner_problem,
     plan_file,
     plan_problem,
@@ -255,6 +262,11 @@ def route(module: AnsibleModule, config_dir: str) -> None:
     warnings += [f"{name} stays out of rotation: drained by {', '.join(owners)}, whose drain {owner} does not undo; the operator "
                  f"puts it back (playbooks/gateway.yml -e '{{\"gateway_undrain\": [\"{name}\"]}}') when it may serve"
                  for name, owners in held.items()]
+    left = {name: owners for name, owners in left_by_runs(after_record, owner).items() if name not in held}
+    result["left_by_runs"] = left
+    warnings += [f"{name} is out of rotation only for {', '.join(owners)}, a run that never undrained it (stopped or lost); "
+                 f"put it back when it may serve: playbooks/gateway.yml -e '{{\"gateway_undrain\": [\"{name}\"]}}'"
+                 for name, owners in left.items()]
     if warnings:
         result["warnings"] = warnings
     module.exit_json(**result)

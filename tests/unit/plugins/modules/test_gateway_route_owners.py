@@ -86,6 +86,22 @@ def test_a_hooks_undrain_leaves_the_operators_drain_and_says_so(gateway):
     assert run(gateway, undrain=["spark-2"])["drained"] == [], "the operator's undrain puts it back"
 
 
+@pytest.mark.parametrize(("left", "by"), [(["spark-2"], "sweep@20261205T2200Z-0a1b"), (["spark-2/chat", "spark-3"], "rollout@r9"),
+                                         (["spark-3"], "bench@r1")])
+def test_drains_a_stopped_run_left_behind_are_named_by_every_later_run_with_the_undrain_to_give(gateway, left, by):
+    """Found in a review: a bench, sweep or rollout stopped before its undrain hook left its drains for good (only its own
+    run may release them), and nothing said so."""
+    run(gateway, drain=left, owner=by)
+    later = run(gateway)
+    assert later["left_by_runs"] == {name: [by] for name in left} and not later["changed"]
+    for name in left:
+        assert f"{name} is out of rotation only for {by}, a run that never undrained it" in json.dumps(later["warnings"])
+    assert run(gateway, drain=left, owner=by)["left_by_runs"] == {}, "a run's own drains are no leftovers to itself"
+    run(gateway, drain=[left[0]])
+    assert left[0] not in run(gateway)["left_by_runs"], "held by the operator too: no leftover of a run"
+    assert run(gateway, undrain=left)["drained"] == [], "the operator's undrain puts them back"
+
+
 @pytest.mark.parametrize("owner", ["watchdog@spark-2", "bench", "root"])
 def test_a_module_call_as_the_watchdog_or_as_no_known_owner_is_refused_and_changes_nothing(gateway, owner):
     before = (gateway / "drained.json").read_text()
