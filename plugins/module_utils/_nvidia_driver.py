@@ -65,10 +65,9 @@ def installed(packages: t.Sequence[t.Mapping[str, str]]) -> list[dict[str, str]]
 
 def unfinished(allowed_branch: str, packages: t.Sequence[t.Mapping[str, str]]) -> list[dict[str, str]]:
     """Packages an interrupted install or removal left behind: any state but installed (or a
-    reinstall dpkg requires), except the configuration files of the allowed branch's own removed
-    packages, which its installed packages may well share."""
-    return [dict(p) for p in packages
-            if p["error_flag"] != "ok" or (p["status"] != INSTALLED and not (p["status"] == CONFIG_FILES and p["branch"] == allowed_branch))]
+    reinstall dpkg requires), except configuration files of removed packages (rc), of any branch:
+    what apt remove leaves after a branch change (570 to 580), nothing dpkg --configure -a touches."""
+    return [dict(p) for p in packages if p["error_flag"] != "ok" or p["status"] not in (INSTALLED, CONFIG_FILES)]
 
 
 def unfinished_reasons(allowed_branch: str, packages: t.Sequence[t.Mapping[str, str]]) -> list[str]:

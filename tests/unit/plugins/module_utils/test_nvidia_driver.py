@@ -143,11 +143,14 @@ def test_judge_names_each_broken_rule():
     assert reasons[2].startswith("the upgrade would bring")
 
 
-def test_removed_packages_of_the_allowed_branch_leave_harmless_config_files():
-    """rc of the allowed branch (an older libnvidia-gl-580 removed) and dpkg's not-installed entries are no install at all."""
+def test_removed_packages_leave_harmless_config_files_of_any_branch():
+    """rc of the allowed branch (an older libnvidia-gl-580 removed), of another branch (what apt remove leaves after a
+    570 to 580 change; a review found a healthy host refused for it) and dpkg's not-installed entries are no install."""
     packages = parse_dpkg_query(DPKG_QUERY)
     assert unfinished("580", packages) == []
     assert judge("580", packages, parse_nvidia_smi(H100_SMI), []) == []
+    left = parse_dpkg_query(only(DPKG_INTERRUPTED, "nvidia-kernel-common-590"))
+    assert unfinished("580", left) == [] and judge("580", left, [], None) == []
 
 
 def test_recorded_interrupted_installs_are_named_with_their_state():
@@ -156,7 +159,6 @@ def test_recorded_interrupted_installs_are_named_with_their_state():
     assert [(p["name"], p["status"]) for p in unfinished("580", packages)] == [
         ("nvidia-dkms-580", "triggers-awaited"),
         ("nvidia-driver-590-open", "unpacked"),
-        ("nvidia-kernel-common-590", "config-files"),
         ("nvidia-kernel-source-580", "triggers-pending"),
         ("nvidia-utils-580", "half-configured"),
     ]
@@ -165,8 +167,8 @@ def test_recorded_interrupted_installs_are_named_with_their_state():
     assert "nvidia-utils-580 580.159.04-0ubuntu1 (iF, half-configured" in own and "(it, triggers pending)" in own
     assert "sudo dpkg --configure -a" in own and "apt-get -f install" in own
     assert "branch 590, not 580" in other and "nvidia-driver-590-open 590.44.01-0ubuntu1 (iU, unpacked" in other
-    assert "nvidia-kernel-common-590 590.44.01-0ubuntu1 (rc, removed with its configuration files left)" in other
-    assert other.endswith("sudo apt-get purge nvidia-driver-590-open nvidia-kernel-common-590) and run the guard again")
+    assert "nvidia-kernel-common-590" not in other, "rc: what apt remove leaves after a branch change, no half install"
+    assert other.endswith("sudo apt-get purge nvidia-driver-590-open) and run the guard again")
 
 
 def only(lines, *names):
@@ -179,8 +181,6 @@ def only(lines, *names):
         pytest.param(only(DPKG_INTERRUPTED, "nvidia-utils-580"), "580", ["branch 580: nvidia-utils-580", "(iF"], id="iF-own-branch"),
         pytest.param(only(DPKG_INTERRUPTED, "nvidia-driver-590-open"), "580", ["branch 590, not 580", "(iU", "purge nvidia-driver-590-open"],
                      id="iU-other-branch"),
-        pytest.param(only(DPKG_INTERRUPTED, "nvidia-kernel-common-590"), "580", ["(rc, removed", "purge nvidia-kernel-common-590"],
-                     id="rc-other-branch"),
         pytest.param(only(DPKG_INTERRUPTED, "nvidia-dkms-580"), "580", ["(iW, awaiting"], id="iW"),
         pytest.param(only(DPKG_INTERRUPTED, "nvidia-kernel-source-580"), "580", ["(it, triggers pending"], id="it"),
         pytest.param(HALF_INSTALLED_REINSTREQ, "580", ["libnvidia-gl-580 580.159.05-0ubuntu1 (iH, half-installed", "reinstall required"],
