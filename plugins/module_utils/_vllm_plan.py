@@ -108,11 +108,11 @@ SECRET_FLAGS = {"--hf-token": "HF_TOKEN"}
 # Secrets inside an argument's value: a Hugging Face or sk- token, or a field named like a secret in a JSON or
 # key=value setting (--model-loader-extra-config '{"token": ...}'). Plural and compound names (max_tokens,
 # num_speculative_tokens, bos_token) are settings, not secrets.
-SECRET_VALUE = re.compile(r"(?<![A-Za-z0-9])(?:hf|sk|ghp|github_pat)_?-?[A-Za-z0-9]{20,}")
+SECRET_VALUE = re.compile(r"(?<![A-Za-z0-9/._-])(?:hf|sk|ghp|github_pat)_?-?[A-Za-z0-9]{20,}|\bBearer\s+\S{8,}", re.IGNORECASE)
 SECRET_FIELD = re.compile(r"[\"']?([A-Za-z0-9_.-]+)[\"']?\s*[:=]")
-SECRET_FIELD_NAMES = frozenset({"token", "hf_token", "access_token", "auth_token", "api_token", "bearer_token", "api_key",
-                                "apikey", "secret", "client_secret", "secret_key", "secret_access_key", "aws_secret_access_key",
-                                "password", "passwd"})
+SECRET_FIELD_NAMES = frozenset({"token", "hf_token", "access_token", "auth_token", "api_token", "bearer_token", "use_auth_token",
+                                "authorization", "api_key", "apikey", "secret", "client_secret", "secret_key", "secret_access_key",
+                                "aws_secret_access_key", "password", "passwd"})
 # The middleware (roles/vllm/files) that asks for the key on every route but the probes: vLLM's own
 # check leaves /invocations, /pooling, /score and more open. Mounted read-only beside the readiness wait.
 GUARD_FILE = "sparkfleet_vllm_guard.py"

@@ -262,7 +262,8 @@ HF_TOKEN = "hf_" + "Ab3" * 12
     ["--hf-token"], [f"--model-loader-extra-config={{\"token\": \"{HF_TOKEN}\"}}"],
     ["--model-loader-extra-config", '{"hf_token": "abcdefgh12345678"}'], ["--kv-transfer-config", '{"password": "hunter2hunter2"}'],
     ["--model-loader-extra-config", "{'aws_secret_access_key': 'abcdefgh'}"], ["--some-config", "api-key=abcdefghijkl"],
-    ["--tokenizer", HF_TOKEN], ["--seed", "sk-" + "x" * 30],
+    ["--tokenizer", HF_TOKEN], ["--seed", "sk-" + "x" * 30], ["--model-loader-extra-config", '{"use_auth_token": "abcdefgh1"}'],
+    ["--allowed-headers", '{"Authorization": "Bearer abcdefgh12"}'], ["--some-config", "bearer abcdefgh123"],
 ])
 def test_extra_args_never_carry_a_secret_in_any_spelling(arguments):
     """Found on the lab: a Hugging Face token given as two extra arguments reached the plan file, its last good copy and
@@ -278,7 +279,8 @@ def test_extra_args_never_carry_a_secret_in_any_spelling(arguments):
 @pytest.mark.parametrize("arguments", [["--max-logprobs=20"], ["--tokenizer", "/models/tiny-llama"],
                                        ["--hf-overrides", '{"bos_token": "<s>", "max_tokens": 5}'],
                                        ["--override-generation-config", '{"num_speculative_tokens": 3}'], ["--tokenizer-mode=auto"],
-                                       ["--enable-sleep-mode"]])
+                                       ["--enable-sleep-mode"], ["--tokenizer", "/models/sk_" + "a" * 24],
+                                       ["--tokenizer", "/models/tiny-hf" + "b" * 24]])
 def test_settings_named_like_tokens_are_no_secrets(arguments):
     assert errors(instance(extra_args=arguments)) == []
 
