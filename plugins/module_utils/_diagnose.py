@@ -171,8 +171,9 @@ def config_dir_problems(configured: Sequence[t.Any]) -> list[str]:
 
 def config_folders(configured: Sequence[str]) -> list[str]:
     """The folders to read: those the inventory configured, then the collection's default folders not among them (an
-    inventory that moved a role's folder may have left keys in the old one, which old journal lines printed)."""
-    return list(dict.fromkeys([*configured, *CONFIG_DIRS]))
+    inventory that moved a role's folder may have left keys in the old one, which old journal lines printed), each once
+    in one spelling (/etc/sparkfleet/vllm/ and //etc/sparkfleet/vllm are the same folder)."""
+    return list(dict.fromkeys("/" + "/".join(part for part in folder.split("/") if part) for folder in [*configured, *CONFIG_DIRS]))
 
 
 def env_secrets(text: str) -> set[str]:

@@ -578,6 +578,8 @@ def test_the_default_folders_are_read_after_the_configured_ones():
     assert config_folders(["/srv/sf/vllm", "/etc/sparkfleet/cluster", "/srv/sf/vllm"]) == [
         "/srv/sf/vllm", "/etc/sparkfleet/cluster", "/etc/sparkfleet/vllm", "/etc/sparkfleet/gateway"]
     assert config_dir_problems(["/srv/sf/vllm"]) == []
+    assert config_folders(["/srv/sf/vllm/", "//srv/sf//vllm", "/etc/sparkfleet/vllm/"]) == [
+        "/srv/sf/vllm", "/etc/sparkfleet/vllm", "/etc/sparkfleet/cluster", "/etc/sparkfleet/gateway"], "each folder once, in one spelling"
 
 
 def test_bundle_path_names_the_host_and_the_time():

@@ -86,8 +86,9 @@ def test_a_hooks_undrain_leaves_the_operators_drain_and_says_so(gateway):
     assert run(gateway, undrain=["spark-2"])["drained"] == [], "the operator's undrain puts it back"
 
 
-@pytest.mark.parametrize(("left", "by"), [(["spark-2"], "sweep@20261205T2200Z-0a1b"), (["spark-2/chat", "spark-3"], "rollout@r9"),
-                                         (["spark-3"], "bench@r1")])
+@pytest.mark.parametrize(("left", "by"), [
+    (["spark-2"], "sweep@20261205T2200Z-0a1b"), (["spark-2/chat", "spark-3"], "rollout@r9"), (["spark-3"], "bench@r1"),
+])
 def test_drains_a_stopped_run_left_behind_are_named_by_every_later_run_with_the_undrain_to_give(gateway, left, by):
     """Found in a review: a bench, sweep or rollout stopped before its undrain hook left its drains for good (only its own
     run may release them), and nothing said so."""
