@@ -12,6 +12,7 @@ from ansible_collections.sparkfleet.vllm.plugins.filter.sweep import vllm_sweep_
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_metrics import busy_problem, parse_samples
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_sweep import (
     decide,
+    measurement_notes,
     objective_problems,
     plan_sweep,
     plan_variants,
@@ -160,8 +161,6 @@ def test_a_variant_with_a_repeat_that_recorded_nothing_is_out():
 @pytest.mark.parametrize(("throughputs", "tpots", "named"), [
     ([200.0, 204.0, 20.0], (10.0, 10.0, 10.0),
      "k2: out, output throughput at concurrency 8: repeat 3 ran at 20.0 against 202.0, the median of the others (beyond 2x)"),
-    ([200.0, 20.0], (10.0, 10.0), "k2: out, output throughput at concurrency 8: repeats 1 and 2 disagree, 200.0 and 20.0, more than "
-                                  "2x apart (two runs cannot tell which is off)"),
     ([200.0, 204.0, 202.0], (10.0, 10.0, 31.0), "k2: out, mean TPOT at concurrency 1: repeat 3 ran at 31.0 against 10.0, the median "
                                                 "of the others (beyond 2x)"),
 ])
@@ -170,6 +169,17 @@ def test_a_variant_with_a_run_far_outside_its_siblings_is_out_and_the_run_named(
     k2 = result("k2", 2, 1, throughputs, tpots=tpots)
     decision = decide([k0, k2], OBJECTIVE)
     assert decision["winner"] == "k0" and decision["reasons"][0] == named
+
+
+def test_two_repeats_that_disagree_are_named_in_the_report_and_widen_the_margin_but_rule_nothing_out():
+    """Two runs beyond 2x apart name no run to rule out (on two busy cores two one-prompt runs differed 78 to 717 tok/s):
+    the report names them, and the spread they make is the margin a challenger must beat."""
+    k0 = result("k0", 0, 0, [100.0, 104.0])
+    k2 = result("k2", 2, 1, [200.0, 20.0])
+    decision = decide([k0, k2], OBJECTIVE)
+    assert not any(reason.startswith("k2: out") for reason in decision["reasons"]), decision["reasons"]
+    assert decision["winner"] == "k0", "a spread of 164 % is beaten by nothing"
+    assert any("repeats 1 and 2 disagree, 200.0 and 20.0" in note for note in measurement_notes(k2["summary"]))
 
 
 def test_one_run_a_variant_is_compared_on_the_floor_and_says_its_spread_was_not_measured():
