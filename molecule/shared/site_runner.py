@@ -4,7 +4,9 @@ import hashlib
 import json
 import os
 import pathlib
+import re
 import subprocess
+import tarfile
 
 import testinfra
 
@@ -57,3 +59,22 @@ def module(host, name, args, *options):
         return json.loads(completed.stdout)["plays"][0]["tasks"][0]["hosts"][host]
     except (ValueError, KeyError, IndexError) as error:
         raise AssertionError(f"no result from {name}: {completed.stdout[-2000:]} {completed.stderr[-2000:]}") from error
+
+
+def deployed_secrets(host):
+    """Every key and token the host holds: the values of its env files' secret settings (the instances' API keys, a
+    gateway's master and backend keys, an operator's tokens), last good copies too, labelled by file and name."""
+    found = {}
+    for path in host.check_output("find /etc/sparkfleet -name '*.env' -type f").split():
+        for line in host.file(path).content_string.splitlines():
+            name, separator, value = line.partition("=")
+            if separator and not name.startswith("#") and re.search(r"KEY|TOKEN|SECRET|PASSWORD", name) and len(value) >= 8:
+                found[value] = f"{path}:{name}"
+    return {label: value for value, label in found.items()}
+
+
+def bundle_leaks(bundle, secrets):
+    """The members of a diagnostics bundle (a tarball on the controller) and (member, label) of each secret found in one."""
+    with tarfile.open(bundle) as archive:
+        members = {member.name: archive.extractfile(member).read() for member in archive.getmembers() if member.isfile()}
+    return members, [(name, label) for name, data in members.items() for label, value in secrets.items() if value.encode() in data]

@@ -11,7 +11,7 @@ import tempfile
 import time
 
 import pytest
-from site_runner import INVENTORY, ROOT, assert_refused, docker_host, playbook, state_digest
+from site_runner import INVENTORY, ROOT, assert_refused, bundle_leaks, deployed_secrets, docker_host, playbook, state_digest
 
 GATEWAY, OTHER = "sparkfleet-molecule-node-1", "sparkfleet-molecule-node-2"
 URL, CONFIG = "http://127.0.0.1:4000", "/etc/sparkfleet/gateway"
@@ -196,3 +196,18 @@ def test_a_node_that_stops_answering_leaves_rotation(gateway):
     assert all(status == "200" for status, _d, _s in answers), answers
     assert {deployment for _s, deployment, _t in answers} == {ROUTE[GATEWAY]}
     print(f"\nwith {OTHER}'s instance paused, seconds per request through the gateway: {[seconds for _s, _d, seconds in answers]}")
+
+
+def test_the_gateway_hosts_diagnostics_bundle_holds_none_of_its_keys(gateway, tmp_path):
+    """The gateway's master key and the backends' keys (its env file, mode 0600), the instances' and the cluster rank's
+    API keys: none in any member of the bundle diagnose.yml brings from the gateway's host."""
+    result = playbook("diagnose.yml", "-e", json.dumps({"diagnose_dir": str(tmp_path)}), limit=GATEWAY)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    secrets = deployed_secrets(gateway)
+    assert {GATEWAY_KEY, BACKEND_KEY} <= set(secrets.values()), sorted(secrets)
+    bundles = list(tmp_path.rglob("*.tar.gz"))
+    assert bundles, result.stdout[-2000:]
+    for bundle in bundles:
+        members, leaks = bundle_leaks(bundle, secrets)
+        assert any("/plans/gateway/" in name for name in members), sorted(members)
+        assert not leaks, f"{bundle.name}: keys found in {leaks}"

@@ -8,12 +8,11 @@ closing note. Every process a test starts is stopped by its recorded id."""
 import json
 import re
 import shlex
-import tarfile
 import time
 
 import pytest
 from serving_lab import KEY, status
-from site_runner import docker_host, playbook, site
+from site_runner import bundle_leaks, deployed_secrets, docker_host, playbook, site
 from watchdog_journal import journal_decisions, now, wait_for
 
 SERVE = "sparkfleet-molecule-sweep"
@@ -159,23 +158,9 @@ def test_the_diagnose_playbook_brings_the_bundles_without_a_key_to_the_controlle
     secrets = deployed_secrets(watched)
     assert KEY in secrets.values(), "the instance's key is among the values read from the host's env files"
     for bundle in bundles:
-        with tarfile.open(bundle) as archive:
-            members = {member.name: archive.extractfile(member).read() for member in archive.getmembers() if member.isfile()}
+        members, leaks = bundle_leaks(bundle, secrets)
         assert any(name.endswith("/MANIFEST.json") for name in members) and any("/plans/" in name for name in members), sorted(members)
-        leaks = [(name, label) for name, data in members.items() for label, value in secrets.items() if value.encode() in data]
         assert not leaks, f"{bundle.name}: keys found in {leaks}"
-
-
-def deployed_secrets(host):
-    """Every key and token the host holds: the values of its env files' secret settings (the instances' API keys, a
-    gateway's master and backend keys, an operator's tokens), last good copies too, labelled by file and name."""
-    found = {}
-    for path in host.check_output("find /etc/sparkfleet -name '*.env' -type f").split():
-        for line in host.file(path).content_string.splitlines():
-            name, separator, value = line.partition("=")
-            if separator and not name.startswith("#") and re.search(r"KEY|TOKEN|SECRET|PASSWORD", name) and len(value) >= 8:
-                found[value] = f"{path}:{name}"
-    return {label: value for value, label in found.items()}
 
 
 def test_the_reboot_test_passes_after_the_lab_host_restarts(watched, tmp_path):
