@@ -81,8 +81,10 @@ def config_document(plan: t.Mapping[str, t.Any], drained: t.Collection[str]) -> 
 
 
 def render_config(plan: t.Mapping[str, t.Any], drained: t.Collection[str]) -> str:
-    """The config file's text: JSON, which YAML reads as is, so no value needs YAML quoting."""
-    header = "# Managed by Ansible (sparkfleet.vllm.gateway): LiteLLM's config; drained: " + (", ".join(sorted(drained)) or "none")
+    """The config file's text: JSON, which YAML reads as is, so no value needs YAML quoting. It holds what LiteLLM routes
+    and nothing else: a drain that changes no route (a unit whose host is out already, another owner's hold) leaves it as
+    it was, so the gateway is not restarted for it (each restart takes every model group away meanwhile)."""
+    header = "# Managed by Ansible (sparkfleet.vllm.gateway): LiteLLM's config; who drained what is in drained.json"
     return header + "\n" + json.dumps(config_document(plan, drained), indent=2, sort_keys=True) + "\n"
 
 

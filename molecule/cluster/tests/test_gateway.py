@@ -90,7 +90,25 @@ def test_litellms_admin_ui_and_api_docs_are_off(gateway):
     assert "Admin UI is Disabled" in gateway.check_output(f"curl -s {URL}/sso/key/generate")
 
 
+def run_hooks(host):
+    """The drain hook and the undrain hook of one run (playbooks/tasks/), as the bench and the sweep include them."""
+    with tempfile.TemporaryDirectory() as folder:
+        play = pathlib.Path(folder) / "hooks.yml"
+        play.write_text(json.dumps([{"name": "Run the hooks", "hosts": host, "gather_facts": False, "tasks": [
+            {"name": f"Include the {name} hook", "ansible.builtin.include_tasks": str(ROOT / "playbooks" / "tasks" / f"gateway_{name}.yml"),
+             "vars": {"gateway_hook_name": "bench"}} for name in ("drain", "undrain")]}]))
+        return subprocess.run(["ansible-playbook", "-i", str(INVENTORY), str(play)], capture_output=True, text=True, cwd=ROOT, check=False)
+
+
+def started_at(gateway):
+    return gateway.check_output("docker inspect --format '{{.State.StartedAt}}' sparkfleet-gateway")
+
+
 def test_a_drained_node_gets_no_request_and_comes_back_when_undrained(gateway):
+    """A hook's run drains the other host (its own drain, hook@...); the operator drains it too, and another hook's run
+    (drain and undrain in one play) releases only its own drain and says who keeps the host out; refused drains change
+    nothing; the operator's undrain puts the host back whoever drained it. Two LiteLLM restarts in all: a drain or an
+    undrain that changes no route leaves its config as it was, so LiteLLM is not restarted for it."""
     other = docker_host(OTHER)
     routes = {ask(gateway)[1] for _request in range(16)}
     assert routes == set(ROUTE.values()), f"both hosts serve the group before the drain: {routes}"
@@ -102,6 +120,7 @@ def test_a_drained_node_gets_no_request_and_comes_back_when_undrained(gateway):
     record = json.loads(gateway.file(f"{CONFIG}/drained.json").content_string)
     assert (record["schema_version"], record["drained"], list(record["owners"])) == (2, [OTHER], [OTHER]), record
     assert len(record["owners"][OTHER]) == 1 and record["owners"][OTHER][0].startswith("hook@"), "the hook's run owns its drain"
+    hook_run = record["owners"][OTHER][0]
     before = served_requests(other)
     answers = [ask(gateway, model) for model in ["tiny", "fast"] * 6]
     assert all(status == "200" for status, _d, _s in answers), answers
@@ -117,11 +136,22 @@ def test_a_drained_node_gets_no_request_and_comes_back_when_undrained(gateway):
     assert_refused(unknown, f"gateway drain: '{OTHER}/nothing' is not a backend of this gateway")
     assert gateway_state(gateway) == state
 
+    container = started_at(gateway)
+    operator = playbook("gateway.yml", "-e", json.dumps({"gateway_drain": [OTHER]}))
+    assert operator.returncode == 0, operator.stdout[-3000:]
+    hooks = run_hooks(OTHER)
+    assert hooks.returncode == 0, hooks.stdout[-3000:]
+    assert f"{OTHER} stays out of rotation: drained by {hook_run}, operator" in hooks.stdout + hooks.stderr, hooks.stdout[-3000:]
+    record = json.loads(gateway.file(f"{CONFIG}/drained.json").content_string)
+    assert (record["drained"], record["owners"]) == ([OTHER], {OTHER: [hook_run, "operator"]}), record
+    assert started_at(gateway) == container, "no route changed, so LiteLLM was not restarted"
+    assert {ask(gateway)[1] for _request in range(8)} == {ROUTE[GATEWAY]}, "still out of rotation after the second run's undrain"
+
     started = time.monotonic()
     undrained = playbook("gateway.yml", "-e", json.dumps({"gateway_undrain": [OTHER]}))
     assert undrained.returncode == 0, undrained.stdout[-3000:]
     undrain_seconds = round(time.monotonic() - started, 1)
-    assert json.loads(gateway.file(f"{CONFIG}/drained.json").content_string)["drained"] == []
+    assert json.loads(gateway.file(f"{CONFIG}/drained.json").content_string)["drained"] == [], "the operator's undrain releases every owner"
     before = served_requests(other)
     routes = [ask(gateway)[1] for _request in range(16)]
     assert set(routes) == set(ROUTE.values()), routes
@@ -130,32 +160,6 @@ def test_a_drained_node_gets_no_request_and_comes_back_when_undrained(gateway):
     assert again.returncode == 0 and "changed=0" in again.stdout.split("PLAY RECAP")[1], again.stdout[-2000:]
     print(f"\ndrain (sweep hook, gateway restarted and routing): {drain_seconds} s; undrain (playbooks/gateway.yml): {undrain_seconds} s; "
           f"after the undrain {routes.count(ROUTE[OTHER])} of 16 requests went to {OTHER}")
-
-
-def run_hooks(host):
-    """The drain hook and the undrain hook of one run (playbooks/tasks/), as the bench and the sweep include them."""
-    with tempfile.TemporaryDirectory() as folder:
-        play = pathlib.Path(folder) / "hooks.yml"
-        play.write_text(json.dumps([{"name": "Run the hooks", "hosts": host, "gather_facts": False, "tasks": [
-            {"name": f"Include the {name} hook", "ansible.builtin.include_tasks": str(ROOT / "playbooks" / "tasks" / f"gateway_{name}.yml"),
-             "vars": {"gateway_hook_name": "bench"}} for name in ("drain", "undrain")]}]))
-        return subprocess.run(["ansible-playbook", "-i", str(INVENTORY), str(play)], capture_output=True, text=True, cwd=ROOT, check=False)
-
-
-def test_a_hooks_undrain_leaves_a_host_the_operator_drained_and_says_so(gateway):
-    drained = playbook("gateway.yml", "-e", json.dumps({"gateway_drain": [OTHER]}))
-    assert drained.returncode == 0, drained.stdout[-3000:]
-    try:
-        hooks = run_hooks(OTHER)
-        assert hooks.returncode == 0, hooks.stdout[-3000:]
-        assert f"{OTHER} stays out of rotation: drained by operator" in hooks.stdout + hooks.stderr, hooks.stdout[-3000:]
-        record = json.loads(gateway.file(f"{CONFIG}/drained.json").content_string)
-        assert (record["drained"], record["owners"]) == ([OTHER], {OTHER: ["operator"]}), record
-        assert {ask(gateway)[1] for _request in range(8)} == {ROUTE[GATEWAY]}, "still out of rotation after the hook's undrain"
-    finally:
-        undrained = playbook("gateway.yml", "-e", json.dumps({"gateway_undrain": [OTHER]}))
-    assert undrained.returncode == 0, undrained.stdout[-3000:]
-    assert json.loads(gateway.file(f"{CONFIG}/drained.json").content_string)["drained"] == []
 
 
 def test_bench_measures_a_host_out_of_its_gateways_rotation(gateway, tmp_path):

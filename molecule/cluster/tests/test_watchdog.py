@@ -96,20 +96,19 @@ def test_a_stopped_instance_behind_the_gateway_is_drained_before_the_start_and_u
     assert drained_at_gateway(head) == []
 
 
-@pytest.mark.parametrize("operator_drains", [f"{WORKER}/tiny", WORKER])
-def test_a_backends_key_never_undoes_an_operators_drain_through_the_gateways_peer_command(nodes, operator_drains):
+def test_a_backends_key_never_undoes_an_operators_drain_through_the_gateways_peer_command(nodes):
     """Over the real SSH forced command: the worker's watchdog key asks the head's gateway to undrain the worker's unit
-    that the operator drained (by name, or its whole host), and to change the head's own unit; the operator's drain
-    stays, the head's unit is refused, and nothing is rewritten."""
+    that the operator drained (its whole host, then only the unit by name), and to change the head's own unit; the
+    operator's drain stays, the head's unit is refused, and nothing is rewritten. Two LiteLLM restarts: the operator's
+    drain of the unit under its drained host, and the host's undrain over the drained unit, change no route."""
     head, worker = nodes
     unit = f"{WORKER}/tiny"
-    drained = playbook("gateway.yml", "-e", json.dumps({"gateway_drain": [operator_drains]}))
-    assert drained.returncode == 0, drained.stdout[-3000:]
-    try:
+    ssh = (f"ssh -i {PEER_KEY} -o BatchMode=yes -o IdentitiesOnly=yes -o UserKnownHostsFile=/etc/sparkfleet/watchdog/known_hosts "
+           f"-o StrictHostKeyChecking=yes -l root {address(head)}")
+
+    def kept_by_operator(expected_owners):
         before = json.loads(head.file("/etc/sparkfleet/gateway/drained.json").content_string)
-        assert before["owners"] == {operator_drains: ["operator"]}, before
-        ssh = (f"ssh -i {PEER_KEY} -o BatchMode=yes -o IdentitiesOnly=yes -o UserKnownHostsFile=/etc/sparkfleet/watchdog/known_hosts "
-               f"-o StrictHostKeyChecking=yes -l root {address(head)}")
+        assert before["owners"] == expected_owners, before
         kept = worker.run(f"{ssh} undrain {unit}")
         reply = json.loads(kept.stdout)
         assert kept.rc == 0 and reply["result"] == "kept", (kept.rc, kept.stdout, kept.stderr)
@@ -118,8 +117,19 @@ def test_a_backends_key_never_undoes_an_operators_drain_through_the_gateways_pee
             refused = worker.run(f"{ssh} {request}")
             assert refused.rc == 2 and refused.stderr.startswith("refused"), (request, refused.rc, refused.stdout, refused.stderr)
         assert json.loads(head.file("/etc/sparkfleet/gateway/drained.json").content_string) == before
+
+    def operator(verb, name):
+        done = playbook("gateway.yml", "-e", json.dumps({f"gateway_{verb}": [name]}))
+        assert done.returncode == 0, done.stdout[-3000:]
+
+    operator("drain", WORKER)
+    try:
+        kept_by_operator({WORKER: ["operator"]})
+        operator("drain", unit)
+        operator("undrain", WORKER)
+        kept_by_operator({unit: ["operator"]})
     finally:
-        undrained = playbook("gateway.yml", "-e", json.dumps({"gateway_undrain": [operator_drains]}))
+        undrained = playbook("gateway.yml", "-e", json.dumps({"gateway_undrain": [unit, WORKER]}))
     assert undrained.returncode == 0, undrained.stdout[-3000:]
     assert drained_at_gateway(head) == []
 

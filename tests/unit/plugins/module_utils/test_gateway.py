@@ -214,7 +214,8 @@ def test_draining_a_node_or_one_instance_takes_it_out_of_every_group():
     plan = plan_for()
     assert {d["litellm_params"]["api_base"] for d in config_document(plan, ["gx10-1"])["model_list"]} == {"http://192.0.2.10:8000/v1"}
     assert {d["litellm_params"]["api_base"] for d in config_document(plan, ["spark-1/chat"])["model_list"]} == {"http://192.0.2.20:8000/v1"}
-    assert render_config(plan, ["gx10-1"]).startswith("# Managed by Ansible (sparkfleet.vllm.gateway): LiteLLM's config; drained: gx10-1\n")
+    assert render_config(plan, ["gx10-1"]).startswith("# Managed by Ansible (sparkfleet.vllm.gateway): LiteLLM's config; who drained")
+    assert render_config(plan, ["gx10-1", "gx10-1/chat"]) == render_config(plan, ["gx10-1"]), "a drain that changes no route changes nothing"
 
 
 def test_a_drain_that_empties_a_group_is_refused_unless_forced():
