@@ -329,8 +329,8 @@ def unjudged_report(plan: t.Mapping[str, t.Any], mark: t.Mapping[str, t.Any], dr
     outcome = ("its relaunch now keeps the plan's settings as the last good ones" if drift else
                "no last good copy is taken of them until they are judged")
     return (f"{plan['name']} {running} settings relaunched at {since} with their last good copy held (a rollout's) and never judged: "
-            f"the rollout was stopped or lost its host before keeping or rolling them back; {outcome}. Run playbooks/rollout.yml "
-            "with the settings before in the inventory to roll back, or put the change back and roll it out again to judge it")
+            f"the rollout was stopped or lost its host before keeping or rolling them back; {outcome}. To judge them, put the "
+            "settings before back in the inventory and run site.yml (its relaunch on them clears this), then roll the change out again")
 
 
 def last_good(plan: t.Mapping[str, t.Any]) -> dict[str, t.Any]:

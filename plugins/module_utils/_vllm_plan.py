@@ -1026,9 +1026,9 @@ def text_read(given: t.Mapping[str, t.Any]) -> dict[str, t.Any]:
     readers = {**dict.fromkeys(OPTION_BOUNDS, as_int), **dict.fromkeys(SWITCH_OPTIONS, as_bool), **dict.fromkeys(FRACTION_OPTIONS, as_float)}
     options = dict(given)
     for name, reader in readers.items():
-        value = options.get(name)
-        if isinstance(value, str) and value.strip() and reader(value) is not None:
-            options[name] = reader(value)
+        read = reader(options[name]) if isinstance(options.get(name), str) and options[name].strip() else None
+        if read is not None:
+            options[name] = read
     return options
 
 
