@@ -433,6 +433,49 @@ def parse_metrics(text: str) -> dict[str, float]:
     return values
 
 
+# What a probe asks of an engine by the task it serves: a generating model completes, a pooling one embeds. A refusal
+# of the route itself (not of the key) says the engine serves the other task: vLLM registers a task's routes only when
+# its model supports the task (an embedding model on the default runner serves no completions).
+PROBE_KINDS = ("generate", "pooling")
+WRONG_TASK_STATUSES = frozenset({400, 404, 405})
+POOLING_CONVERSIONS = frozenset({"embed", "classify", "reward", "score"})
+
+
+def planned_probe_kind(serve_args: t.Any) -> str:
+    """The task the plan's serve arguments name, in either spelling argparse takes (``--runner pooling``,
+    ``--runner=pooling``, ``--convert embed``, the older ``--task embed``); ``generate`` when they name none, as vLLM's
+    own default runner serves a generating model."""
+    args = [str(arg) for arg in serve_args] if isinstance(serve_args, (list, tuple)) else []
+    named: dict[str, str] = {}
+    for index, arg in enumerate(args):
+        flag, equals, value = arg.partition("=")
+        if flag in ("--runner", "--convert", "--task"):
+            named[flag] = value if equals else (args[index + 1] if index + 1 < len(args) else "")
+    if named.get("--runner") == "pooling" or named.get("--convert") in POOLING_CONVERSIONS or named.get("--task") in POOLING_CONVERSIONS | {"embedding"}:
+        return "pooling"
+    return "generate"
+
+
+def probe_kind(plan: t.Mapping[str, t.Any], memory: t.Mapping[str, t.Any]) -> str:
+    """The kind of probe to send: the one the engine last answered, else what the plan names."""
+    learnt = memory.get("probe_kind")
+    return learnt if learnt in PROBE_KINDS else planned_probe_kind(plan.get("serve_args"))
+
+
+def probe_request(kind: str, model: str, tokens: int) -> tuple[str, dict[str, t.Any]]:
+    """The route and body of a probe of that kind: the smallest request that returns only when the engine steps."""
+    if kind == "pooling":
+        return "/v1/embeddings", {"model": model, "input": "ping"}
+    return "/v1/completions", {"model": model, "prompt": "1 2 3", "max_tokens": tokens, "temperature": 0}
+
+
+def other_probe_kind(kind: str, status: int | None) -> str | None:
+    """The kind to try next when a probe's route was refused as the wrong task (not a key refused: 401 or 403)."""
+    if status not in WRONG_TASK_STATUSES:
+        return None
+    return PROBE_KINDS[1 - PROBE_KINDS.index(kind)] if kind in PROBE_KINDS else None
+
+
 def counters_moved(before: t.Mapping[str, float] | None, now: t.Mapping[str, float]) -> bool:
     """True when any progress counter grew since the last sample (a counter that went down was reset
     by a restart: that is no progress by itself)."""
@@ -444,14 +487,15 @@ def counters_moved(before: t.Mapping[str, float] | None, now: t.Mapping[str, flo
 def new_memory() -> dict[str, t.Any]:
     """What the watchdog remembers of one unit between samples (kept in its state file)."""
     return {"failures": 0, "counters": None, "grace_until": 0.0, "warm_hashes": [], "restarts": [], "evidence": [],
-            "verdict": None, "person_needed": False}
+            "verdict": None, "person_needed": False, "probe_kind": None}
 
 
 def needs_probe(memory: t.Mapping[str, t.Any], metrics: t.Mapping[str, float] | None) -> bool:
-    """A probe completion is sent when the counters cannot show progress: unreadable, or not moved."""
-    if metrics is not None and metrics.get("sleeping", 0.0) > 0:
+    """A probe is sent when the counters cannot show progress: unreadable, without vLLM's series (an engine started with
+    --disable-log-stats serves /metrics without them), or not moved."""
+    if metrics and metrics.get("sleeping", 0.0) > 0:
         return False
-    return metrics is None or not counters_moved(memory["counters"], metrics)
+    return not metrics or not counters_moved(memory["counters"], metrics)
 
 
 def grace_seconds(plan: t.Mapping[str, t.Any], memory: t.Mapping[str, t.Any], settings: t.Mapping[str, t.Any]) -> tuple[int, str]:
@@ -493,7 +537,10 @@ def assess(plan: t.Mapping[str, t.Any], memory: dict[str, t.Any], seen: t.Mappin
     stale_flag = f" (a maintenance flag {int(flag_age)} s old was ignored: older than {settings['maintenance_max_age']} s)" if flag_age is not None else ""
     if seen.get("container") == "unknown":
         return {**decision, "verdict": "inconclusive", "why": "docker did not answer about the container: nothing is judged on this sample"}
-    metrics, probe = seen.get("metrics"), seen.get("probe")
+    probe = seen.get("probe")
+    # A page without vLLM's series (--disable-log-stats) shows no progress either way: the probe alone judges.
+    metrics = seen.get("metrics") or None
+    no_series = "/metrics did not answer" if seen.get("metrics") is None else "/metrics carries no vLLM series (--disable-log-stats)"
     answered = (probe or {}).get("outcome") == "ok" or (metrics is not None and counters_moved(memory["counters"], metrics))
     if metrics is not None:
         memory["counters"] = {name: metrics[name] for name in PROGRESS_COUNTERS if name in metrics}
@@ -525,14 +572,14 @@ def assess(plan: t.Mapping[str, t.Any], memory: dict[str, t.Any], seen: t.Mappin
     outcome = (probe or {}).get("outcome")
     if outcome == "refused":
         return {**decision, "verdict": "inconclusive", "why": f"the probe was refused ({probe.get('detail')}): progress cannot be judged"}
-    running = metrics.get("vllm:num_requests_running", 0.0) if metrics else None
+    running = metrics.get("vllm:num_requests_running", 0.0) if metrics else 0.0
     if outcome == "timeout":
         return failing(plan, memory, seen, settings, now, "wedged",
                        f"the counters did not move ({running:g} requests running by the last gauge) and a {settings['probe_tokens']}-token "
                        f"probe got no answer in {settings['probe_timeout']} s while the container runs" if metrics is not None else
-                       f"/metrics did not answer and a probe got no answer in {settings['probe_timeout']} s while the container runs")
+                       f"{no_series} and a probe got no answer in {settings['probe_timeout']} s while the container runs")
     return failing(plan, memory, seen, settings, now, "unanswered",
-                   f"the container {seen.get('container')} but the server does not answer: {(probe or {}).get('detail') or 'no /metrics'}")
+                   f"the container {seen.get('container')} but the server does not answer: {(probe or {}).get('detail') or no_series}")
 
 
 def failing(plan: t.Mapping[str, t.Any], memory: dict[str, t.Any], seen: t.Mapping[str, t.Any], settings: t.Mapping[str, t.Any],

@@ -68,10 +68,13 @@ from _watchdog import (  # noqa: E402
     journal_line,
     needs_probe,
     new_memory,
+    other_probe_kind,
     parse_metrics,
     peer_request,
     person_needed_path,
     plan_problems,
+    probe_kind,
+    probe_request,
     recently_restarted,
     route_budget,
     routed_backends,
@@ -188,23 +191,36 @@ def read_metrics(plan, timeout):
     return parse_metrics(text) if status == 200 else None
 
 
-def probe(plan, settings):
-    """A tiny real request: it returns only when the engine steps. A pooling model embeds instead."""
+def send_probe(plan, settings, kind):
     key, model = api_key(plan), (plan.get("served_names") or [plan.get("model")])[0]
-    pooling = "pooling" in (plan.get("serve_args") or [])
-    path, body = (("/v1/embeddings", {"model": model, "input": "ping"}) if pooling else
-                  ("/v1/completions", {"model": model, "prompt": "1 2 3", "max_tokens": settings["probe_tokens"], "temperature": 0}))
-    started = time.monotonic()
+    path, body = probe_request(kind, model, settings["probe_tokens"])
+    started, status = time.monotonic(), None
     try:
         call(plan["url"].rstrip("/") + path, settings["probe_timeout"], key, body)
         outcome, detail = "ok", ""
     except urllib.error.HTTPError as error:
-        outcome, detail = ("error" if error.code >= 500 else "refused"), f"HTTP {error.code}"
+        status = error.code
+        outcome, detail = ("error" if error.code >= 500 else "refused"), f"HTTP {error.code} on {path}"
     except (TimeoutError, OSError, ValueError, http.client.HTTPException) as error:
         reason = getattr(error, "reason", error)
         timed_out = isinstance(reason, TimeoutError) or "timed out" in str(reason)
         outcome, detail = ("timeout" if timed_out else "error"), str(reason)[:200]
-    return {"outcome": outcome, "seconds": round(time.monotonic() - started, 2), "detail": detail}
+    return {"outcome": outcome, "seconds": round(time.monotonic() - started, 2), "detail": detail}, status
+
+
+def probe(plan, settings, memory):
+    """A tiny real request of the task the engine serves: it returns only when the engine steps. A route refused as
+    the wrong task is asked of the other task at once, and the kind that answered is remembered."""
+    kind = probe_kind(plan, memory)
+    result, status = send_probe(plan, settings, kind)
+    other = other_probe_kind(kind, status)
+    if other:
+        retried, _status = send_probe(plan, settings, other)
+        if retried["outcome"] != "refused":
+            kind, result = other, retried
+    if result["outcome"] == "ok":
+        memory["probe_kind"] = kind
+    return result
 
 
 def flag_age(plan, now):
@@ -518,7 +534,7 @@ def watch(plan, settings, memories, now):
         "metrics": metrics, "probe": None,
     }
     if container == "running" and not seen["person_needed"] and not is_worker(plan) and needs_probe(memory, metrics):
-        seen["probe"] = probe(plan, settings)
+        seen["probe"] = probe(plan, settings, memory)
     decision = assess(plan, memory, seen, settings, now)
     # Kept before acting: an action that raises must not leave the unit's budget and give-up unrecorded.
     memories[plan["unit"]] = memory

@@ -63,10 +63,17 @@ else:
 class Instance(http.server.BaseHTTPRequestHandler):
     generated = 10.0
     hang = False
+    # vLLM started with --disable-log-stats serves /metrics with the process's series only.
+    engine_series = True
+    # The task the model serves: vLLM registers /v1/completions only for a generating model, /v1/embeddings for a pooling one.
+    task = "generate"
+    posted: list = []
 
     def do_GET(self):
         body = (f'vllm:num_requests_running{{engine="0",model_name="llm"}} 1.0\n'
                 f'vllm:generation_tokens_total{{engine="0",model_name="llm"}} {self.generated}\n').encode()
+        if not self.engine_series:
+            body = b'# HELP process_cpu_seconds_total Total user and system CPU time.\nprocess_cpu_seconds_total 12.5\n'
         self.send_response(200 if self.path == "/metrics" else 404)
         self.end_headers()
         self.wfile.write(body)
@@ -74,13 +81,18 @@ class Instance(http.server.BaseHTTPRequestHandler):
     def do_POST(self):
         length = int(self.headers.get("Content-Length", 0))
         request = json.loads(self.rfile.read(length))
+        Instance.posted.append(self.path)
         if self.headers.get("Authorization") != f"Bearer {KEY}":
             self.send_response(401)
             self.end_headers()
             return
+        if self.path != {"generate": "/v1/completions", "pooling": "/v1/embeddings"}[Instance.task]:
+            self.send_response(404)
+            self.end_headers()
+            return
         if Instance.hang:
             time.sleep(2.5)
-        assert request["max_tokens"] <= 5 and request["model"] == "llm"
+        assert request["model"] == "llm" and (Instance.task == "pooling" or request["max_tokens"] <= 5)
         self.send_response(200)
         self.end_headers()
         self.wfile.write(b'{"choices": [{"text": " 4"}]}')
@@ -91,7 +103,7 @@ class Instance(http.server.BaseHTTPRequestHandler):
 
 @pytest.fixture
 def instance():
-    Instance.generated, Instance.hang = 10.0, False
+    Instance.generated, Instance.hang, Instance.engine_series, Instance.task, Instance.posted = 10.0, False, True, "generate", []
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Instance)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -265,6 +277,36 @@ def test_a_hanging_completion_while_the_counters_stand_still_restarts_the_unit(h
     assert [d["verdict"] for d in decisions] == ["wedged"] * 3
     assert decisions[0]["why"].startswith("the counters did not move (1 requests running by the last gauge) and a 4-token probe got no answer in 1 s")
     assert actions(host) == [f"systemctl restart --no-block -- {UNIT}"]
+
+
+def test_an_engine_without_vllms_series_is_judged_by_its_probe_and_restarted_when_it_hangs(host):
+    """Found in a reading: an instance started with --disable-log-stats failed every sample with a traceback."""
+    Instance.engine_series = False
+    decisions = [line for line in samples(host, 2) if line.get("unit") == UNIT]
+    assert [d["verdict"] for d in decisions] == ["answers"] and actions(host) == []
+    Instance.hang = True
+    decisions = [line for line in samples(host, 3) if line.get("unit") == UNIT]
+    assert [d["verdict"] for d in decisions] == ["wedged"] * 3
+    assert decisions[0]["why"].startswith("/metrics carries no vLLM series (--disable-log-stats) and a probe got no answer in 1 s")
+    assert actions(host) == [f"systemctl restart --no-block -- {UNIT}"]
+
+
+def test_an_embedding_model_on_the_default_runner_is_probed_with_an_embedding_and_remembered(host):
+    """Found in a reading: an embedding model served without --runner pooling got completions, 404, and stayed inconclusive."""
+    Instance.task, Instance.engine_series = "pooling", False
+    decisions = [line for line in samples(host, 2) if line.get("unit") == UNIT]
+    assert [d["verdict"] for d in decisions] == ["answers"] and actions(host) == []
+    assert Instance.posted == ["/v1/completions", "/v1/embeddings", "/v1/embeddings"], "the task that answered is asked first next time"
+    Instance.hang = True
+    decisions = [line for line in samples(host, 3) if line.get("unit") == UNIT]
+    assert [d["verdict"] for d in decisions] == ["wedged"] * 3 and actions(host) == [f"systemctl restart --no-block -- {UNIT}"]
+
+
+def test_a_key_the_engine_refuses_is_not_taken_for_the_other_task(host):
+    (host / "plans" / "llm.env").write_text("VLLM_API_KEY=" + "x" * 32 + "\n")
+    decisions = [line for line in samples(host, 2) if line.get("unit") == UNIT]
+    assert [d["verdict"] for d in decisions] == ["inconclusive"] and "HTTP 401 on /v1/completions" in decisions[0]["why"]
+    assert Instance.posted == ["/v1/completions", "/v1/completions"] and actions(host) == []
 
 
 def test_a_healthy_unit_writes_one_line_and_then_nothing(host):

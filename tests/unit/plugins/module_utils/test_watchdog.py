@@ -23,11 +23,15 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._watchdog import (
     journal_line,
     needs_probe,
     new_memory,
+    other_probe_kind,
     parse_metrics,
     peer_access,
     peer_request,
     person_needed_path,
     plan_problems,
+    planned_probe_kind,
+    probe_kind,
+    probe_request,
     recently_restarted,
     routed_backends,
     settings_problems,
@@ -215,6 +219,46 @@ def test_a_refused_probe_cannot_judge_and_counts_nothing():
     refused = seen(metrics=metrics(1.0), probe={"outcome": "refused", "seconds": 0.01, "detail": "HTTP 401"})
     decisions = samples(memory, [refused] * 5)
     assert {d["verdict"] for d in decisions} == {"inconclusive"} and memory["failures"] == 0
+
+
+def test_a_page_without_vllms_series_is_judged_by_the_probe_alone():
+    """Found in a reading: --disable-log-stats leaves /metrics without vLLM's series; a hanging probe then ended in a
+    traceback instead of a restart."""
+    memory = new_memory()
+    assert parse_metrics("# HELP process_cpu_seconds_total x\nprocess_cpu_seconds_total 12.5\n") == {}
+    assert needs_probe(memory, {})
+    decisions = samples(memory, [seen(metrics={}, probe=OK), *[seen(metrics={}, probe=TIMEOUT)] * 3])
+    assert [d["verdict"] for d in decisions] == ["answers", "wedged", "wedged", "wedged"] and decisions[-1]["action"] == "restart"
+    assert decisions[1]["why"].startswith("/metrics carries no vLLM series (--disable-log-stats) and a probe got no answer in 15 s")
+    unanswered = samples(new_memory(), [seen(metrics={}, probe={"outcome": "error", "seconds": 0.0, "detail": ""})] * 3)
+    assert unanswered[-1]["why"].startswith("the container running but the server does not answer: /metrics carries no vLLM series")
+
+
+@pytest.mark.parametrize("serve_args, kind", [
+    (["/models/e5", "--runner", "pooling"], "pooling"),
+    (["/models/e5", "--runner=pooling"], "pooling"),
+    (["/models/e5", "--convert", "embed"], "pooling"),
+    (["/models/e5", "--convert=classify"], "pooling"),
+    (["/models/e5", "--task", "embed"], "pooling"),
+    (["/models/llm"], "generate"),
+    (["/models/llm", "--runner", "generate"], "generate"),
+    (["/models/llm", "--served-model-name", "pooling"], "generate"),
+    (["/models/llm", "--runner"], "generate"),
+    ("--runner pooling", "generate"),
+])
+def test_the_probe_asks_what_the_plan_serves(serve_args, kind):
+    assert planned_probe_kind(serve_args) == kind
+    assert probe_kind({"serve_args": serve_args}, new_memory()) == kind
+    assert probe_kind({"serve_args": serve_args}, {**new_memory(), "probe_kind": "pooling"}) == "pooling", "what answered wins"
+    assert probe_kind({"serve_args": serve_args}, {**new_memory(), "probe_kind": "nonsense"}) == kind
+
+
+def test_a_route_refused_as_the_wrong_task_is_asked_of_the_other_task_but_a_refused_key_is_not():
+    assert probe_request("pooling", "e5", 4) == ("/v1/embeddings", {"model": "e5", "input": "ping"})
+    assert probe_request("generate", "llm", 4)[0] == "/v1/completions"
+    assert [other_probe_kind("generate", status) for status in (400, 404, 405)] == ["pooling"] * 3
+    assert other_probe_kind("pooling", 404) == "generate"
+    assert [other_probe_kind("generate", status) for status in (None, 401, 403, 429, 500)] == [None] * 5
 
 
 def test_a_server_that_does_not_answer_is_restarted():
