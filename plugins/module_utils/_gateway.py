@@ -369,7 +369,8 @@ def unit_file(run: t.Sequence[str]) -> str:
         "ExecStartPre=-" + exec_line([DOCKER_CLIENT, "rm", "--force", CONTAINER]),
         "ExecStart=" + exec_line(run),
         "ExecStop=" + exec_line([DOCKER_CLIENT, "stop", "--time", "30", CONTAINER]),
-        "Restart=on-failure",
+        # Any exit but a planned stop: a SIGTERM from outside (earlyoom) ends LiteLLM cleanly too.
+        "Restart=always",
         "RestartSec=5",
         "",
         "[Install]",

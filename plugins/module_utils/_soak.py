@@ -263,7 +263,7 @@ def state_problems(state: t.Mapping[str, t.Any]) -> list[str]:
 
 
 def restart_changes(before: t.Mapping[str, t.Any], after: t.Mapping[str, t.Any]) -> list[str]:
-    """Every restart between two states, worded. The instance's unit owns its container with Restart=on-failure, so
+    """Every restart between two states, worded. The instance's unit owns its container with Restart=always, so
     a crash restarts the unit (NRestarts) and replaces the container (a new Id); a manual or watchdog restart of the
     unit counts no NRestarts but starts a new invocation."""
     changes = []

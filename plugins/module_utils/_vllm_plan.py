@@ -879,8 +879,10 @@ def unit_file(plan: t.Mapping[str, t.Any], readiness: t.Sequence[str] | None, op
         "ExecStart=" + exec_line(plan["docker_run"]),
         *(["ExecStartPost=" + exec_line(readiness)] if readiness else []),
         "ExecStop=" + exec_line([DOCKER_CLIENT, "stop", "--time", "30", container]),
-        # A rank restarted alone never rejoins its group (vLLM 32136): the cluster role restarts all ranks together.
-        "Restart=no" if plan.get("cluster") else "Restart=on-failure",
+        # A rank restarted alone never rejoins its group (vLLM 32136): the cluster role restarts all ranks together. Any
+        # other exit but a planned stop restarts an instance: vLLM exits 0 after the SIGTERM earlyoom sends it (seed 000
+        # has earlyoom prefer vLLM), which on-failure would leave down.
+        "Restart=no" if plan.get("cluster") else "Restart=always",
         f"RestartSec={options['restart_delay']}",
         # The readiness wait gives up after the warm or the cold timeout, as the stamp says; systemd after the longer.
         f"TimeoutStartSec={plan['cold_start']['timeout'] + 60}",

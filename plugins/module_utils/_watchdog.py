@@ -438,20 +438,19 @@ def parse_metrics(text: str) -> dict[str, float]:
 # its model supports the task (an embedding model on the default runner serves no completions).
 PROBE_KINDS = ("generate", "pooling")
 WRONG_TASK_STATUSES = frozenset({400, 404, 405})
-POOLING_CONVERSIONS = frozenset({"embed", "classify", "reward", "score"})
 
 
 def planned_probe_kind(serve_args: t.Any) -> str:
-    """The task the plan's serve arguments name, in either spelling argparse takes (``--runner pooling``,
-    ``--runner=pooling``, ``--convert embed``, the older ``--task embed``); ``generate`` when they name none, as vLLM's
-    own default runner serves a generating model."""
+    """The task the plan's serve arguments name, in either spelling argparse takes: ``--runner pooling``, or any
+    ``--convert`` but ``auto`` and ``none`` (vLLM 0.32's model config: a conversion forces the pooling runner);
+    ``generate`` when they name neither, the task of vLLM's default runner for a generating model."""
     args = [str(arg) for arg in serve_args] if isinstance(serve_args, (list, tuple)) else []
     named: dict[str, str] = {}
     for index, arg in enumerate(args):
         flag, equals, value = arg.partition("=")
-        if flag in ("--runner", "--convert", "--task"):
+        if flag in ("--runner", "--convert"):
             named[flag] = value if equals else (args[index + 1] if index + 1 < len(args) else "")
-    if named.get("--runner") == "pooling" or named.get("--convert") in POOLING_CONVERSIONS or named.get("--task") in POOLING_CONVERSIONS | {"embedding"}:
+    if named.get("--runner") == "pooling" or named.get("--convert", "auto") not in ("auto", "none", ""):
         return "pooling"
     return "generate"
 

@@ -27,9 +27,9 @@ INSTANCE = {"name": "second", "model": "/models/tiny-llama-variant", "served_mod
             "env": {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}}
 WATCHDOG = {"watchdog_interval": 5, "watchdog_failures": 3, "watchdog_probe_timeout": 10, "watchdog_budget": 2,
             "watchdog_budget_window": 3600, "watchdog_warm_grace": 300, "watchdog_maintenance_max_age": 60, "watchdog_bundle_time_limit": 20}
-# The faults stop the unit through systemd: a container stopped under it exits with whatever vLLM's shutdown returns, and
-# a non-zero code (a slow shutdown killed after docker's 30 s) has systemd restart it (Restart=on-failure) before the watchdog
-# sees it down. The suite once timed out waiting for the give-up that way.
+# The faults stop the unit through systemd, a planned stop that it does not restart: a container stopped under it would
+# be restarted by systemd itself (Restart=always) before the watchdog sees it down. The suite once timed out waiting for
+# the give-up that way.
 STOP = f"systemctl stop {UNIT}"
 # A CPU engine starting beside the other lanes took up to 415 s to pass its gate.
 SERVE_TIMEOUT = 600

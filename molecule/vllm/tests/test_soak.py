@@ -1,8 +1,9 @@
 """The soak on the lab host: playbooks/soak.yml against the real CPU vLLM of instance "first".
 
-One short soak that passes, and one during which the container is killed from inside the lab
-host: the unit restarts it (Restart=on-failure), and the soak must FAIL naming the restart and the
-load it lost. Both write their report on the controller. Each soak is kept short for the suite's
+One short soak that passes, and one during which the engine gets the SIGTERM earlyoom sends (seed 000
+has earlyoom prefer vLLM) to the container's largest process, with no watchdog on the host: the unit
+restarts it by itself (Restart=always: vLLM's clean exit after a SIGTERM would leave an on-failure unit
+down), and the soak must FAIL naming the restart and the load it lost. Both write their report on the controller. Each soak is kept short for the suite's
 budget (about two and a half minutes together); the instance serves again at the end.
 """
 
@@ -57,15 +58,27 @@ def test_a_quiet_soak_passes(serve, tmp_path):
     print(f"\nsoak.yml on the lab, 60 s at 2 streams, {elapsed:.0f} s in all:\n{markdown}")
 
 
-def test_a_container_killed_mid_soak_fails_it_and_the_instance_serves_again(serve, tmp_path):
+def largest_process(host, container):
+    """The container's process with the largest resident set, as earlyoom picks (its PID on the lab host)."""
+    rows = [line.split() for line in host.check_output(f"docker top {container} -eo pid,rss").splitlines()[1:]]
+    return max(rows, key=lambda row: int(row[1]))[0]
+
+
+def restarts(host):
+    return int(host.check_output("systemctl show --property=NRestarts --value sparkfleet-vllm-first.service"))
+
+
+def test_an_engine_terminated_as_earlyoom_does_mid_soak_fails_it_and_its_unit_alone_serves_it_again(serve, tmp_path):
     assert wait_serving(serve), "instance first is not serving before the soak"
-    before = serve.check_output("docker inspect --format '{{.Id}}' vllm-first")
-    killed = []
+    assert serve.run("systemctl cat sparkfleet-watchdog.service").rc != 0, "no watchdog here: the unit restarts alone"
+    before, restarts_before = serve.check_output("docker inspect --format '{{.Id}}' vllm-first"), restarts(serve)
+    since = serve.check_output("date '+%Y-%m-%d %H:%M:%S'")
+    terminated = []
 
-    def kill():
-        killed.append(serve.run("docker kill vllm-first").rc)
+    def terminate():
+        terminated.append(serve.run(f"kill -TERM {largest_process(serve, 'vllm-first')}").rc)
 
-    killer = threading.Timer(15, kill)
+    killer = threading.Timer(15, terminate)
     killer.start()
     try:
         result = playbook("soak.yml", "-e", json.dumps({**SMALL, "soak_duration": 40, "soak_label": "lab-killed",
@@ -73,7 +86,7 @@ def test_a_container_killed_mid_soak_fails_it_and_the_instance_serves_again(serv
     finally:
         killer.join()
         back = wait_serving(serve)
-    assert killed == [0], "the test could not kill the container"
+    assert terminated == [0], "the test could not signal the engine"
     # A failed task's message goes to stderr where the environment asks it to (molecule's verifier does).
     output = result.stdout + result.stderr
     assert result.returncode != 0 and "SOAK FAIL on " + SERVE in output, output[-4000:]
@@ -85,6 +98,10 @@ def test_a_container_killed_mid_soak_fails_it_and_the_instance_serves_again(serv
     assert restarted and lost, reasons
     for reason in reasons:
         assert f"- {reason}" in markdown
-    print("\nsoak.yml on the lab with vllm-first killed 15 s in, reasons:\n" + "\n".join(f"  {r}" for r in reasons))
-    assert back, "instance first did not serve again after the kill"
+    exits = [line for line in serve.check_output(f"journalctl -u sparkfleet-vllm-first.service -o cat --since '{since}'").splitlines()
+             if "Main process exited" in line]
+    print("\nsoak.yml on the lab with vllm-first's largest process sent SIGTERM 15 s in; the unit's exit: "
+          f"{exits}; reasons:\n" + "\n".join(f"  {r}" for r in reasons))
+    assert back, "instance first did not serve again after the SIGTERM"
     assert serve.check_output("docker inspect --format '{{.Id}}' vllm-first") != before
+    assert restarts(serve) > restarts_before, "systemd restarted the unit by itself"

@@ -505,7 +505,7 @@ def test_unit_quotes_every_value_for_systemd_and_bounds_restarts():
     exec_start = unit_line(unit, "ExecStart=")
     assert shlex.split(exec_start.replace("$$", "$").replace("%%", "%")) == llm["docker_run"]
     assert "StartLimitIntervalSec=900" in unit and "StartLimitBurst=2" in unit and "RestartSec=15" in unit
-    assert "Restart=on-failure" in unit
+    assert "Restart=always" in unit, "a clean exit (vLLM after a SIGTERM) restarts too"
     post = shlex.split(unit_line(unit, "ExecStartPost="))
     assert post[post.index("--env-file") + 1] == "/etc/sparkfleet/vllm/llm.env" and "--served-name=tiny" in post
     assert KEY not in unit
