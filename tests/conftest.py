@@ -1,6 +1,7 @@
 """Test layers: unit, static and lab, run in that order; the lab layer is skipped once the unit layer
-failed. The lab's lanes start with the static layer (tests/integration/conftest.py), so a static
-failure no longer saves their time and the lab layer still reports.
+failed. The lab's lanes start once the tests are collected (tests/integration/conftest.py), so the
+unit and static layers run beside them; a unit failure stops them, a static one does not (the lab
+layer still reports).
 
 Select one layer with a marker, for example `scripts/test -m unit` or `scripts/test -m "not lab"`.
 """

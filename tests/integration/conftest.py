@@ -1,25 +1,40 @@
-"""The molecule lanes start with the first test of this folder, so the static layer (ordered before
-the lab layer by tests/conftest.py) runs while the lanes do; the scenarios' times in the suite's
-own output: when each lane finished each scenario, its steps' times, and the verifier's per-test times."""
+"""The molecule lanes start as soon as the tests are collected, when a scenario is among them (not for
+`scripts/test fast`): the unit and static layers run while the lanes do, off the lanes' critical path,
+and the first failing unit test stops the lanes (tests/conftest.py then skips the lab layer). The
+scenarios' times in the suite's own output: when each lane finished each scenario, its steps' times,
+and the verifier's per-test times."""
 
 import pytest
 from molecule_lanes import start_lanes
 from tool_runner import MOLECULE_TIMES
 
 MOLECULE_TESTS = "test_molecule.py"
+LANES = pytest.StashKey[list]()
 
 
-@pytest.fixture(scope="session", autouse=True)
-def molecule_lanes(request):
-    """Started only when a molecule scenario is among the tests run (not by `scripts/test fast`) and
-    the unit layer passed (tests/conftest.py then skips the lab layer)."""
-    if request.session.testsfailed or not any(item.path.name == MOLECULE_TESTS for item in request.session.items):
-        yield []
-        return
-    lanes = start_lanes()
-    yield lanes
-    for lane in lanes:
+def pytest_collection_finish(session):
+    if any(item.path.name == MOLECULE_TESTS for item in session.items):
+        session.config.stash[LANES] = start_lanes()
+
+
+def stop_lanes(config):
+    for lane in config.stash.get(LANES, []):
         lane.stop()
+    config.stash[LANES] = []
+
+
+def pytest_runtest_makereport(item, call):
+    if call.excinfo is not None and not call.excinfo.errisinstance(pytest.skip.Exception) and item.get_closest_marker("unit"):
+        stop_lanes(item.config)
+
+
+def pytest_sessionfinish(session):
+    stop_lanes(session.config)
+
+
+@pytest.fixture(scope="session")
+def molecule_lanes(request):
+    return request.config.stash.get(LANES, [])
 
 
 def pytest_terminal_summary(terminalreporter, config):

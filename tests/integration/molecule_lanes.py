@@ -88,6 +88,7 @@ class Lane:
             self.current = Scenario(self.pending.pop(0))
 
     def stop(self):
+        self.pending = []
         if self.current is not None and self.current.process.poll() is None:
             os.killpg(self.current.process.pid, signal.SIGTERM)
             self.current.process.wait(timeout=60)

@@ -1,7 +1,7 @@
 """Molecule scenarios on the lab hosts: converge, idempotence and testinfra verify.
 
-The scenarios run in four lanes at once (molecule_lanes.py), started by conftest.py with the first
-test of this folder, so the static layer runs while they do. Each test waits for its scenario and
+The scenarios run in four lanes at once (molecule_lanes.py), started by conftest.py once the tests
+are collected, so the unit and static layers run while they do. Each test waits for its scenario and
 reports its result.
 """
 
@@ -28,7 +28,7 @@ def checked_steps(scenario):
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_molecule_scenario(molecule_lanes, scenario, request):
     if not molecule_lanes:
-        pytest.fail("the molecule lanes did not start: a unit test failed before the static layer began", pytrace=False)
+        pytest.fail("the molecule lanes were stopped: a unit test failed", pytrace=False)
     returncode, seconds, ended, steps = wait_for(molecule_lanes, scenario)
     log = LOG_DIR / f"molecule-{scenario}.log"
     text = log.read_text()
