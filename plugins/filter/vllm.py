@@ -152,6 +152,10 @@ options:
     description: RestartSec of the units (C(vllm_restart_delay)).
     type: int
     required: true
+  kv_cache_warn_share:
+    description: The share of the last good start's KV cache below which a start is warned of (C(vllm_kv_cache_warn_share)).
+    type: float
+    required: true
   maintenance_flag:
     description: The file that exists while a planned relaunch runs (C(vllm_maintenance_flag)); a file under C(/run).
     type: str
@@ -189,7 +193,7 @@ EXAMPLES = r"""
          health_timeout=vllm_health_timeout, cold_timeout=vllm_cold_timeout, host_addresses=ansible_facts.all_ipv4_addresses + ['127.0.0.1'],
          wait_online_enabled=true, readiness_script='/usr/local/libexec/sparkfleet/vllm_readiness.py',
          start_limit_interval=vllm_start_limit_interval, start_limit_burst=vllm_start_limit_burst,
-         restart_delay=vllm_restart_delay, maintenance_flag=vllm_maintenance_flag,
+         restart_delay=vllm_restart_delay, kv_cache_warn_share=vllm_kv_cache_warn_share, maintenance_flag=vllm_maintenance_flag,
          launch_paused_containers=vllm_launch_paused_containers, cache_backup_dir=vllm_cache_backup_dir,
          cache_backup_location=vllm_cache_backup_location, host_name=inventory_hostname) }}
   no_log: true

@@ -134,7 +134,10 @@ def cold_start(found: t.Any) -> dict[str, t.Any] | None:
     numbers = [found.get(key) for key in ("timeout", "restarts", "restart_window")]
     if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in numbers):
         return None
-    return {key: found[key] for key in ("timeout", "stamp", "restarts", "restart_window")}
+    share = found.get("kv_cache_warn_share")
+    # A plan of an older release has no share: its starts are not compared.
+    valid_share = isinstance(share, (int, float)) and not isinstance(share, bool) and 0 < share <= 1
+    return {**{key: found[key] for key in ("timeout", "stamp", "restarts", "restart_window")}, "kv_cache_warn_share": share if valid_share else None}
 
 
 def tool_parser(serve_args: t.Any) -> str | None:

@@ -16,9 +16,12 @@ import typing as t
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_client import answered, http
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_health import (
     DockerUnanswered,
+    capacity_warning,
     container_snapshot,
     error_lines,
+    kv_cache_tokens,
     missing_container,
+    stamp_record,
     start_timeout,
     wait_until_ready,
 )
@@ -39,6 +42,9 @@ class Endpoint(t.NamedTuple):
     cold: bool = False
     restarts_allowed: int = 0
     restart_window: float = 0
+    # The warm stamp keeps the KV cache of the last good start of these settings; a start below the share of it is warned of.
+    stamp: str | None = None
+    kv_cache_warn_share: float | None = None
 
     @classmethod
     def of_instance(cls, found: t.Mapping[str, t.Any], timeout: float | None = None, cold: bool | None = None) -> Endpoint:
@@ -48,7 +54,8 @@ class Endpoint(t.NamedTuple):
         planned, cold = start_timeout(found["health_timeout"], found.get("cold_start"), cold)
         cold_start = found.get("cold_start") or {}
         return cls(found["url"], found["api_key"], found["served_names"], found["container"], timeout or planned, cold,
-                   int(cold_start.get("restarts", 0)) if cold else 0, float(cold_start.get("restart_window", 0)) if cold else 0)
+                   int(cold_start.get("restarts", 0)) if cold else 0, float(cold_start.get("restart_window", 0)) if cold else 0,
+                   cold_start.get("stamp"), cold_start.get("kv_cache_warn_share"))
 
 
 # Seconds between the gate's polls: a served endpoint is passed within one interval and one poll of
@@ -94,4 +101,9 @@ def gate(endpoint: Endpoint, run: Runner | None, interval: float = POLL_INTERVAL
         if result["warmup_reply"] is None:
             reason = f"the warm-up request answered {answered(reply)}: {reply.body[:500]}"
             result.update(ok=False, reason=reason, reasons=[reason], msg=f"vLLM health gate failed: {reason}")
+    if result["ok"] and endpoint.stamp:
+        page = http("GET", base + "/metrics", endpoint.api_key, timeout=10)
+        tokens = kv_cache_tokens(page.body) if page.status == 200 else None
+        warning = capacity_warning(tokens, stamp_record(endpoint.stamp).get("kv_cache_tokens"), endpoint.kv_cache_warn_share)
+        result.update(kv_cache_tokens=tokens, kv_cache_warning=warning)
     return result

@@ -142,13 +142,63 @@ def is_warm(stamp: str | None) -> bool:
     return bool(stamp) and os.path.exists(stamp)
 
 
-def mark_warm(stamp: str) -> None:
-    """Stamp the settings' start as good: the caches it filled hold their compiled kernels. OSError when it cannot."""
+# vLLM's cache configuration as a Prometheus info series (value 1, the settings in its labels): kv_cache_size_tokens is the
+# KV cache the engine sized at start (vLLM 0.32 sets it before the engine's metrics are registered); num_gpu_blocks x
+# block_size where a release lacks that label.
+CACHE_INFO = "vllm:cache_config_info"
+LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+def kv_cache_tokens(metrics_text: str) -> int | None:
+    """The KV cache in tokens the engine sized at its start, from its /metrics page; None when the page does not say."""
+    for line in metrics_text.splitlines():
+        if not line.startswith(CACHE_INFO + "{"):
+            continue
+        labels = dict(LABEL.findall(line.partition("{")[2].rpartition("}")[0]))
+        sized = labels.get("kv_cache_size_tokens", "")
+        if sized.isdigit() and int(sized) > 0:
+            return int(sized)
+        blocks, size = labels.get("num_gpu_blocks", ""), labels.get("block_size", "")
+        if blocks.isdigit() and size.isdigit() and int(blocks) * int(size) > 0:
+            return int(blocks) * int(size)
+    return None
+
+
+def stamp_record(stamp: str | None) -> dict[str, t.Any]:
+    """What the warm stamp keeps of the last good start of these settings: ``kv_cache_tokens`` when known. A stamp an
+    older release wrote (the start's time alone) or one that cannot be read keeps nothing."""
+    try:
+        with open(stamp or "", encoding="ascii") as handle:
+            found = json.loads(handle.read())
+    except (OSError, ValueError, UnicodeDecodeError):
+        return {}
+    tokens = found.get("kv_cache_tokens") if isinstance(found, dict) else None
+    return {"kv_cache_tokens": tokens} if isinstance(tokens, int) and not isinstance(tokens, bool) and tokens > 0 else {}
+
+
+def capacity_warning(tokens: int | None, reference: int | None, share: float | None) -> str | None:
+    """Why this start's KV cache is a warning: below ``share`` of the last good start of the same settings (seed 000: two
+    instances started at once and the KV cache fell from 41.22 to 34.99 GiB unnoticed). None when it is not, or unknown."""
+    if not tokens or not reference or not share or tokens >= share * reference:
+        return None
+    return (f"the KV cache holds {tokens:,} tokens, {100 * tokens / reference:.0f} % of the {reference:,} of the last good start of "
+            f"these settings (below {100 * share:g} %): something else held memory while it started (another engine starting "
+            "at once, a GPU exporter, residue of failed starts); fewer requests fit at once until it starts again with the memory free")
+
+
+def mark_warm(stamp: str, kv_tokens: int | None = None, degraded: bool = False) -> None:
+    """Stamp the settings' start as good: the caches it filled hold their compiled kernels, and ``kv_tokens`` the KV cache it
+    sized, the reference of the next starts. A ``degraded`` start stamps warm but never lowers the reference. OSError when
+    it cannot."""
+    if degraded and os.path.exists(stamp):
+        return
     os.makedirs(os.path.dirname(stamp), mode=0o755, exist_ok=True)
-    if not os.path.exists(stamp):
-        with open(stamp + ".tmp", "w", encoding="ascii") as handle:
-            handle.write(f"{int(time.time())}\n")
-        os.replace(stamp + ".tmp", stamp)
+    if os.path.exists(stamp) and not kv_tokens:
+        return
+    record = {"time": int(time.time()), **({"kv_cache_tokens": kv_tokens} if kv_tokens and not degraded else {})}
+    with open(stamp + ".tmp", "w", encoding="ascii") as handle:
+        handle.write(json.dumps(record) + "\n")
+    os.replace(stamp + ".tmp", stamp)
 
 
 def start_timeout(warm_timeout: float, cold_start: t.Mapping[str, t.Any] | None, cold: bool | None = None) -> tuple[float, bool]:

@@ -826,6 +826,7 @@ def instance_plan(instance: t.Mapping[str, t.Any], start_after: list[str], optio
             "stamp": f"{jit}/{WARM_STAMPS}/{cache_key(instance['image'], command, environment)}",
             "restarts": 0 if cluster else 1,
             "restart_window": options["restart_delay"] + RESTART_SLACK,
+            "kv_cache_warn_share": options["kv_cache_warn_share"],
         },
         "config_hash": digest,
         "launch_check": {
@@ -842,7 +843,8 @@ def instance_plan(instance: t.Mapping[str, t.Any], start_after: list[str], optio
     }
     readiness = ["/usr/bin/python3", options["readiness_script"], "--container", container, "--url", url,
                  "--env-file", files["env_path"], "--timeout", str(timeout),
-                 "--cold-timeout", str(cold_timeout), "--stamp", plan["cold_start"]["stamp"], *[f"--served-name={n}" for n in plan["served_names"]]]
+                 "--cold-timeout", str(cold_timeout), "--stamp", plan["cold_start"]["stamp"], *[f"--served-name={n}" for n in plan["served_names"]],
+                 "--kv-cache-warn-share", str(options["kv_cache_warn_share"])]
     # A worker serves no API: its unit is up once its container runs; the head's readiness covers the cluster.
     plan["unit_file"] = unit_file(plan, readiness if not cluster or cluster["rank"] == 0 else None, options)
     return plan, env_text
@@ -901,13 +903,14 @@ PLAN_OPTIONS: tuple[str, ...] = (
     "hardware_class", "hardware_overrides", "catalog_extra", "memory_total_bytes", "vllm_version", "drop_caches", "overrides",
     "cluster", "reserved_gmu", "gpus", "models_dir", "cache_dir", "config_dir", "env", "health_timeout", "cold_timeout",
     "host_addresses",
-    "wait_online_enabled", "readiness_script", "start_limit_interval", "start_limit_burst", "restart_delay", "maintenance_flag",
+    "wait_online_enabled", "readiness_script", "start_limit_interval", "start_limit_burst", "restart_delay", "kv_cache_warn_share",
+    "maintenance_flag",
     "launch_paused_containers", "cache_backup_dir", "cache_backup_location", "host_name",
 )
 # The options an argument spec types as a switch or a number: given as text by -e (extra variables are text), they are
 # read as validate_argument_spec reads them before anything checks them.
 SWITCH_OPTIONS = ("allow_floating_tag", "allow_wildcard_bind", "allow_dev_mode", "allow_outbound", "drop_caches", "gpus")
-FRACTION_OPTIONS = ("gmu_cap",)
+FRACTION_OPTIONS = ("gmu_cap", "kv_cache_warn_share")
 CACHE_BACKUP_LOCATIONS = ("host", "controller")
 HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
 
@@ -940,6 +943,10 @@ def option_problems(options: t.Mapping[str, t.Any]) -> list[str]:
         errors.append(f"vllm_gmu_cap: {cap} is above the {options['hardware_class']} class's ceiling of {ceiling} "
                       f"({options['hardware']['sources'].get('gmu_ceiling', 'see docs/hardware')}). Lower it, or override "
                       "sparkfleet_hardware_overrides.gmu_ceiling if you measured this box higher")
+    share = options["kv_cache_warn_share"]
+    if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share <= 1:
+        errors.append(f"vllm_kv_cache_warn_share: {share!r} must be a fraction above 0 and at most 1, such as 0.9 (1 warns of any "
+                      "start with a smaller KV cache than the last good one)")
     version = options["vllm_version"]
     if version and not (isinstance(version, str) and VERSION.fullmatch(version)):
         errors.append(f"vllm_version: {version!r} must be the image's vLLM release such as 0.32.0, or empty")

@@ -188,7 +188,8 @@ gate:
   description:
     - The health gate's result of the relaunched files (of the first start, when the task failed) - C(ok),
       C(reason) and C(msg), and when the gate ran C(elapsed), C(url), C(served_model_names), C(warmup_reply),
-      and on failure C(log_tail) and C(log_errors), as M(sparkfleet.vllm.vllm_health) returns them.
+      C(kv_cache_tokens) and C(kv_cache_warning) (also shown as a warning), and on failure C(log_tail) and
+      C(log_errors), as M(sparkfleet.vllm.vllm_health) returns them.
   returned: when O(step=relaunch) relaunched
   type: dict
 served:
@@ -234,6 +235,8 @@ def main():
         module.fail_json(msg=str(error))
     if result.get("unjudged"):
         module.warn(result["unjudged"])
+    if (result.get("gate") or {}).get("kv_cache_warning"):
+        module.warn(f"{params['plan'].get('name')}: {result['gate']['kv_cache_warning']}")
     if result.pop("failed", False):
         module.fail_json(**result)
     module.exit_json(**result)

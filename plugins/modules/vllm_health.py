@@ -174,6 +174,17 @@ warmup_reply:
   description: The warm-up request's reply text.
   returned: when O(warmup) is true and the gate passed
   type: str
+kv_cache_tokens:
+  description: The KV cache the engine sized at its start, in tokens, from its /metrics page (null when the page does not say).
+  returned: when the gate passed on an instance's plan (O(instance)) whose warm stamp is planned
+  type: int
+kv_cache_warning:
+  description:
+    - Why this start's KV cache is a warning (also shown as one), or null. A start whose KV cache is below the plan's share
+      (C(vllm_kv_cache_warn_share)) of the last good start of the same settings, which the warm stamp keeps, started while
+      something else held memory (seed 000).
+  returned: when the gate passed on an instance's plan (O(instance)) whose warm stamp is planned
+  type: str
 """
 
 from ansible.module_utils.basic import AnsibleModule
@@ -227,6 +238,8 @@ def main():
     result = gate(endpoint, run if docker else None, params["interval"], params["log_lines"], params["warmup"], params["warmup_reply_length"])
     if not result["ok"]:
         module.fail_json(**result)
+    if result.get("kv_cache_warning"):
+        module.warn(f"{endpoint.url}: {result['kv_cache_warning']}")
     module.exit_json(**result)
 
 

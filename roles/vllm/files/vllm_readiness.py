@@ -24,11 +24,14 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _vllm_health import (  # noqa: E402
     DockerUnanswered,
     Reply,
+    capacity_warning,
     container_snapshot,
     exception_reply,
+    kv_cache_tokens,
     mark_warm,
     missing_container,
     parse_env_file,
+    stamp_record,
     start_timeout,
     wait_until_ready,
 )
@@ -59,6 +62,8 @@ def main(argv=None):
     parser.add_argument("--cold-timeout", type=float, required=True)
     parser.add_argument("--stamp", required=True)
     parser.add_argument("--served-name", action="append", required=True)
+    # Absent from the units of releases before it: their starts are not compared.
+    parser.add_argument("--kv-cache-warn-share", type=float)
     args = parser.parse_args(argv)
     timeout, cold = start_timeout(args.timeout, {"timeout": args.cold_timeout, "stamp": args.stamp})
     with open(args.env_file, encoding="utf-8") as handle:
@@ -68,8 +73,15 @@ def main(argv=None):
     print(f"{args.container}: {'cold' if cold else 'warm'} start, {result['reason']} after {result['elapsed']} s", file=sys.stderr)
     if not result["ok"]:
         return 1
+    page = get(args.url.rstrip("/") + "/metrics", api_key)
+    tokens = kv_cache_tokens(page.body) if page.status == 200 else None
+    reference = stamp_record(args.stamp).get("kv_cache_tokens")
+    warning = capacity_warning(tokens, reference, args.kv_cache_warn_share)
+    print(f"{args.container}: " + (f"WARNING: {warning}" if warning else f"the KV cache holds {tokens:,} tokens" if tokens else
+                                   "the KV cache size is not on its /metrics page"), file=sys.stderr)
     try:
-        mark_warm(args.stamp)
+        # A unit without the share compares nothing, so its starts are no reference either.
+        mark_warm(args.stamp, tokens if args.kv_cache_warn_share else None, degraded=bool(warning))
     except OSError as error:
         print(f"{args.stamp}: the warm stamp cannot be written ({error.strerror}); the next start waits the cold timeout", file=sys.stderr)
     return 0

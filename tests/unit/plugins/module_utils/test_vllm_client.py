@@ -32,7 +32,7 @@ def test_endpoint_of_a_deployed_instance_is_read_from_its_plan():
         "model": "gemma-it",
         "served_names": ["gemma-it", "gemma"],
         "health_timeout": 1200,
-        "cold_start": {"timeout": 2700, "stamp": plan["cold_start"]["stamp"], "restarts": 1, "restart_window": 130},
+        "cold_start": {"timeout": 2700, "stamp": plan["cold_start"]["stamp"], "restarts": 1, "restart_window": 130, "kv_cache_warn_share": 0.9},
         "weights": "/models/gemma",
         "container": "vllm-llm",
         "container_url": "http://127.0.0.1:8000",

@@ -12,13 +12,16 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_health impor
     WAIT,
     DockerUnanswered,
     Reply,
+    capacity_warning,
     container_failure,
     container_snapshot,
     exception_reply,
     is_warm,
+    kv_cache_tokens,
     mark_warm,
     models_verdict,
     parse_env_file,
+    stamp_record,
     start_timeout,
     wait_until_ready,
 )
@@ -295,6 +298,53 @@ def test_the_stamp_decides_the_timeout_and_is_written_once(tmp_path):
     assert is_warm(str(stamp)) and start_timeout(1200, cold_start) == (1200, False)
     mark_warm(str(stamp))
     assert stamp.read_text() == written and list(stamp.parent.iterdir()) == [stamp]
+
+
+# vLLM 0.32's info series as the CPU build serves it (labels trimmed; the values are its settings as text).
+CACHE_INFO = ('vllm:cache_config_info{{block_size="16",cache_dtype="auto",engine="0",gpu_memory_utilization="0.1",'
+              'kv_cache_size_tokens="{tokens}",num_gpu_blocks="{blocks}",prefix_caching_hash_algo="sha256"}} 1.0\n')
+
+
+@pytest.mark.parametrize("page, tokens", [
+    (CACHE_INFO.format(tokens="512", blocks="32"), 512),
+    (CACHE_INFO.format(tokens="None", blocks="32"), 512),
+    (CACHE_INFO.format(tokens="", blocks="None"), None),
+    ('# HELP x\nvllm:cache_config_info{block_size="16",num_gpu_blocks="2048",note="a \\"quoted\\" value"} 1.0\n', 32768),
+    ("vllm:num_requests_running{engine=\"0\"} 0.0\n", None),
+    ("", None),
+    (CACHE_INFO.format(tokens="0", blocks="0"), None),
+])
+def test_the_kv_cache_size_is_read_from_the_cache_config_series(page, tokens):
+    assert kv_cache_tokens(page) == tokens
+
+
+def test_a_start_below_the_share_of_the_last_good_one_is_warned_of_and_never_lowers_the_reference(tmp_path):
+    stamp = str(tmp_path / "warm" / "key")
+    assert stamp_record(stamp) == {} and capacity_warning(1000, None, 0.9) is None, "a first start has nothing to compare with"
+    mark_warm(stamp, 1000)
+    assert stamp_record(stamp) == {"kv_cache_tokens": 1000}
+    warning = capacity_warning(849, 1000, 0.9)
+    assert warning.startswith("the KV cache holds 849 tokens, 85 % of the 1,000 of the last good start of these settings (below 90 %)")
+    assert capacity_warning(900, 1000, 0.9) is None and capacity_warning(1200, 1000, 0.9) is None
+    assert capacity_warning(999, 1000, 1) and capacity_warning(None, 1000, 0.9) is None and capacity_warning(500, 1000, None) is None
+    mark_warm(stamp, 849, degraded=True)
+    assert stamp_record(stamp) == {"kv_cache_tokens": 1000}, "a degraded start is no reference"
+    mark_warm(stamp, 1100)
+    assert stamp_record(stamp) == {"kv_cache_tokens": 1100}, "the last good start is the reference"
+    mark_warm(stamp)
+    assert stamp_record(stamp) == {"kv_cache_tokens": 1100}, "a start whose size is unknown keeps the reference"
+
+
+@pytest.mark.parametrize("content", ["1733450000\n", "", "{not json", '{"kv_cache_tokens": "1000"}', '{"kv_cache_tokens": true}',
+                                     '{"kv_cache_tokens": -5}', "[1000]"])
+def test_a_stamp_of_an_older_release_or_damaged_keeps_no_reference_and_still_stamps_warm(tmp_path, content):
+    stamp = tmp_path / "key"
+    stamp.write_text(content)
+    assert stamp_record(str(stamp)) == {} and is_warm(str(stamp))
+    mark_warm(str(stamp), 700, degraded=True)
+    assert stamp.read_text() == content, "a degraded start rewrites nothing"
+    mark_warm(str(stamp), 700)
+    assert stamp_record(str(stamp)) == {"kv_cache_tokens": 700}
 
 
 def test_a_replacement_seen_before_the_exit_waits_on_the_new_container_not_the_window():

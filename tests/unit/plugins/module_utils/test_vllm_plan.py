@@ -294,7 +294,7 @@ def test_a_secret_given_through_env_reaches_only_the_env_file():
 @pytest.mark.parametrize(("option", "text", "read"), [
     ("health_timeout", "900", 900), ("cold_timeout", " 3600 ", 3600), ("start_limit_burst", "3.0", 3), ("restart_delay", "10", 10),
     ("allow_outbound", "yes", True), ("allow_dev_mode", "False", False), ("allow_wildcard_bind", "no", False), ("drop_caches", "on", True),
-    ("gmu_cap", "0.5", 0.5), ("gpus", "false", False), ("gpus", "yes", True),
+    ("gmu_cap", "0.5", 0.5), ("gpus", "false", False), ("gpus", "yes", True), ("kv_cache_warn_share", "0.8", 0.8),
 ])
 def test_switches_and_numbers_given_as_text_by_extra_vars_read_as_the_argument_spec_reads_them(option, text, read):
     """Found in a reading: -e vllm_health_timeout=900 (extra variables are text) was refused although the role's argument
@@ -313,9 +313,22 @@ def test_gpus_off_as_text_gives_no_container_the_gpus():
     ("health_timeout", "soon", "vllm_health_timeout: 'soon' must be a whole number"), ("restart_delay", "1e999", "vllm_restart_delay"),
     ("allow_outbound", "maybe", "vllm_allow_outbound: 'maybe' must be true or false"), ("start_limit_burst", "2.5", "vllm_start_limit_burst"),
     ("gmu_cap", "most", "vllm_gmu_cap: 'most'"), ("gpus", "some", "vllm_gpus: 'some' must be true or false"),
+    ("kv_cache_warn_share", "most", "vllm_kv_cache_warn_share: 'most' must be a fraction above 0 and at most 1"),
 ])
 def test_text_that_reads_as_no_value_of_its_type_is_named(option, text, fragment):
     assert any(fragment in error for error in errors(instance(), **{option: text}))
+
+
+@pytest.mark.parametrize("share", [0, -0.5, 1.01, 90, True, None, [0.9]])
+def test_a_kv_cache_share_that_is_no_fraction_is_refused_naming_the_variable(share):
+    assert any(error.startswith(f"vllm_kv_cache_warn_share: {share!r} must be a fraction above 0 and at most 1")
+               for error in errors(instance(), kv_cache_warn_share=share))
+
+
+def test_every_start_compares_its_kv_cache_at_the_planned_share():
+    planned = plan(instance(), kv_cache_warn_share=0.75)["instances"][0]
+    post = shlex.split(unit_line(planned["unit_file"], "ExecStartPost="))
+    assert post[post.index("--kv-cache-warn-share") + 1] == "0.75" and planned["cold_start"]["kv_cache_warn_share"] == 0.75
 
 
 @pytest.mark.parametrize("model", [None, "", "   ", ["/models/x"], 7, True, {"path": "/models/x"}, "two words"])

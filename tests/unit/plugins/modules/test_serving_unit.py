@@ -471,7 +471,13 @@ class Vllm(http.server.BaseHTTPRequestHandler):
 
     def do_GET(self):
         names = self.server.serves.get(self.headers.get("Authorization", "").removeprefix("Bearer "))
-        if names:
+        if names and self.path == "/metrics":
+            page = self.server.metrics.encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(page)))
+            self.end_headers()
+            self.wfile.write(page)
+        elif names:
             self.reply(200, {"data": [{"id": name} for name in names]})
         else:
             self.reply(401, {"error": "Unauthorized"})
@@ -488,7 +494,7 @@ class Vllm(http.server.BaseHTTPRequestHandler):
 def vllm():
     """A real HTTP server on a free local port standing in for the instance's API; ``serves`` maps a key to its names."""
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Vllm)
-    server.serves = {}
+    server.serves, server.metrics = {}, ""
     with serving(server):
         yield server
 
@@ -522,6 +528,25 @@ def test_a_relaunch_is_gated_under_the_maintenance_flag_which_it_clears(host, vl
                            "maintenance flag at start: tiny", f"systemctl enable -- {plan['unit']}"]
     assert host_state(host)["enabled"] == [plan["unit"]], "enabled for boot once it passed the gate"
     assert not (host / "run" / "vllm-maintenance").exists()
+
+
+def test_a_relaunch_whose_kv_cache_falls_below_the_share_of_the_last_good_start_passes_with_a_warning(host, vllm):
+    """Seed 000: two instances started at once and the KV cache fell from 41.22 to 34.99 GiB, and nobody noticed."""
+    plan, env_file = planned(host, port=vllm.server_port)
+    vllm.serves[KEY] = ["tiny"]
+    vllm.metrics = 'vllm:cache_config_info{block_size="16",engine="0",kv_cache_size_tokens="800",num_gpu_blocks="50"} 1.0\n'
+    set_state(host, flag=str(host / "run" / "vllm-maintenance"), starts=[(plan["container"], running(plan))])
+    run(host, plan, env_file)
+    stamp = pathlib.Path(plan["cold_start"]["stamp"])
+    stamp.parent.mkdir(parents=True, exist_ok=True)
+    stamp.write_text('{"time": 1, "kv_cache_tokens": 1000}\n')
+    done = relaunch(host, plan)
+    assert done["gate"]["ok"] and done["gate"]["kv_cache_tokens"] == 800 and not done.get("failed")
+    assert done["gate"]["kv_cache_warning"].startswith("the KV cache holds 800 tokens, 80 % of the 1,000 of the last good start")
+    assert "tiny: the KV cache holds 800 tokens" in json.dumps(done["warnings"]), "shown as a warning"
+    vllm.metrics = vllm.metrics.replace('"800"', '"950"')
+    again = relaunch(host, plan)
+    assert again["gate"]["kv_cache_tokens"] == 950 and again["gate"]["kv_cache_warning"] is None and "warnings" not in again
 
 
 def test_a_failed_relaunch_serves_the_last_good_settings_gated_with_their_own_key(host, vllm):
