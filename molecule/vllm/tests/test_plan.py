@@ -213,3 +213,8 @@ def test_settings_match_the_plan_after_the_relaunches_and_a_second_run_keeps_the
     assert "StartLimitIntervalSec=1800" in unit and "StartLimitBurst=3" in unit
     assert serve.check_output("systemctl show --property=StartLimitBurst --value sparkfleet-vllm-second.service") == "3"
     assert os.environ["SPARKFLEET_LAB_API_KEY"] not in unit
+    # The readiness wait read the KV cache the engine sized and the warm stamp keeps it for the next starts.
+    kept = json.loads(serve.file(planned(serve, "second")["cold_start"]["stamp"]).content_string)
+    journal = serve.check_output("journalctl -u sparkfleet-vllm-second.service -o cat")
+    print(f"\nsecond's warm stamp: {kept}; its readiness said: {[line for line in journal.splitlines() if 'KV cache' in line][-1:]}")
+    assert kept["kv_cache_tokens"] > 0 and f"vllm-second: the KV cache holds {kept['kv_cache_tokens']:,} tokens" in journal
