@@ -15,6 +15,7 @@ import typing as t
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_client import answered, http
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_health import (
+    POLL_INTERVAL,
     DockerUnanswered,
     capacity_warning,
     container_snapshot,
@@ -58,10 +59,6 @@ class Endpoint(t.NamedTuple):
                    cold_start.get("stamp"), cold_start.get("kv_cache_warn_share"))
 
 
-# Seconds between the gate's polls: a served endpoint is passed within one interval and one poll of
-# its first good answer (benchmarks/gate_latency.py: 0.97 s median at 2 s, 0.31 s at 0.5 s, against
-# the goal of 1 s; docs/performance.md); a poll is one /v1/models request and one docker inspect.
-POLL_INTERVAL = 0.5
 
 
 def gate(endpoint: Endpoint, run: Runner | None, interval: float = POLL_INTERVAL, log_lines: int = 40, warmup: bool = False,

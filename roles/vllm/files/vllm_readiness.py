@@ -22,6 +22,7 @@ import urllib.request
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _vllm_health import (  # noqa: E402
+    POLL_INTERVAL,
     DockerUnanswered,
     Reply,
     capacity_warning,
@@ -69,7 +70,7 @@ def main(argv=None):
     with open(args.env_file, encoding="utf-8") as handle:
         api_key = parse_env_file(handle.read()).get("VLLM_API_KEY")
     url = args.url.rstrip("/") + "/v1/models"
-    result = wait_until_ready(lambda: get(url, api_key), lambda: inspect(args.container), args.served_name, timeout)
+    result = wait_until_ready(lambda: get(url, api_key), lambda: inspect(args.container), args.served_name, timeout, POLL_INTERVAL)
     print(f"{args.container}: {'cold' if cold else 'warm'} start, {result['reason']} after {result['elapsed']} s", file=sys.stderr)
     if not result["ok"]:
         return 1
