@@ -608,6 +608,10 @@ def failing(plan: t.Mapping[str, t.Any], memory: dict[str, t.Any], seen: t.Mappi
         action = "restart_cluster"
     else:
         action = "start" if verdict == "down" and seen.get("active_state") != "active" else "restart"
+    # A wedged engine is killed, not stopped: docker stop's grace went to a frozen process (30 of the 47 s from the
+    # watchdog's restart to serving, seen on the lab), and it answers no SIGTERM anyway.
+    if action == "restart" and verdict in ("wedged", "unanswered"):
+        decision["kill_first"] = True
     return {**decision, "action": action,
             "why": f"{why}; {'every rank restarted' if plan.get('cluster') else action + 'ed'} ({len(recent) + 1} of {settings['budget']} "
                    f"in {settings['budget_window']} s), judged again after a {kind} grace of {seconds} s"}

@@ -240,6 +240,8 @@ def act(decision, plan, settings, state_dir, memory, now):
         run_command(["systemctl", "reset-failed", "--", unit], COMMAND_TIMEOUT)
         decision["result"] = run_command(["systemctl", "start", "--no-block", "--", unit], COMMAND_TIMEOUT)[0]
     elif decision["action"] == "restart":
+        if decision.get("kill_first"):
+            decision["killed"] = run_command(["docker", "kill", "--signal", "KILL", plan["container"]], COMMAND_TIMEOUT)[0]
         decision["result"] = run_command(["systemctl", "restart", "--no-block", "--", unit], COMMAND_TIMEOUT)[0]
     elif decision["action"] == "restart_cluster":
         decision.update(coordinate(plan, settings) if not is_worker(plan) else ask_head(plan, settings))

@@ -36,6 +36,9 @@ if tool == "docker" and args[0] == "inspect":
         sys.stderr.write("Error: No such object: " + args[-1] + "\\n")
         sys.exit(1)
     print(json.dumps(state["container"]))
+elif tool == "docker" and args[0] == "kill":
+    state.update(container="exited")
+    (here / "host.json").write_text(json.dumps(state))
 elif tool == "systemctl" and args[0] == "show":
     print("ActiveState=" + state["active"] + "\\nSubState=" + state["sub"] + "\\nJob=")
 elif tool == "systemctl" and args[-1] == "sparkfleet-gateway.service":
@@ -164,9 +167,11 @@ def samples(host, count):
 def actions(host):
     log = host / "bin" / "calls.log"
     return [line for line in (log.read_text().splitlines() if log.exists() else [])
-            if line.startswith(("systemctl", "ssh")) and "show" not in line]
+            if line.startswith(("systemctl", "ssh", "docker kill")) and "show" not in line]
 
 
+# A wedged engine is killed before its unit restarts: docker stop would wait its grace on a frozen process.
+KILL = f"docker kill --signal KILL {CONTAINER}"
 RANK_UNIT = "sparkfleet-cluster-tp2.service"
 
 
@@ -276,7 +281,7 @@ def test_a_hanging_completion_while_the_counters_stand_still_restarts_the_unit(h
     decisions = [line for line in samples(host, 3) if line.get("unit") == UNIT]
     assert [d["verdict"] for d in decisions] == ["wedged"] * 3
     assert decisions[0]["why"].startswith("the counters did not move (1 requests running by the last gauge) and a 4-token probe got no answer in 1 s")
-    assert actions(host) == [f"systemctl restart --no-block -- {UNIT}"]
+    assert actions(host) == [KILL, f"systemctl restart --no-block -- {UNIT}"]
 
 
 def test_an_engine_without_vllms_series_is_judged_by_its_probe_and_restarted_when_it_hangs(host):
@@ -288,7 +293,7 @@ def test_an_engine_without_vllms_series_is_judged_by_its_probe_and_restarted_whe
     decisions = [line for line in samples(host, 3) if line.get("unit") == UNIT]
     assert [d["verdict"] for d in decisions] == ["wedged"] * 3
     assert decisions[0]["why"].startswith("/metrics carries no vLLM series (--disable-log-stats) and a probe got no answer in 1 s")
-    assert actions(host) == [f"systemctl restart --no-block -- {UNIT}"]
+    assert actions(host) == [KILL, f"systemctl restart --no-block -- {UNIT}"]
 
 
 def test_an_embedding_model_on_the_default_runner_is_probed_with_an_embedding_and_remembered(host):
@@ -299,7 +304,7 @@ def test_an_embedding_model_on_the_default_runner_is_probed_with_an_embedding_an
     assert Instance.posted == ["/v1/completions", "/v1/embeddings", "/v1/embeddings"], "the task that answered is asked first next time"
     Instance.hang = True
     decisions = [line for line in samples(host, 3) if line.get("unit") == UNIT]
-    assert [d["verdict"] for d in decisions] == ["wedged"] * 3 and actions(host) == [f"systemctl restart --no-block -- {UNIT}"]
+    assert [d["verdict"] for d in decisions] == ["wedged"] * 3 and actions(host) == [KILL, f"systemctl restart --no-block -- {UNIT}"]
 
 
 def test_a_key_the_engine_refuses_is_not_taken_for_the_other_task(host):

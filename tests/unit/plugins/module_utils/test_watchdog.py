@@ -192,6 +192,7 @@ def test_counters_frozen_and_the_probe_timing_out_while_the_container_runs_is_a_
     assert decisions[0]["verdict"] == "answers"
     assert [d["verdict"] for d in decisions[1:]] == ["wedged"] * 3
     assert decisions[-1]["action"] == "restart" and "no answer in 15 s while the container runs" in decisions[-1]["why"]
+    assert decisions[-1]["kill_first"], "a frozen engine is killed, not given docker stop's grace"
 
 
 def test_moving_counters_are_progress_without_a_probe():
@@ -266,7 +267,9 @@ def test_a_server_that_does_not_answer_is_restarted():
     memory = new_memory()
     silent = seen(metrics=None, probe={"outcome": "error", "seconds": 0.0, "detail": "Connection refused"})
     decisions = samples(memory, [silent] * 3)
-    assert decisions[-1]["verdict"] == "unanswered" and decisions[-1]["action"] == "restart"
+    assert decisions[-1]["verdict"] == "unanswered" and decisions[-1]["action"] == "restart" and decisions[-1]["kill_first"]
+    gone = samples(new_memory(), [seen(container="missing", active_state="active", sub_state="running")] * 3)
+    assert gone[-1]["verdict"] == "down" and gone[-1]["action"] == "restart" and "kill_first" not in gone[-1], "nothing to kill"
 
 
 def test_the_grace_ends_once_the_unit_serves_and_the_next_start_is_warm():
