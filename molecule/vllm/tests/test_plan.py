@@ -100,8 +100,8 @@ def test_a_start_is_refused_right_before_it_with_the_memory_the_image_sees_and_t
     assert result.get("failed"), result
     print(f"\nthe launch checks refused: {result['msg']}")
     assert result["msg"].startswith(f"first: pid {pid} (sleep) holds /dev/nvidia9: the start was not attempted"), result["msg"]
-    assert " | first: gpu_memory_utilization 0.99 wants " in result["msg"]
-    assert "the CPU build in the image (the kernel's MemAvailable) sees, but only " in result["msg"]
+    assert " | first: gpu_memory_utilization 0.99 asks for " in result["msg"]
+    assert "but the free memory its vLLM compares that with, MemAvailable (CPU build), is " in result["msg"]
     assert serving_state(serve) == before and status(serve, 8001, key=KEY) == "200"
     assert serve.check_output("docker ps --all --quiet --no-trunc") == containers, "the probe's throwaway container is gone"
 
