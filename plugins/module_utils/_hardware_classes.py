@@ -24,6 +24,14 @@ GB10_CUDA_SOURCE = (
     "seed 004: FlashInfer's just-in-time compilation for sm_121 needs CUDA 12.9 or newer, so a container pinned to CUDA 12.8 "
     "fails at load time; use the CUDA 13 build"
 )
+GB10_POOL_SOURCE = (
+    "seed 002 lines 187 and 597: CUDA's total on a GB10 is 121.69 GiB of the 128 GB (cudaMemGetInfo's total, which vLLM "
+    "multiplies by gpu_memory_utilization; /proc/meminfo's MemTotal says the same)"
+)
+GB10_RESIDUE = (
+    "; less means residue of failed launches: reboot, and if MemAvailable is still below it after the reboot, cut the AC "
+    "power (seed 002 line 23: a reboot keeps the GB10's allocator state on standby power)"
+)
 GB10_LEFT_OUT = {
     "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True": "seed 002's A/B on a Founders Edition: OOM crash at 0.85 "
     "(exit 255). Seed 000 ran it at 0.55 on a shared box without harm; add it to vllm_env only at low utilisation",
@@ -43,7 +51,7 @@ CLASSES: dict[str, dict[str, t.Any]] = {
         "pool_gib": 121.69,
         "gmu_ceiling": 0.85,
         "max_num_batched_tokens": 32768,
-        "free_memory_baseline_gib": 99.0,
+        "free_memory_baseline_gib": 117.0,
         "shm_size_ceiling_gib": 64,
         "driver_branch": "580",
         "min_image_cuda": "12.9",
@@ -55,12 +63,14 @@ CLASSES: dict[str, dict[str, t.Any]] = {
         "left_out_env": GB10_LEFT_OUT,
         "sources": {
             "min_image_cuda": GB10_CUDA_SOURCE,
-            "pool_gib": "seed 002 and 004: 121.69 GiB CUDA-visible of the 128 GB; /proc/meminfo MemTotal says the same",
-            "gmu_ceiling": "seed 002: 0.85 validated on a clean boot; 0.90 fails vLLM's request_memory() check with ~99 GiB free",
+            "pool_gib": GB10_POOL_SOURCE + "; seed 004 too",
+            "gmu_ceiling": "seed 002 line 280: 0.85 validated on both boards (0.85 x 121.69 = 103.44 GiB, under the clean-boot "
+            "117 GiB); 0.90 failed in its runs (107.82 GiB free < 109.52 needed) and is unvalidated after Phase 0 (line 564)",
             "max_num_batched_tokens": "seed 001: swept 4096/8192/32768; 32768 keeps p99 ITL low, 4096 buys 7-14 % on dense "
             "models at 5-15x worse p99 ITL",
-            "free_memory_baseline_gib": "seed 002: ~99 GiB free after a clean boot on the Founders Edition; less means "
-            "crash-loop residue that only a reboot clears",
+            "free_memory_baseline_gib": "seed 002 lines 106 and 164: ~117-118 GiB free after Phase 0 and a reboot on the Founders "
+            "Edition, the MemAvailable vLLM compares with on an integrated GPU (the older ~99 GiB was cudaMemGetInfo's view, "
+            "docs/hardware.md)" + GB10_RESIDUE,
             "shm_size_ceiling_gib": "seed 002's TP=2 launch: --shm-size 64g",
             "driver_branch": "seed 000: 580; 590 had a CUDA-graph deadlock on GB10",
             "drop_caches": "seed 002: flush the page cache before every launch on the unified pool",
@@ -75,9 +85,9 @@ CLASSES: dict[str, dict[str, t.Any]] = {
         "unified_memory": True,
         "compute_capability": "12.1",
         "pool_gib": 121.69,
-        "gmu_ceiling": 0.87,
+        "gmu_ceiling": 0.85,
         "max_num_batched_tokens": 32768,
-        "free_memory_baseline_gib": 103.0,
+        "free_memory_baseline_gib": 106.0,
         "shm_size_ceiling_gib": 64,
         "driver_branch": "580",
         "min_image_cuda": "12.9",
@@ -89,10 +99,12 @@ CLASSES: dict[str, dict[str, t.Any]] = {
         "left_out_env": GB10_LEFT_OUT,
         "sources": {
             "min_image_cuda": GB10_CUDA_SOURCE,
-            "pool_gib": "seed 002: the same GB10 SoC, 121.69 GiB CUDA-visible",
-            "gmu_ceiling": "seed 002's node table: 0.87 on the GX10 (0.90 fails: 106.0 GiB free < 109.46 desired)",
+            "pool_gib": GB10_POOL_SOURCE + "; the same SoC as the Spark",
+            "gmu_ceiling": "seed 002 lines 42, 100 and 280: 0.85 on the GX10 (103.44 GiB of its clean-boot 106, validated); "
+            "its node table's 0.87 asks for 105.87 GiB, 0.13 GiB under the ~106 measured, less than the figure's own rounding",
             "max_num_batched_tokens": "seed 001 (same SoC as the Spark)",
-            "free_memory_baseline_gib": "seed 002: ~103+ GiB free at a clean boot on the GX10",
+            "free_memory_baseline_gib": "seed 002 lines 39, 42 and 165: ~106 GiB free after Phase 0 and a reboot on the GX10, "
+            "its hardware ceiling (the older ~103 GiB was cudaMemGetInfo's view, docs/hardware.md)" + GB10_RESIDUE,
             "shm_size_ceiling_gib": "seed 002's TP=2 launch: --shm-size 64g",
             "driver_branch": "seed 000: 580 on GB10",
             "drop_caches": "seed 002: flush the page cache before every launch",
@@ -198,7 +210,8 @@ CLASSES: dict[str, dict[str, t.Any]] = {
 FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
     "gmu_ceiling": ((float, int), "highest sum of gpu_memory_utilization on the host"),
     "max_num_batched_tokens": ((int, type(None)), "max_num_batched_tokens of instances that set none"),
-    "free_memory_baseline_gib": ((float, int, type(None)), "memory available after a clean boot; less means residue"),
+    "free_memory_baseline_gib": ((float, int, type(None)), "the free figure vLLM reads after a clean boot "
+                                 "(MemAvailable on an integrated GPU); less means residue"),
     "shm_size_ceiling_gib": ((int, float), "largest /dev/shm a container may ask for"),
     "pool_gib": ((float, int, type(None)), "memory the GPU sees, when the host cannot report it"),
     "driver_branch": ((str, type(None)), "the NVIDIA driver branch the host must run"),
@@ -272,6 +285,9 @@ def range_problems(name: str, values: t.Mapping[str, t.Any], overrides: t.Mappin
             problem = (f"sparkfleet_hardware_overrides.pool_gib: {pool!r} is below the {name} class's {key} of {value}; "
                        f"raise pool_gib, or override {key} too ({why})")
         errors += [problem] if problem else []
+    # The ceiling's fit is judged on values each in range, so a typo is named once, at itself.
+    if not errors:
+        errors = ceiling_problems(name, values, overrides)
     branch = values["driver_branch"]
     if branch is not None and not DRIVER_BRANCH.fullmatch(branch):
         errors.append(f"sparkfleet_hardware_overrides.driver_branch: {branch!r} is not a driver branch; give its three-digit "
@@ -281,6 +297,20 @@ def range_problems(name: str, values: t.Mapping[str, t.Any], overrides: t.Mappin
         errors.append(f"sparkfleet_hardware_overrides.min_image_cuda: {cuda!r} is not a CUDA release; give one such as '12.9', "
                       "or null for no floor")
     return errors
+
+
+def ceiling_problems(name: str, values: t.Mapping[str, t.Any], overrides: t.Mapping[str, t.Any]) -> list[str]:
+    """Whether the ceiling fits what a clean boot leaves: vLLM refuses a start when gpu_memory_utilization x CUDA's total
+    exceeds the free figure it reads, so a ceiling above the baseline would admit plans the launch check then refuses on a
+    clean box. Named at the first of the three values the inventory overrode."""
+    pool, ceiling, baseline = values["pool_gib"], values["gmu_ceiling"], values["free_memory_baseline_gib"]
+    if pool is None or baseline is None or ceiling * pool <= baseline:
+        return []
+    named = next((key for key in ("gmu_ceiling", "free_memory_baseline_gib", "pool_gib") if key in overrides), "gmu_ceiling")
+    return [f"sparkfleet_hardware_overrides.{named}: gmu_ceiling {ceiling} x pool_gib {pool} asks for {ceiling * pool:.2f} GiB, "
+            f"more than the {baseline} GiB free_memory_baseline_gib a clean boot of a {name} host leaves, so vLLM would refuse a "
+            "plan at the ceiling on a clean box; lower gmu_ceiling, or override free_memory_baseline_gib with the MemAvailable you "
+            "measured after a clean boot (docs/hardware.md)"]
 
 
 def class_page(name: str) -> str:

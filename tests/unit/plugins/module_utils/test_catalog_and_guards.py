@@ -75,7 +75,7 @@ def test_class_values_apply_and_overrides_are_checked():
     assert "PYTORCH_CUDA_ALLOC_CONF" not in llm["env_names"], "seed 002 measured it crashing a GB10 at 0.85"
     args = llm["serve_args"]
     assert args[args.index("--max-num-batched-tokens") + 1] == "32768" and args[0] == "/models/gemma-4-26B-A4B-it-NVFP4"
-    assert plan(instance(), hardware_class="asus_gx10")["gmu_cap"] == 0.87
+    assert plan(instance(), hardware_class="asus_gx10")["gmu_cap"] == 0.85
     five = plan(instance(catalog="gemma-4-26b-a4b-it-nvfp4", gpu_memory_utilization=0.9), hardware_class="rtx_5090")
     assert "8192" in five["instances"][0]["serve_args"] and five["instances"][0]["drop_caches"] is False
     assert "--max-num-batched-tokens" not in plan(instance(), hardware_class="cpu_lab")["instances"][0]["serve_args"]
@@ -86,8 +86,9 @@ def test_class_values_apply_and_overrides_are_checked():
 
 def test_a_cap_above_the_class_ceiling_and_bad_classes_are_refused():
     message = only_error(instance(), hardware_class="asus_gx10", gmu_cap=0.9)
-    assert "vllm_gmu_cap: 0.9 is above the asus_gx10 class's ceiling of 0.87" in message and "seed 002" in message
-    assert errors(instance(), hardware_class="asus_gx10", gmu_cap=0.9, hardware_overrides={"gmu_ceiling": 0.9}) == []
+    assert "vllm_gmu_cap: 0.9 is above the asus_gx10 class's ceiling of 0.85" in message and "seed 002" in message
+    measured = {"gmu_ceiling": 0.9, "free_memory_baseline_gib": 110}
+    assert errors(instance(), hardware_class="asus_gx10", gmu_cap=0.9, hardware_overrides=measured) == []
     assert "'gb10' is not a hardware class" in only_error(instance(), hardware_class="gb10")
     found = " | ".join(errors(instance(), hardware_overrides={"gmu_celing": 0.9, "production": "yes", "gmu_ceiling": True}))
     assert "gmu_celing: not a value a class has" in found and "production: 'yes' has the wrong type" in found
@@ -285,7 +286,7 @@ def test_versions_decide_known_breakage_by_release_and_a_bad_one_is_refused_not_
     pytest.param({"pool_gib": -1}, "sparkfleet_hardware_overrides.pool_gib: -1 is out of range; give a number above 0 and at most "
                  "1024 GiB", id="negative-pool"),
     pytest.param({"pool_gib": 50}, "sparkfleet_hardware_overrides.pool_gib: 50 is below the dgx_spark class's free_memory_baseline_gib "
-                 "of 99.0; raise pool_gib, or override free_memory_baseline_gib too", id="pool-below-the-class-baseline"),
+                 "of 117.0; raise pool_gib, or override free_memory_baseline_gib too", id="pool-below-the-class-baseline"),
     pytest.param({"max_num_batched_tokens": 0}, "sparkfleet_hardware_overrides.max_num_batched_tokens: 0 is out of range; give a whole "
                  "number from 1 to 1048576", id="no-batch"),
     pytest.param({"gmu_ceiling": 1.0}, "sparkfleet_hardware_overrides.gmu_ceiling: 1.0 is out of range; give a number above 0 and "
@@ -302,7 +303,7 @@ def test_hardware_overrides_are_bounded(overrides, expected):
 def test_hardware_overrides_in_range_apply():
     values = resolve_class("cpu_lab", {"free_memory_baseline_gib": 20, "shm_size_ceiling_gib": 4, "min_free_disk_gib": 0.5})["values"]
     assert values["free_memory_baseline_gib"] == 20 and values["shm_size_ceiling_gib"] == 4
-    assert resolve_class("dgx_spark", {"pool_gib": 110, "free_memory_baseline_gib": 90, "driver_branch": None})["errors"] == []
+    assert resolve_class("dgx_spark", {"pool_gib": 110, "free_memory_baseline_gib": 95, "driver_branch": None})["errors"] == []
 
 
 @pytest.mark.parametrize(("value", "whole", "number"), [
