@@ -31,10 +31,10 @@ description:
   - C(stop) stops the unit (systemd reads its unit file again first) and removes its container.
   - C(start) drops the page cache when the plan says so (seed 002), refuses a start (O(memory_admission)) while a process
     outside the collection's containers holds the GPU's device nodes (C(/dev/nvidia*); nvidia-persistenced may) or
-    while the memory the pinned image sees cannot grant the plan's share - the plan's C(memory_probe), a throwaway
-    container of its image without network that prints CUDA's free and total memory (seed 002's
-    C(torch.cuda.mem_get_info()); on a GB10 about 22 GiB below /proc/meminfo's), or the kernel's available memory
-    when the instance gets no GPU (the CPU build) - then clears the unit's start limit and starts it without waiting
+    while the free memory the pinned image's vLLM compares with cannot grant the plan's share of CUDA's total - the
+    plan's C(memory_probe), a throwaway container of its image without network, stopped after 120 s, that prints the
+    figures (MemAvailable on an integrated GPU such as a GB10, CUDA's free memory on a discrete one, the kernel's
+    available memory when the instance gets no GPU) - then clears the unit's start limit and starts it without waiting
     for readiness.
   - C(restore) puts the last good copies of the files back (C(restored) is false, and nothing changes, when there is
     no complete copy); C(keep) keeps the files as the last good ones and enables the unit; C(last_good) only reads whether a complete

@@ -118,7 +118,8 @@ def test_hardware_class_values_reach_the_plan():
     result, _key = check_inventory("two_nodes", "-e", '{"vllm_gmu_cap": 0.86}')
     assert result.returncode != 0
     assert "vllm_gmu_cap: 0.86 is above the dgx_spark class's ceiling of 0.85" in result.stdout
-    assert "fatal: [spark-1]" in result.stdout and "fatal: [gx10-1]" not in result.stdout, "0.86 is within the GX10's 0.87"
+    assert "vllm_gmu_cap: 0.86 is above the asus_gx10 class's ceiling of 0.85" in result.stdout
+    assert "fatal: [spark-1]" in result.stdout and "fatal: [gx10-1]" in result.stdout, "each class's own ceiling refuses it"
     result, _key = check_inventory("local", "-e", "sparkfleet_hardware_class=gb10")
     assert result.returncode != 0 and "sparkfleet_hardware_class: 'gb10' is not a hardware class" in result.stdout
 

@@ -387,13 +387,15 @@ def test_a_start_the_memory_the_image_sees_cannot_hold_is_refused_before_the_uni
     from ansible_collections.sparkfleet.vllm.plugins.module_utils._serving_unit import UnitError, start
 
     plan, _env_file = planned(host, gpu_memory_utilization=0.85)
-    figures = json.dumps({"device": "cuda", "free": 99 * 1024**3, "total": int(121.69 * 1024**3)})
+    figures = json.dumps({"device": "cuda", "figure": "MemAvailable (integrated GPU, torch's is_integrated)", "free": 99 * 1024**3,
+                          "total": int(121.69 * 1024**3)})
     answers = {"docker ps": (0, "c0ffee\n", ""), "docker run": (0, figures + "\n", "")}
     ran = []
 
     def tools(argv):
         ran.append(argv)
-        return answers.get(" ".join(argv[:2]).replace("/usr/bin/docker", "docker"), (0, "", ""))
+        command = argv[4:] if argv[0] == "/usr/bin/timeout" else argv
+        return answers.get(" ".join(command[:2]).replace("/usr/bin/docker", "docker"), (0, "", ""))
 
     drop_caches = tmp_path / "drop_caches"
     exporter = (4242, "nvidia_gpu_expo", ["/dev/nvidia0", "/dev/nvidiactl", "/dev/null"])
@@ -406,9 +408,12 @@ def test_a_start_the_memory_the_image_sees_cannot_hold_is_refused_before_the_uni
     assert str(refused.value) == (
         "tiny: pid 4242 (nvidia_gpu_expo) holds /dev/nvidia0, /dev/nvidiactl: the start was not attempted; stop them first (a stale "
         "container: docker rm; a GPU exporter: stop it for the launch; what persists after that: reboot, seed 002) | tiny: "
-        "gpu_memory_utilization 0.85 wants 103.44 GiB of the 121.69 GiB CUDA in the image sees, but only 99.00 GiB is free now; lower "
-        "it, or free the memory first (stop what holds it; after failed starts on a GB10 only a reboot clears the residue, seed 002)")
-    assert ran[2] == plan["memory_probe"] and plan["memory_probe"][:4] == ["/usr/bin/docker", "run", "--rm", "--pull"]
+        "gpu_memory_utilization 0.85 asks for 103.44 GiB of CUDA's total of 121.69 GiB in the image, but the free memory its vLLM "
+        "compares that with, MemAvailable (integrated GPU, torch's is_integrated), is 99.00 GiB now; lower it, or free the memory "
+        "first (stop what holds it; residue of failed starts on a GB10: reboot, and if the figure is still short after the reboot, "
+        "cut the AC power, seed 002)")
+    assert ran[2] == plan["memory_probe"] and plan["memory_probe"][:7] == ["/usr/bin/timeout", "--signal=TERM", "--kill-after=10", "120",
+                                                                          "/usr/bin/docker", "run", "--rm"]
     assert plan["run_image"] in plan["memory_probe"] and "--network" in plan["memory_probe"]
     assert drop_caches.read_text() == "3\n" and not [argv for argv in ran if argv[0] == "systemctl"], "the unit was not started"
 
