@@ -9,6 +9,7 @@ Select one layer with a marker, for example `scripts/test -m unit` or `scripts/t
 import pathlib
 
 import pytest
+from suite_layers import STOP_LANES
 
 LAYERS = ("unit", "static", "lab")
 HERE = pathlib.Path(__file__).resolve().parent
@@ -31,6 +32,9 @@ def pytest_collection_modifyitems(items):
 def pytest_runtest_makereport(item, call):
     if call.excinfo is not None and not call.excinfo.errisinstance(pytest.skip.Exception) and layer_of(item) == "unit":
         item.session.config.stash[FAILED_EARLY] = True
+        stop = item.session.config.stash.get(STOP_LANES, None)
+        if stop:
+            stop(item.session.config)
 
 
 def pytest_runtest_setup(item):

@@ -1,11 +1,13 @@
 """The molecule lanes start as soon as the tests are collected, when a scenario is among them (not for
-`scripts/test fast`): the unit and static layers run while the lanes do, off the lanes' critical path,
-and the first failing unit test stops the lanes (tests/conftest.py then skips the lab layer). The
-scenarios' times in the suite's own output: when each lane finished each scenario, its steps' times,
-and the verifier's per-test times."""
+`scripts/test fast`, --collect-only or a collection that failed): the unit and static layers run while
+the lanes do, off the lanes' critical path, and the first failing unit test stops the lanes
+(tests/conftest.py, whose hooks see the unit tests, calls the stop kept in the stash; it then skips the
+lab layer). The scenarios' times in the suite's own output: when each lane finished each scenario, its
+steps' times, and the verifier's per-test times."""
 
 import pytest
 from molecule_lanes import start_lanes
+from suite_layers import STOP_LANES
 from tool_runner import MOLECULE_TIMES
 
 MOLECULE_TESTS = "test_molecule.py"
@@ -13,19 +15,17 @@ LANES = pytest.StashKey[list]()
 
 
 def pytest_collection_finish(session):
+    if session.config.option.collectonly or session.testsfailed:
+        return
     if any(item.path.name == MOLECULE_TESTS for item in session.items):
         session.config.stash[LANES] = start_lanes()
+        session.config.stash[STOP_LANES] = stop_lanes
 
 
 def stop_lanes(config):
     for lane in config.stash.get(LANES, []):
         lane.stop()
     config.stash[LANES] = []
-
-
-def pytest_runtest_makereport(item, call):
-    if call.excinfo is not None and not call.excinfo.errisinstance(pytest.skip.Exception) and item.get_closest_marker("unit"):
-        stop_lanes(item.config)
 
 
 def pytest_sessionfinish(session):

@@ -773,7 +773,8 @@ def test_the_sampler_thread_runs_beside_the_rounds(tmp_path, vllm):
         return Finished(0, "", False, 0.35)
 
     host = Host(run_command=machine.run_command, run_round=run_round, meminfo=meminfo)
-    soak_job = job(tmp_path, vllm.url, duration=0.3, sample_interval=0.1, max_gap=1.0)
+    # A duration shorter than the first round: that round ends past it, whenever the readings come, so there is one round.
+    soak_job = job(tmp_path, vllm.url, duration=0.01, sample_interval=0.1, max_gap=1.0)
     result = run_soak(soak_job, host, state(invocation="1" * 32))
     assert len(result["rounds"]) == 1 and seen[0] >= 3, "the sampler read while the round ran"
     assert threading.current_thread() not in readers, "the readings came from the sampler's own thread"
