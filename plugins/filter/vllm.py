@@ -153,7 +153,7 @@ options:
     type: int
     required: true
   kv_cache_warn_share:
-    description: The share of the last good start's KV cache below which a start is warned of (C(vllm_kv_cache_warn_share)).
+    description: The share of the best good start's KV cache below which a start is warned of (C(vllm_kv_cache_warn_share)).
     type: float
     required: true
   maintenance_flag:

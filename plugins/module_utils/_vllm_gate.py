@@ -43,7 +43,7 @@ class Endpoint(t.NamedTuple):
     cold: bool = False
     restarts_allowed: int = 0
     restart_window: float = 0
-    # The warm stamp keeps the KV cache of the last good start of these settings; a start below the share of it is warned of.
+    # The warm stamp keeps the KV cache of the best good start of these settings; a start below the share of it is warned of.
     stamp: str | None = None
     kv_cache_warn_share: float | None = None
 

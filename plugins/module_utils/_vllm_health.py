@@ -18,6 +18,7 @@ import os
 import re
 import socket
 import ssl
+import tempfile
 import time
 import typing as t
 import urllib.error
@@ -169,7 +170,7 @@ def kv_cache_tokens(metrics_text: str) -> int | None:
 
 
 def stamp_record(stamp: str | None) -> dict[str, t.Any]:
-    """What the warm stamp keeps of the last good start of these settings: ``kv_cache_tokens`` when known. A stamp an
+    """What the warm stamp keeps of the best good start of these settings: ``kv_cache_tokens`` when known. A stamp an
     older release wrote (the start's time alone) or one that cannot be read keeps nothing."""
     try:
         with open(stamp or "", encoding="ascii") as handle:
@@ -181,28 +182,37 @@ def stamp_record(stamp: str | None) -> dict[str, t.Any]:
 
 
 def capacity_warning(tokens: int | None, reference: int | None, share: float | None) -> str | None:
-    """Why this start's KV cache is a warning: below ``share`` of the last good start of the same settings (seed 000: two
+    """Why this start's KV cache is a warning: below ``share`` of the best good start of the same settings (seed 000: two
     instances started at once and the KV cache fell from 41.22 to 34.99 GiB unnoticed). None when it is not, or unknown."""
     if not tokens or not reference or not share or tokens >= share * reference:
         return None
-    return (f"the KV cache holds {tokens:,} tokens, {100 * tokens / reference:.0f} % of the {reference:,} of the last good start of "
+    return (f"the KV cache holds {tokens:,} tokens, {100 * tokens / reference:.0f} % of the {reference:,} of the best good start of "
             f"these settings (below {100 * share:g} %): something else held memory while it started (another engine starting "
             "at once, a GPU exporter, residue of failed starts); fewer requests fit at once until it starts again with the memory free")
 
 
 def mark_warm(stamp: str, kv_tokens: int | None = None, degraded: bool = False) -> None:
-    """Stamp the settings' start as good: the caches it filled hold their compiled kernels, and ``kv_tokens`` the KV cache it
-    sized, the reference of the next starts. A ``degraded`` start stamps warm but never lowers the reference. OSError when
-    it cannot."""
-    if degraded and os.path.exists(stamp):
+    """Stamp the settings' start as good: the caches it filled hold their compiled kernels, and the largest KV cache a good
+    start of them sized (``kv_tokens``) is the reference of the next starts: never lowered, so a loss that grows a little
+    with each start still warns. A ``degraded`` start stamps warm and changes no reference. The unit's readiness wait and
+    the serving transaction may both write at once: each through a temporary file of its own. OSError when it cannot."""
+    known = stamp_record(stamp).get("kv_cache_tokens")
+    if os.path.exists(stamp) and (degraded or not kv_tokens or (known and known >= kv_tokens)):
         return
-    os.makedirs(os.path.dirname(stamp), mode=0o755, exist_ok=True)
-    if os.path.exists(stamp) and not kv_tokens:
-        return
-    record = {"time": int(time.time()), **({"kv_cache_tokens": kv_tokens} if kv_tokens and not degraded else {})}
-    with open(stamp + ".tmp", "w", encoding="ascii") as handle:
-        handle.write(json.dumps(record) + "\n")
-    os.replace(stamp + ".tmp", stamp)
+    folder = os.path.dirname(stamp)
+    os.makedirs(folder, mode=0o755, exist_ok=True)
+    best = max(kv_tokens or 0, known or 0) if not degraded else known
+    record = {"time": int(time.time()), **({"kv_cache_tokens": best} if best else {})}
+    handle, temporary = tempfile.mkstemp(dir=folder, prefix=".stamp-")
+    try:
+        with os.fdopen(handle, "w", encoding="ascii") as written:
+            written.write(json.dumps(record) + "\n")
+        os.chmod(temporary, 0o644)
+        os.replace(temporary, stamp)
+    except OSError:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+        raise
 
 
 def start_timeout(warm_timeout: float, cold_start: t.Mapping[str, t.Any] | None, cold: bool | None = None) -> tuple[float, bool]:

@@ -181,7 +181,7 @@ kv_cache_tokens:
 kv_cache_warning:
   description:
     - Why this start's KV cache is a warning (also shown as one), or null. A start whose KV cache is below the plan's share
-      (C(vllm_kv_cache_warn_share)) of the last good start of the same settings, which the warm stamp keeps, started while
+      (C(vllm_kv_cache_warn_share)) of the best good start of the same settings, which the warm stamp keeps, started while
       something else held memory (seed 000).
   returned: when the gate passed on an instance's plan (O(instance)) whose warm stamp is planned
   type: str

@@ -547,7 +547,7 @@ def test_a_relaunch_whose_kv_cache_falls_below_the_share_of_the_last_good_start_
     stamp.write_text('{"time": 1, "kv_cache_tokens": 1000}\n')
     done = relaunch(host, plan)
     assert done["gate"]["ok"] and done["gate"]["kv_cache_tokens"] == 800 and not done.get("failed")
-    assert done["gate"]["kv_cache_warning"].startswith("the KV cache holds 800 tokens, 80 % of the 1,000 of the last good start")
+    assert done["gate"]["kv_cache_warning"].startswith("the KV cache holds 800 tokens, 80 % of the 1,000 of the best good start")
     assert "tiny: the KV cache holds 800 tokens" in json.dumps(done["warnings"]), "shown as a warning"
     vllm.metrics = vllm.metrics.replace('"800"', '"950"')
     again = relaunch(host, plan)
