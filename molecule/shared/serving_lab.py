@@ -20,6 +20,13 @@ def status(host, port, path="/v1/models", key=None):
     return host.run(f"curl -s -o /dev/null -w '%{{http_code}}' {auth} http://127.0.0.1:{port}{path}").stdout.strip()
 
 
+def engine_processes(host, container):
+    """(pid on the lab host, resident KiB, command) of the engine's own processes in the container: the server (`vllm serve`)
+    and, with V1 multiprocessing, its engine core (titled VLLM::EngineCore); not a benchmark client run in the container."""
+    rows = [line.split(None, 2) for line in host.check_output(f"docker top {container} -eo pid,rss,args").splitlines()[1:]]
+    return [(int(pid), int(rss), args) for pid, rss, args in rows if "vllm serve" in args or "VLLM::EngineCore" in args]
+
+
 def container(host, name):
     return json.loads(host.check_output(f"docker inspect vllm-{name}"))[0]
 

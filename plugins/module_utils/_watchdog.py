@@ -443,7 +443,8 @@ WRONG_TASK_STATUSES = frozenset({400, 404, 405})
 def planned_probe_kind(serve_args: t.Any) -> str:
     """The task the plan's serve arguments name, in either spelling argparse takes: ``--runner pooling``, or any
     ``--convert`` but ``auto`` and ``none`` (vLLM 0.32's model config: a conversion forces the pooling runner);
-    ``generate`` when they name neither, the task of vLLM's default runner for a generating model."""
+    ``generate`` when they name neither, the task of vLLM's default runner for a generating model. A pooling engine is
+    probed with an embedding: one that only classifies or scores refuses it, and is inconclusive (docs/watchdog.md)."""
     args = [str(arg) for arg in serve_args] if isinstance(serve_args, (list, tuple)) else []
     named: dict[str, str] = {}
     for index, arg in enumerate(args):

@@ -58,7 +58,7 @@ def test_a_good_change_upgrades_every_changed_unit_batch_by_batch_the_cluster_wh
     records = json.loads((report / "report.json").read_text())["records"]
     assert all(record["before"]["summary"]["2"]["output_throughput"]["n"] == 2 for record in records), "two repeats on each side"
     assert "--max-num-seqs 8" in " ".join(plan_of(hosts[OTHER], "/etc/sparkfleet/vllm/last-good/tiny.json")["serve_args"])
-    assert "--max-num-seqs" not in plan_of(hosts[HEAD], "/etc/sparkfleet/vllm/tiny.json")["serve_args"]
+    assert "--max-num-seqs" not in " ".join(plan_of(hosts[HEAD], "/etc/sparkfleet/vllm/tiny.json")["serve_args"])
     assert hosts[HEAD].check_output("docker inspect --format '{{.State.StartedAt}}' vllm-tiny") == head_tiny, "the unchanged unit kept running"
     for host in hosts.values():
         kept = plan_of(host, "/etc/sparkfleet/cluster/last-good/lab-tp2.json")

@@ -6,12 +6,11 @@ it back). Short intervals through the role's variables; each detection time is p
 closing note. Every process a test starts is stopped by its recorded id."""
 
 import json
-import re
 import shlex
 import time
 
 import pytest
-from serving_lab import KEY, status
+from serving_lab import KEY, engine_processes, status
 from site_runner import bundle_leaks, deployed_secrets, docker_host, playbook, site
 from watchdog_journal import journal_decisions, now, wait_for
 
@@ -95,9 +94,8 @@ def test_a_stopped_unit_waits_out_a_fresh_flag_and_is_started_once_the_flag_is_s
 
 def engine_core_pid(host):
     """The engine core's process on the lab host (vLLM titles it VLLM::EngineCore)."""
-    table = host.check_output(f"docker top {CONTAINER} -eo pid,args")
-    found = [int(line.split()[0]) for line in table.splitlines()[1:] if re.search(r"EngineCore", line)]
-    assert len(found) == 1, table
+    found = [pid for pid, _rss, args in engine_processes(host, CONTAINER) if "VLLM::EngineCore" in args]
+    assert len(found) == 1, engine_processes(host, CONTAINER)
     return found[0]
 
 

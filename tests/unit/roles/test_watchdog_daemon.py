@@ -70,6 +70,7 @@ class Instance(http.server.BaseHTTPRequestHandler):
     engine_series = True
     # The task the model serves: vLLM registers /v1/completions only for a generating model, /v1/embeddings for a pooling one.
     task = "generate"
+    wrong_task_status = 404
     posted: list = []
 
     def do_GET(self):
@@ -90,7 +91,8 @@ class Instance(http.server.BaseHTTPRequestHandler):
             self.end_headers()
             return
         if self.path != {"generate": "/v1/completions", "pooling": "/v1/embeddings"}[Instance.task]:
-            self.send_response(404)
+            # A release answers that the model does not support the task (400); an older one has no such route (404).
+            self.send_response(Instance.wrong_task_status)
             self.end_headers()
             return
         if Instance.hang:
@@ -107,6 +109,7 @@ class Instance(http.server.BaseHTTPRequestHandler):
 @pytest.fixture
 def instance():
     Instance.generated, Instance.hang, Instance.engine_series, Instance.task, Instance.posted = 10.0, False, True, "generate", []
+    Instance.wrong_task_status = 404
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Instance)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -296,9 +299,10 @@ def test_an_engine_without_vllms_series_is_judged_by_its_probe_and_restarted_whe
     assert actions(host) == [KILL, f"systemctl restart --no-block -- {UNIT}"]
 
 
-def test_an_embedding_model_on_the_default_runner_is_probed_with_an_embedding_and_remembered(host):
-    """Found in a reading: an embedding model served without --runner pooling got completions, 404, and stayed inconclusive."""
-    Instance.task, Instance.engine_series = "pooling", False
+@pytest.mark.parametrize("wrong_task_status", [400, 404])
+def test_an_embedding_model_on_the_default_runner_is_probed_with_an_embedding_and_remembered(host, wrong_task_status):
+    """Found in a reading: an embedding model served without --runner pooling got completions refused and stayed inconclusive."""
+    Instance.task, Instance.engine_series, Instance.wrong_task_status = "pooling", False, wrong_task_status
     decisions = [line for line in samples(host, 2) if line.get("unit") == UNIT]
     assert [d["verdict"] for d in decisions] == ["answers"] and actions(host) == []
     assert Instance.posted == ["/v1/completions", "/v1/embeddings", "/v1/embeddings"], "the task that answered is asked first next time"
