@@ -59,8 +59,6 @@ class Endpoint(t.NamedTuple):
                    cold_start.get("stamp"), cold_start.get("kv_cache_warn_share"))
 
 
-
-
 def gate(endpoint: Endpoint, run: Runner | None, interval: float = POLL_INTERVAL, log_lines: int = 40, warmup: bool = False,
          warmup_reply_length: int = 8, what: str = "vLLM health gate") -> dict[str, t.Any]:
     """The gate's result: ok, reason(s), elapsed, served names, the container's state, and on
