@@ -54,32 +54,28 @@ def probe_on(monkeypatch, capsys, props, dev=("nvidia0", "nvidiactl", "null")):
     return probe_figures(0, capsys.readouterr().out, "")
 
 
-@pytest.mark.parametrize(("props", "figure"), [
-    pytest.param(types.SimpleNamespace(major=12, minor=1, is_integrated=1), "MemAvailable (integrated GPU, torch's is_integrated)",
+INTEGRATED, DISCRETE = "MemAvailable (integrated GPU, {})", "cudaMemGetInfo (discrete GPU, {})"
+
+
+@pytest.mark.parametrize(("props", "figure", "free"), [
+    pytest.param(types.SimpleNamespace(major=12, minor=1, is_integrated=1), INTEGRATED.format("torch's is_integrated"), MEM_AVAILABLE,
                  id="gb10-by-torchs-attribute"),
-    pytest.param(types.SimpleNamespace(major=9, minor=0, is_integrated=True), "MemAvailable (integrated GPU, torch's is_integrated)",
+    pytest.param(types.SimpleNamespace(major=9, minor=0, is_integrated=True), INTEGRATED.format("torch's is_integrated"), MEM_AVAILABLE,
                  id="any-capability-torch-calls-integrated"),
-    pytest.param(types.SimpleNamespace(major=12, minor=1), "MemAvailable (integrated GPU, compute capability 12.1)",
-                 id="gb10-by-vllms-list"),
-    pytest.param(types.SimpleNamespace(major=8, minor=7), "MemAvailable (integrated GPU, compute capability 8.7)", id="orin-by-list"),
-    pytest.param(types.SimpleNamespace(major=11, minor=0), "MemAvailable (integrated GPU, compute capability 11.0)", id="thor-by-list"),
-])
-def test_an_integrated_gpu_reports_memavailable_as_free_and_cudas_total(monkeypatch, capsys, props, figure):
-    figures = probe_on(monkeypatch, capsys, props)
-    assert figures == {"device": "cuda", "figure": figure, "free": MEM_AVAILABLE, "total": GB10_TOTAL}
-
-
-@pytest.mark.parametrize(("props", "figure"), [
-    pytest.param(types.SimpleNamespace(major=12, minor=0, is_integrated=0), "cudaMemGetInfo (discrete GPU, torch's is_integrated)",
+    pytest.param(types.SimpleNamespace(major=12, minor=1), INTEGRATED.format("compute capability 12.1"), MEM_AVAILABLE, id="gb10-by-vllms-list"),
+    pytest.param(types.SimpleNamespace(major=8, minor=7), INTEGRATED.format("compute capability 8.7"), MEM_AVAILABLE, id="orin-by-list"),
+    pytest.param(types.SimpleNamespace(major=11, minor=0), INTEGRATED.format("compute capability 11.0"), MEM_AVAILABLE, id="thor-by-list"),
+    pytest.param(types.SimpleNamespace(major=12, minor=0, is_integrated=0), DISCRETE.format("torch's is_integrated"), CUDA_FREE,
                  id="rtx-by-torchs-attribute"),
-    pytest.param(types.SimpleNamespace(major=12, minor=1, is_integrated=False), "cudaMemGetInfo (discrete GPU, torch's is_integrated)",
+    pytest.param(types.SimpleNamespace(major=12, minor=1, is_integrated=False), DISCRETE.format("torch's is_integrated"), CUDA_FREE,
                  id="torchs-attribute-wins-over-the-list"),
-    pytest.param(types.SimpleNamespace(major=12, minor=0), "cudaMemGetInfo (discrete GPU, compute capability 12.0)", id="rtx-by-list"),
-    pytest.param(types.SimpleNamespace(major=9, minor=0), "cudaMemGetInfo (discrete GPU, compute capability 9.0)", id="hopper-by-list"),
+    pytest.param(types.SimpleNamespace(major=12, minor=0), DISCRETE.format("compute capability 12.0"), CUDA_FREE, id="rtx-by-list"),
+    pytest.param(types.SimpleNamespace(major=9, minor=0), DISCRETE.format("compute capability 9.0"), CUDA_FREE, id="hopper-by-list"),
 ])
-def test_a_discrete_gpu_reports_cudas_free_and_total(monkeypatch, capsys, props, figure):
+def test_the_free_memory_is_what_vllm_compares_with_on_the_device_kind_and_the_total_cudas(monkeypatch, capsys, props, figure, free):
+    """Integrated (torch's is_integrated, else vLLM's compute-capability list): MemAvailable; discrete: cudaMemGetInfo's free."""
     figures = probe_on(monkeypatch, capsys, props)
-    assert figures == {"device": "cuda", "figure": figure, "free": CUDA_FREE, "total": GB10_TOTAL}
+    assert figures == {"device": "cuda", "figure": figure, "free": free, "total": GB10_TOTAL}
 
 
 def test_a_container_without_the_gpus_nodes_reads_the_kernel_and_never_torch(monkeypatch, capsys):
