@@ -17,12 +17,10 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_client impor
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_health import (
     POLL_INTERVAL,
     DockerUnanswered,
-    capacity_warning,
+    capacity_check,
     container_snapshot,
     error_lines,
-    kv_cache_tokens,
     missing_container,
-    stamp_record,
     start_timeout,
     wait_until_ready,
 )
@@ -97,8 +95,7 @@ def gate(endpoint: Endpoint, run: Runner | None, interval: float = POLL_INTERVAL
             reason = f"the warm-up request answered {answered(reply)}: {reply.body[:500]}"
             result.update(ok=False, reason=reason, reasons=[reason], msg=f"vLLM health gate failed: {reason}")
     if result["ok"] and endpoint.stamp:
-        page = http("GET", base + "/metrics", endpoint.api_key, timeout=10)
-        tokens = kv_cache_tokens(page.body) if page.status == 200 else None
-        warning = capacity_warning(tokens, stamp_record(endpoint.stamp).get("kv_cache_tokens"), endpoint.kv_cache_warn_share)
+        tokens, warning = capacity_check(http("GET", base + "/metrics", endpoint.api_key, timeout=10), endpoint.stamp,
+                                         endpoint.kv_cache_warn_share)
         result.update(kv_cache_tokens=tokens, kv_cache_warning=warning)
     return result

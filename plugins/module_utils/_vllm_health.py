@@ -191,6 +191,13 @@ def capacity_warning(tokens: int | None, reference: int | None, share: float | N
             "at once, a GPU exporter, residue of failed starts); fewer requests fit at once until it starts again with the memory free")
 
 
+def capacity_check(metrics: Reply, stamp: str, share: float | None) -> tuple[int | None, str | None]:
+    """(the KV cache this start sized, why it is a warning or None), from the engine's /metrics reply and the warm stamp:
+    the one comparison the units' readiness wait and the health gate both make."""
+    tokens = kv_cache_tokens(metrics.body) if metrics.status == 200 else None
+    return tokens, capacity_warning(tokens, stamp_record(stamp).get("kv_cache_tokens"), share)
+
+
 def mark_warm(stamp: str, kv_tokens: int | None = None, degraded: bool = False) -> None:
     """Stamp the settings' start as good: the caches it filled hold their compiled kernels, and the largest KV cache a good
     start of them sized (``kv_tokens``) is the reference of the next starts: never lowered, so a loss that grows a little
@@ -201,7 +208,7 @@ def mark_warm(stamp: str, kv_tokens: int | None = None, degraded: bool = False) 
         return
     folder = os.path.dirname(stamp)
     os.makedirs(folder, mode=0o755, exist_ok=True)
-    best = max(kv_tokens or 0, known or 0) if not degraded else known
+    best = None if degraded else max(kv_tokens or 0, known or 0)
     record = {"time": int(time.time()), **({"kv_cache_tokens": best} if best else {})}
     handle, temporary = tempfile.mkstemp(dir=folder, prefix=".stamp-")
     try:

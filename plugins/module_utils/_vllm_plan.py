@@ -946,7 +946,7 @@ def option_problems(options: t.Mapping[str, t.Any]) -> list[str]:
     share = options["kv_cache_warn_share"]
     if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share <= 1:
         errors.append(f"vllm_kv_cache_warn_share: {share!r} must be a fraction above 0 and at most 1, such as 0.9 (1 warns of any "
-                      "start with a smaller KV cache than the last good one)")
+                      "start with a smaller KV cache than the best good one)")
     version = options["vllm_version"]
     if version and not (isinstance(version, str) and VERSION.fullmatch(version)):
         errors.append(f"vllm_version: {version!r} must be the image's vLLM release such as 0.32.0, or empty")

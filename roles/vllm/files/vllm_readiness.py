@@ -25,14 +25,12 @@ from _vllm_health import (  # noqa: E402
     POLL_INTERVAL,
     DockerUnanswered,
     Reply,
-    capacity_warning,
+    capacity_check,
     container_snapshot,
     exception_reply,
-    kv_cache_tokens,
     mark_warm,
     missing_container,
     parse_env_file,
-    stamp_record,
     start_timeout,
     wait_until_ready,
 )
@@ -74,10 +72,7 @@ def main(argv=None):
     print(f"{args.container}: {'cold' if cold else 'warm'} start, {result['reason']} after {result['elapsed']} s", file=sys.stderr)
     if not result["ok"]:
         return 1
-    page = get(args.url.rstrip("/") + "/metrics", api_key)
-    tokens = kv_cache_tokens(page.body) if page.status == 200 else None
-    reference = stamp_record(args.stamp).get("kv_cache_tokens")
-    warning = capacity_warning(tokens, reference, args.kv_cache_warn_share)
+    tokens, warning = capacity_check(get(args.url.rstrip("/") + "/metrics", api_key), args.stamp, args.kv_cache_warn_share)
     print(f"{args.container}: " + (f"WARNING: {warning}" if warning else f"the KV cache holds {tokens:,} tokens" if tokens else
                                    "the KV cache size is not on its /metrics page"), file=sys.stderr)
     try:
