@@ -944,7 +944,7 @@ def option_problems(options: t.Mapping[str, t.Any]) -> list[str]:
                       f"({options['hardware']['sources'].get('gmu_ceiling', 'see docs/hardware')}). Lower it, or override "
                       "sparkfleet_hardware_overrides.gmu_ceiling if you measured this box higher")
     share = options["kv_cache_warn_share"]
-    if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share <= 1:
+    if not is_share(share):
         errors.append(f"vllm_kv_cache_warn_share: {share!r} must be a fraction above 0 and at most 1, such as 0.9 (1 warns of any "
                       "start with a smaller KV cache than the best good one)")
     version = options["vllm_version"]
