@@ -136,9 +136,9 @@ options:
     description: Whether Docker on this host is ordered after network-online.target; null when unknown.
     type: bool
     required: true
-  readiness_script:
-    description: Path of the readiness wait on the host; the key middleware and the fabric wait are beside it.
-    type: str
+  memory_admission:
+    description: Whether every start of the units checks the memory and the GPU's holders first (C(vllm_memory_admission)).
+    type: bool
     required: true
   start_limit_interval:
     description: StartLimitIntervalSec of the units (C(vllm_start_limit_interval)).
@@ -191,7 +191,7 @@ EXAMPLES = r"""
          drop_caches=vllm_drop_caches, overrides=vllm_instance_overrides, cluster=none, reserved_gmu=0, gpus=vllm_gpus,
          models_dir=vllm_models_dir, cache_dir=vllm_cache_dir, config_dir=vllm_config_dir, env=vllm_env,
          health_timeout=vllm_health_timeout, cold_timeout=vllm_cold_timeout, host_addresses=ansible_facts.all_ipv4_addresses + ['127.0.0.1'],
-         wait_online_enabled=true, readiness_script='/usr/local/libexec/sparkfleet/vllm_readiness.py',
+         wait_online_enabled=true, memory_admission=vllm_memory_admission,
          start_limit_interval=vllm_start_limit_interval, start_limit_burst=vllm_start_limit_burst,
          restart_delay=vllm_restart_delay, kv_cache_warn_share=vllm_kv_cache_warn_share, maintenance_flag=vllm_maintenance_flag,
          launch_paused_containers=vllm_launch_paused_containers, cache_backup_dir=vllm_cache_backup_dir,
@@ -211,6 +211,7 @@ import pathlib
 
 from ansible.errors import AnsibleFilterError
 
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_runtime import runtime_files
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._memory import parse_meminfo
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_instance import deployed_instances, pull_reference, removal, run_image
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_models import model_folder, validate_models
@@ -231,6 +232,12 @@ def vllm_helper_files(helpers, collection_root):
             raise AnsibleFilterError(f"vllm_helper_files: {helper['source']!r} is not a file of the collection at {root}")
         files.append({"path": helper["path"], "mode": helper["mode"], "content": source.read_text(encoding="utf-8")})
     return files
+
+
+def host_runtime(collection_root):
+    """The host runtime's folders and files as host_files takes them, each file read from the collection."""
+    folders, files = runtime_files()
+    return {"folders": folders, "files": vllm_helper_files(files, collection_root)}
 
 
 def vllm_removals(deployed_paths, plan, config_dir):
@@ -259,6 +266,7 @@ class FilterModule:
             "vllm_plan": vllm_plan,
             "vllm_removals": vllm_removals,
             "vllm_helper_files": vllm_helper_files,
+            "host_runtime": host_runtime,
             "vllm_model_folder": model_folder,
             "vllm_pull_reference": pull_reference,
             "vllm_run_image": run_image,

@@ -11,7 +11,6 @@ nvidia-smi reports its memory as [N/A] (NVIDIA's known issue): the unified pool 
 from __future__ import annotations
 
 import csv
-import fnmatch
 import io
 import json
 import re
@@ -28,8 +27,6 @@ HEADER_ALIASES = {"clocks.current.sm": "clocks.sm"}
 # A Debian package name (policy 5.6.1), the only thing of a package that reaches dpkg-query's command line.
 PACKAGE_NAME = re.compile(r"[a-z0-9][a-z0-9+.-]+")
 SLEEP_TARGETS = ("sleep.target", "suspend.target", "hibernate.target", "hybrid-sleep.target")
-# Processes expected to hold the GPU's device nodes (seed 002: nvidia-persistenced is).
-EXPECTED_HOLDERS = frozenset({"nvidia-persistenced"})
 LOADED_UTILIZATION = 50.0
 # Seed 002: a wedged GX10 runs at 611-708 MHz and under 15 W at 90 %+ utilisation (healthy: 2400-2600 MHz, 35-45 W).
 WEDGE_CLOCK_MHZ = 1000.0
@@ -131,16 +128,6 @@ def fstab_swaps(text: str) -> list[str]:
             entries.append(fields[0])
     return entries
 
-
-def device_holders(processes: t.Iterable[tuple[int, str, t.Sequence[str]]], patterns: t.Sequence[str]) -> list[dict[str, t.Any]]:
-    """Processes other than the expected ones holding a device node matching ``patterns``;
-    ``processes`` is (pid, command name, paths of its open files), as /proc/PID/fd reads."""
-    holders = []
-    for pid, command, paths in processes:
-        held = sorted({path for path in paths if any(fnmatch.fnmatch(path, pattern) for pattern in patterns)})
-        if held and command not in EXPECTED_HOLDERS:
-            holders.append({"pid": pid, "command": command, "paths": held})
-    return sorted(holders, key=lambda holder: holder["pid"])
 
 
 def parse_docker_info(text: str | None) -> dict[str, t.Any]:

@@ -15,6 +15,7 @@ at preflight: a zombie CUDA context or an exporter started since holds memory vL
 
 from __future__ import annotations
 
+import fnmatch
 import glob
 import json
 import math
@@ -22,11 +23,12 @@ import os
 import re
 import typing as t
 
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_facts import device_holders
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_instance import DOCKER_CLIENT
 
 GIB = 1024**3
 DEVICE_NODES = ("/dev/nvidia*",)
+# Processes expected to hold the GPU's device nodes (seed 002: nvidia-persistenced is).
+EXPECTED_HOLDERS = frozenset({"nvidia-persistenced"})
 # Docker's container names; the collection's own (vllm-*, the gateway's sparkfleet-*) are never paused for a launch.
 CONTAINER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 OWN_PREFIXES = ("vllm-", "sparkfleet-")
@@ -155,6 +157,17 @@ def process_cgroup(pid: int) -> str:
     return read_text(f"/proc/{pid}/cgroup")
 
 
+def device_holders(processes: t.Iterable[tuple[int, str, t.Sequence[str]]], patterns: t.Sequence[str]) -> list[dict[str, t.Any]]:
+    """Processes other than the expected ones holding a device node matching ``patterns``;
+    ``processes`` is (pid, command name, paths of its open files), as /proc/PID/fd reads."""
+    holders = []
+    for pid, command, paths in processes:
+        held = sorted({path for path in paths if any(fnmatch.fnmatch(path, pattern) for pattern in patterns)})
+        if held and command not in EXPECTED_HOLDERS:
+            holders.append({"pid": pid, "command": command, "paths": held})
+    return sorted(holders, key=lambda holder: holder["pid"])
+
+
 def holders_problem(name: str, holders: t.Sequence[t.Mapping[str, t.Any]], own_containers: t.Collection[str],
                     cgroup_of: t.Callable[[int], str]) -> str | None:
     """Why another process holding the GPU's device nodes blocks the start, or None: the host's other instances and
@@ -166,15 +179,6 @@ def holders_problem(name: str, holders: t.Sequence[t.Mapping[str, t.Any]], own_c
     return (f"{name}: {held}: the start was not attempted; stop them first (a stale container: docker rm; a GPU exporter: stop it "
             "for the launch; what persists after that: reboot, seed 002)")
 
-
-def launch_problems(name: str, share: float, probe: t.Sequence[str], run: t.Callable[[list[str]], tuple[int, str, str]],
-                    own_containers: t.Collection[str], device_nodes: t.Sequence[str] = DEVICE_NODES,
-                    processes: t.Callable[[], t.Iterable[tuple[int, str, t.Sequence[str]]]] = open_files,
-                    cgroup_of: t.Callable[[int], str] = process_cgroup) -> list[str]:
-    """Every reason the start of unit ``name`` must not be attempted now: strays on the device nodes, then the memory."""
-    holders = holders_problem(name, device_holders(processes(), device_nodes), own_containers, cgroup_of)
-    memory = memory_problem(name, share, probe_figures(*run(list(probe))))
-    return [problem for problem in (holders, memory) if problem]
 
 
 def paused_containers_problems(variable: str, value: t.Any) -> list[str]:
@@ -191,36 +195,4 @@ def paused_containers_problems(variable: str, value: t.Any) -> list[str]:
                             "which a launch must never stop; list only other programs' containers, such as nvidia_gpu_exporter")
     if len(set(map(str, value))) != len(value):
         problems.append(f"{variable}: names a container twice")
-    return problems
-
-
-def running_containers(names: t.Sequence[str], run: t.Callable[[list[str]], tuple[int, str, str]]) -> list[str]:
-    """Those of ``names`` that run under exactly that name (docker would also take a name for an ID's prefix)."""
-    running = []
-    for name in names:
-        rc, out, _err = run(["docker", "container", "inspect", "--format", "{{.State.Running}} {{.Name}}", name])
-        if rc == 0 and out.split() == ["true", f"/{name}"]:
-            running.append(name)
-    return running
-
-
-def pause_containers(names: t.Sequence[str], run: t.Callable[[list[str]], tuple[int, str, str]]) -> tuple[list[str], list[str]]:
-    """Stop those of ``names`` that run: (the ones stopped, to start again after the gate; what could not be stopped)."""
-    stopped, problems = [], []
-    for name in running_containers(names, run):
-        rc, out, err = run(["docker", "stop", "--time", "30", name])
-        if rc == 0:
-            stopped.append(name)
-        else:
-            problems.append(f"{name} could not be stopped for the launch: {(err or out).strip()[-200:]}")
-    return stopped, problems
-
-
-def resume_containers(names: t.Sequence[str], run: t.Callable[[list[str]], tuple[int, str, str]]) -> list[str]:
-    """Start again the containers a launch stopped; what could not be started."""
-    problems = []
-    for name in names:
-        rc, out, err = run(["docker", "start", name])
-        if rc != 0:
-            problems.append(f"{name}, stopped for the launch, could not be started again: {(err or out).strip()[-200:]}; start it by hand")
     return problems

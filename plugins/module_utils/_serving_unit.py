@@ -22,32 +22,22 @@ from __future__ import annotations
 import calendar
 import json
 import os
-import re
 import time
 import typing as t
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._files import FileProblem, read_file, sync_files, write_atomically
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._launch_checks import (
-    DEVICE_NODES,
-    launch_problems,
-    memory_probe_argv,
-    open_files,
-    pause_containers,
-    paused_containers_problems,
-    process_cgroup,
-    resume_containers,
-    running_containers,
-)
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_runtime import PAUSED_LEDGER, REFUSALS_DIR, clear_refusal, running
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_runtime import pause as host_pause
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_runtime import release as host_release
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._launch_checks import memory_probe_argv, paused_containers_problems
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._settings import path_problem
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._systemd import parse_show_states, show_states_args
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_client import cold_start, read_endpoint
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_gate import Endpoint, gate
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_health import is_warm, mark_warm, parse_env_file
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_instance import PLAN_SCHEMA_VERSION, unjudged_mark
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_plan import INSTANCE_LABEL, STAMP_PATH, drift_reasons, is_share
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_plan import STAMP_PATH, drift_reasons, is_share
 
-# An image reference as the plan builder writes run_image: never an option to docker.
-IMAGE_REFERENCE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/:@-]{0,511}")
 # What each of the plan's kept_files holds, in their order.
 FILE_KINDS = ("env", "plan", "unit")
 # A rewritten env file or unit makes the running unit stale; the plan file only describes it.
@@ -61,7 +51,6 @@ HIDDEN = "(the env file holds the API key; its content is not shown)\n"
 STEPS = ("prepare", "stop", "start", "restore", "keep", "last_good", "hold", "remove", "relaunch", "roll_back", "raise_flag",
          "clear_flag", "pause", "resume")
 GATEWAY = "gateway"
-DROP_CACHES = "/proc/sys/vm/drop_caches"
 
 Runner = t.Callable[[list[str]], tuple[int, str, str]]
 
@@ -234,30 +223,13 @@ def stop(plan: t.Mapping[str, t.Any], check_mode: bool, run: Runner) -> dict[str
     return {"changed": running or container is not None, "unit_state": state}
 
 
-def start(plan: t.Mapping[str, t.Any], memory_admission: bool, check_mode: bool, run: Runner,
-          drop_caches_path: str = DROP_CACHES, device_nodes: t.Sequence[str] = DEVICE_NODES,
-          processes: t.Callable[[], t.Iterable[tuple[int, str, t.Sequence[str]]]] = open_files,
-          cgroup_of: t.Callable[[int], str] = process_cgroup) -> dict[str, t.Any]:
-    """Drop the page cache (seed 002: on a unified pool it counts against the memory vLLM finds
-    free), refuse a start that a stray holder of the GPU's device nodes or the memory the pinned
-    image sees now cannot grant (_launch_checks), clear the start limit (a deliberate relaunch is
-    a person acting, not a crash loop) and start the unit without waiting: the gate waits."""
+def start(plan: t.Mapping[str, t.Any], check_mode: bool, run: Runner, refusals_dir: str = REFUSALS_DIR) -> dict[str, t.Any]:
+    """Clear the start limit (a deliberate relaunch is a person acting, not a crash loop) and the last start's refusal,
+    and start the unit without waiting: the gate waits. An instance's or a rank's unit admits its own start (the host
+    runtime drops the page cache, stops the GPU holders the plan names and checks the memory, at every start)."""
     if check_mode:
         return {"changed": True}
-    if plan.get("drop_caches"):
-        checked(run, ["sync"])
-        try:
-            with open(drop_caches_path, "w", encoding="ascii") as handle:
-                handle.write("3\n")
-        except OSError as error:
-            raise UnitError(f"{drop_caches_path}: cannot drop the page cache ({error.strerror}); run the task as root") from error
-    # The gateway plans no share of the pool and holds no GPU, so it has nothing to admit.
-    if memory_admission and not is_gateway(plan):
-        own = checked(run, ["docker", "ps", "--quiet", "--no-trunc", "--filter", f"label={INSTANCE_LABEL}"]).split()
-        share, probe = admitted(plan)
-        problems = launch_problems(plan["name"], share, probe, run, own, device_nodes, processes, cgroup_of)
-        if problems:
-            raise UnitError(" | ".join(problems))
+    clear_refusal(plan["container"], refusals_dir)
     rc, out, err = run(["systemctl", "reset-failed", plan["unit"]])
     if rc != 0 and "not loaded" not in err + out:
         raise UnitError(f"systemctl reset-failed {plan['unit']} exited {rc}: {err.strip() or out.strip()}")
@@ -461,32 +433,17 @@ def gateway_endpoint(env_path: str, plan_path: str) -> Endpoint:
         raise ValueError(f"gateway: {plan_path} is not the plan of its unit ({error}); re-apply the gateway role") from error
 
 
-def launch(plan: t.Mapping[str, t.Any], memory_admission: bool, run: Runner) -> dict[str, t.Any]:
+def launch(plan: t.Mapping[str, t.Any], run: Runner) -> dict[str, t.Any]:
     """Stop, start and gate; a step that cannot run is a failed gate with its cause."""
     try:
         stop(plan, False, run)
-        start(plan, memory_admission, False, run)
+        start(plan, False, run)
     except FileProblem as error:
         return {"ok": False, "reason": str(error), "msg": str(error)}
     return gate_files(plan, run)
 
 
-def admitted(plan: t.Mapping[str, t.Any]) -> tuple[float, list[str]]:
-    """The memory share and the memory check a start is admitted on: those of the plan file on the host, which a
-    rollback has just restored (the last good settings start on their own share, which may be smaller than the one
-    that failed, and with their own image, which the new one may not be), else the plan's."""
-    copy = read_file(plan["kept_files"][1]["path"])
-    try:
-        found = json.loads(copy[0]) if copy else None
-    except ValueError:
-        found = None
-    if not isinstance(found, dict) or not is_share(found.get("gpu_memory_utilization")) or not IMAGE_REFERENCE.fullmatch(
-            str(found.get("run_image"))):
-        return float(plan["gpu_memory_utilization"]), list(plan["memory_probe"])
-    return float(found["gpu_memory_utilization"]), memory_probe_argv(found["run_image"], "--gpus" in plan["memory_probe"])
-
-
-def roll_back(plan: t.Mapping[str, t.Any], memory_admission: bool, run: Runner) -> tuple[bool, str]:
+def roll_back(plan: t.Mapping[str, t.Any], run: Runner) -> tuple[bool, str]:
     """Relaunch the last good files; whether they serve, and what came of it as a failure's message says it."""
     try:
         if not restore(plan, False, run)["restored"]:
@@ -494,7 +451,7 @@ def roll_back(plan: t.Mapping[str, t.Any], memory_admission: bool, run: Runner) 
             return False, f"There were no last good settings to roll back to; the {noun(plan)} is stopped."
     except FileProblem as error:
         return False, f"The rollback could not run ({error}); the {noun(plan)} is down."
-    again = launch(plan, memory_admission, run)
+    again = launch(plan, run)
     if again["ok"] and is_gateway(plan):
         return True, "The last good unit was relaunched, on the keys and routing of now, and answers again."
     if again["ok"]:
@@ -502,7 +459,7 @@ def roll_back(plan: t.Mapping[str, t.Any], memory_admission: bool, run: Runner) 
     return False, f"The last good settings were relaunched but do not serve either ({again['msg']}); the {noun(plan)} is down."
 
 
-def relaunch(plan: t.Mapping[str, t.Any], memory_admission: bool, flag: str | None, check_mode: bool, run: Runner,
+def relaunch(plan: t.Mapping[str, t.Any], flag: str | None, check_mode: bool, run: Runner,
              keep_last_good: bool = True) -> dict[str, t.Any]:
     """Relaunch a single instance behind its health gate, under the maintenance flag (cleared in
     every case; the gateway has none), and keep its files as the last good settings once gated
@@ -512,80 +469,77 @@ def relaunch(plan: t.Mapping[str, t.Any], memory_admission: bool, flag: str | No
     long, what the rollback achieved and the engine log's error lines."""
     if check_mode:
         return {"changed": True}
-    paused = pause(plan, run)
-    if paused.get("failed"):
-        return paused
     if not keep_last_good:
         hold(plan, False)
     try:
         if flag:
             raise_flag(flag, plan["name"], False)
             hand_back_to_watchdog(plan["watchdog_give_up"])
-        verdict = launch(plan, memory_admission, run)
-        rollback = None if verdict["ok"] else roll_back(plan, memory_admission, run)[1]
+        verdict = launch(plan, run)
+        rollback = None if verdict["ok"] else roll_back(plan, run)[1]
     finally:
         flag_left = flag_not_cleared(flag) if flag else ""
-        left = "; ".join(resume_containers(paused["paused"], run))
-    after = "; ".join(part for part in (flag_left, left) if part)
     if rollback is None:
         kept = keep_gated(plan, False, run)["written"] if keep_last_good else []
         if not keep_last_good:
             enable(plan["unit"], run)
-        return {"changed": True, "gate": verdict, "kept": kept, "paused": paused["paused"],
-                **({"failed": True, "msg": f"{plan['name']} passed its gate, but {after}"} if after else {})}
+        return {"changed": True, "gate": verdict, "kept": kept,
+                **({"failed": True, "msg": f"{plan['name']} passed its gate, but {flag_left}"} if flag_left else {})}
     errors = " / ".join(verdict.get("log_errors", [])) or "none found"
     failed = "The LiteLLM gateway" if is_gateway(plan) else f"vLLM instance {plan['name']}"
-    return {"changed": True, "failed": True, "gate": verdict, "paused": paused["paused"],
+    return {"changed": True, "failed": True, "gate": verdict,
             "msg": (f"{failed} failed its relaunch: {verdict['msg']} (detected after {verdict.get('elapsed', '?')} s). "
-                    f"{rollback} Errors in the {'gateway' if is_gateway(plan) else 'engine'} log: {errors}" + (f". Also {after}" if after else ""))}
+                    f"{rollback} Errors in the {'gateway' if is_gateway(plan) else 'engine'} log: {errors}"
+                    + (f". Also {flag_left}" if flag_left else ""))}
 
 
-def pause(plan: t.Mapping[str, t.Any], run: Runner, check_mode: bool = False) -> dict[str, t.Any]:
-    """Stop the other programs' containers the plan lists that run (a GPU exporter holding memory, seed 002), before the
-    unit is stopped; ``paused`` names them, to start again after the gate. One that cannot be stopped fails the step
-    with nothing else stopped: the ones already stopped are started again."""
+def pause(plan: t.Mapping[str, t.Any], run: Runner, check_mode: bool = False, ledger_path: str = PAUSED_LEDGER) -> dict[str, t.Any]:
+    """Stop the other programs' containers the plan lists that run (a GPU exporter holding memory, seed 002) for a
+    cluster's relaunch, whose workers have no readiness wait to start them again: the host runtime's ledger records
+    them for the rank's unit, so step resume (or the unit's stop) starts them again. One that cannot be stopped fails the
+    step: the ones already stopped run again."""
+    names = list(plan.get("paused_containers") or [])
     if check_mode:
-        running = running_containers(plan.get("paused_containers") or [], run)
-        return {"changed": bool(running), "paused": running}
-    paused, problems = pause_containers(plan.get("paused_containers") or [], run)
+        stopping = [name for name in names if running(name, run)]
+        return {"changed": bool(stopping), "paused": stopping}
+    lines: list[str] = []
+    try:
+        stopped, problems = host_pause(plan["unit"], names, run, lines.append, ledger_path)
+        problems += host_release(plan["unit"], run, lines.append, ledger_path) if problems else []
+    except OSError as error:
+        stopped, problems = [], [f"{ledger_path}: the ledger of stopped containers cannot be kept ({error.strerror}), so nothing was stopped"]
     if problems:
-        problems += resume_containers(paused, run)
-        return {"changed": bool(paused), "failed": True, "paused": [],
+        return {"changed": bool(lines), "failed": True, "paused": [],
                 "msg": f"{plan['name']} was not relaunched, nothing of it was stopped: " + "; ".join(problems)}
-    return {"changed": bool(paused), "paused": paused}
+    return {"changed": bool(stopped), "paused": stopped}
 
 
-def resume(plan: t.Mapping[str, t.Any], paused: t.Sequence[str], run: Runner) -> dict[str, t.Any]:
-    """Start again what step pause stopped (only containers the plan lists); fails naming any that did not start."""
-    strays = [name for name in paused if name not in (plan.get("paused_containers") or [])]
-    if strays:
-        raise UnitError(f"paused: {', '.join(map(str, strays))} not in the plan's paused_containers; resume starts only what pause stopped")
-    problems = resume_containers(paused, run)
-    return {"changed": bool(paused), **({"failed": True, "msg": "; ".join(problems)} if problems else {})}
+def resume(plan: t.Mapping[str, t.Any], run: Runner, ledger_path: str = PAUSED_LEDGER) -> dict[str, t.Any]:
+    """Start again what the unit's pause (or its start) stopped, as the ledger records; fails naming any that did not start."""
+    lines: list[str] = []
+    try:
+        problems = host_release(plan["unit"], run, lines.append, ledger_path)
+    except OSError as error:
+        problems = [f"{ledger_path}: the ledger of stopped containers cannot be read ({error.strerror}); start them by hand"]
+    return {"changed": bool(lines), **({"failed": True, "msg": "; ".join(problems)} if problems else {})}
 
 
-def roll_back_judged(plan: t.Mapping[str, t.Any], memory_admission: bool, flag: str | None, check_mode: bool,
+def roll_back_judged(plan: t.Mapping[str, t.Any], flag: str | None, check_mode: bool,
                      run: Runner) -> dict[str, t.Any]:
     """Put a single instance that served but was judged worse than before (a rollout's verdict) back on
     its last good settings, stopped, restored, started and gated under the maintenance flag; fails
     when they do not serve."""
     if check_mode:
         return {"changed": last_good(plan)["complete"]}
-    paused = pause(plan, run)
-    if paused.get("failed"):
-        return {**paused, "served": False}
     try:
         if flag:
             raise_flag(flag, plan["name"], False)
             hand_back_to_watchdog(plan["watchdog_give_up"])
-        served, outcome = roll_back(plan, memory_admission, run)
+        served, outcome = roll_back(plan, run)
     finally:
         flag_left = flag_not_cleared(flag) if flag else ""
-        left = "; ".join(resume_containers(paused["paused"], run))
-    after = "; ".join(part for part in (flag_left, left) if part)
-    also = f" Also {after}" if after else ""
-    return {"changed": True, "served": served, "paused": paused["paused"], "msg": outcome + also,
-            **({} if served and not after else {"failed": True})}
+    also = f" Also {flag_left}" if flag_left else ""
+    return {"changed": True, "served": served, "msg": outcome + also, **({} if served and not flag_left else {"failed": True})}
 
 
 def hand_back_to_watchdog(give_up: str) -> None:
@@ -616,8 +570,8 @@ def checked(run: Runner, argv: list[str]) -> str:
     return out
 
 
-def step(name: str, plan: t.Any, check_mode: bool, run: Runner, env_text: str | None = None, memory_admission: bool = True,
-         keep_last_good: bool = True, paused: t.Sequence[str] = ()) -> dict[str, t.Any]:
+def step(name: str, plan: t.Any, check_mode: bool, run: Runner, env_text: str | None = None,
+         keep_last_good: bool = True) -> dict[str, t.Any]:
     """One step of the transaction on one unit; UnitError says what stopped it and the fix."""
     problem = removal_problem(plan) if name == "remove" else plan_problem(plan)
     if problem:
@@ -637,7 +591,7 @@ def step(name: str, plan: t.Any, check_mode: bool, run: Runner, env_text: str | 
     if name == "stop":
         return stop(plan, check_mode, run)
     if name == "start":
-        return start(plan, memory_admission, check_mode, run)
+        return start(plan, check_mode, run)
     if name == "restore":
         return restore(plan, check_mode, run)
     if name == "keep":
@@ -647,20 +601,20 @@ def step(name: str, plan: t.Any, check_mode: bool, run: Runner, env_text: str | 
     if name == "hold":
         return hold(plan, check_mode)
     if name == "relaunch":
-        return relaunch(plan, memory_admission, flag, check_mode, run, keep_last_good)
+        return relaunch(plan, flag, check_mode, run, keep_last_good)
     if name == "roll_back":
         if is_gateway(plan) or plan.get("cluster"):
             raise UnitError(f"step roll_back: {plan['name']} is {'the gateway' if is_gateway(plan) else 'a cluster rank'}; only a single "
                             "instance is rolled back alone (a cluster's role rolls every rank back together)")
-        return roll_back_judged(plan, memory_admission, flag, check_mode, run)
+        return roll_back_judged(plan, flag, check_mode, run)
     if name in ("pause", "resume") and is_gateway(plan):
         return {"changed": False, "paused": []}
     if name == "pause":
         return pause(plan, run, check_mode)
     if name == "resume" and check_mode:
-        return {"changed": bool(paused)}
+        return {"changed": False}
     if name == "resume":
-        return resume(plan, paused, run)
+        return resume(plan, run)
     if name == "raise_flag":
         return raise_flag(flag, plan["name"], check_mode)
     if name == "clear_flag":

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import typing as t
 
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_runtime import refusal
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_client import answered, http
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_health import (
     POLL_INTERVAL,
@@ -73,7 +74,8 @@ def gate(endpoint: Endpoint, run: Runner | None, interval: float = POLL_INTERVAL
 
     result = wait_until_ready(lambda: http("GET", base + "/v1/models", endpoint.api_key, timeout=5),
                               inspect if watched else None, endpoint.served_names, endpoint.timeout, interval,
-                              restarts_allowed=endpoint.restarts_allowed, restart_window=endpoint.restart_window)
+                              restarts_allowed=endpoint.restarts_allowed, restart_window=endpoint.restart_window,
+                              refusal=(lambda: refusal(watched)) if watched else None)
     result.update(changed=False, url=base, start="cold" if endpoint.cold else "warm", timeout=endpoint.timeout)
     if not result["ok"]:
         if watched:

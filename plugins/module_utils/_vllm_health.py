@@ -2,9 +2,9 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Judging a vLLM endpoint's health: one verdict for the health gate module and the units' readiness wait.
 
-Private to the collection, standard library only: the vllm role installs this very file on the
-host beside the readiness wait each instance unit runs (ExecStartPost, roles/vllm/files/
-vllm_readiness.py, which imports it), so the gate and the boot path share one verdict. Seed 000's launcher polled /v1/models with the bearer key and broke
+Private to the collection, standard library only: serving_host installs this very file on the
+host as part of the host runtime (_host_runtime), whose readiness wait each unit runs (ExecStartPost),
+so the gate and the boot path share one verdict. Seed 000's launcher polled /v1/models with the bearer key and broke
 off as soon as the container exited or its restart count went up; errors that retrying
 cannot fix (a refused key, a bad header, TLS or URL errors, another server on the port) end
 the wait at once, only "not up yet" is waited on.
@@ -256,6 +256,7 @@ def wait_until_ready(
     sleep: t.Callable[[float], None] = time.sleep,
     restarts_allowed: int = 0,
     restart_window: float = 0,
+    refusal: t.Callable[[], str | None] | None = None,
 ) -> dict[str, t.Any]:
     """Poll until the endpoint serves every expected name, the container fails, a fatal error
     comes, or ``timeout`` passes. The result: ok, reasons, elapsed, served names, container state,
@@ -264,7 +265,8 @@ def wait_until_ready(
     exit of the container is waited past for ``restart_window`` seconds, in which its unit starts
     a new one (the old one, still there, is no failure meanwhile), and the new start gets its own
     ``timeout``, as each start of the unit does at boot. ``inspect`` raises DockerUnanswered for a
-    poll that cannot see the container."""
+    poll that cannot see the container. ``refusal`` says why the unit's admission refused the start (it ends the wait
+    at once: no container comes)."""
     started = clock()
     deadline = started + timeout
 
@@ -304,6 +306,9 @@ def wait_until_ready(
             again = f", after its cold start had exited once already ({result['restarts'][0]})" if result["restarts"] else ""
             verdict, reason = FAIL, failure + again
             result["restartable"] = restartable(failed) and not exited
+        refused = refusal() if refusal and verdict != READY else None
+        if refused:
+            verdict, reason = FAIL, refused
         if verdict == READY:
             result.update(ok=True, reason="ready")
             break

@@ -24,6 +24,8 @@ CONTAINER_PORT = 8000
 UNIT_FOLDER = "/etc/systemd/system"
 # The Docker client every unit runs (spark_facts reports whether a host has it).
 DOCKER_CLIENT = "/usr/bin/docker"
+# The label on every container of the collection's instances and ranks.
+INSTANCE_LABEL = "sparkfleet.vllm.instance"
 # An instance's or a rank's name as the plan allows it (lower-case letters, digits and dashes).
 UNIT_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
 

@@ -28,6 +28,8 @@ import typing as t
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._cluster import NETWORK_ENV, ray_start_args, serve_cluster_args
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._hardware_classes import resolve_class
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_runtime import ENTRY as RUNTIME_ENTRY
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_runtime import REFUSED, RUNTIME_DIR
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._launch_checks import memory_probe_argv, paused_containers_problems
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._model_catalog import (
     CATALOG,
@@ -50,6 +52,7 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_guards impor
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_instance import (
     CONTAINER_PORT,
     DOCKER_CLIENT,
+    INSTANCE_LABEL,
     PLAN_SCHEMA_VERSION,
     instance_files,
     parse_image_reference,
@@ -114,15 +117,13 @@ SECRET_FIELD_NAMES = frozenset({"token", "hf_token", "access_token", "auth_token
                                 "authorization", "api_key", "apikey", "secret", "client_secret", "secret_key", "secret_access_key",
                                 "aws_secret_access_key", "password", "passwd"})
 # The middleware (roles/vllm/files) that asks for the key on every route but the probes: vLLM's own
-# check leaves /invocations, /pooling, /score and more open. Mounted read-only beside the readiness wait.
+# check leaves /invocations, /pooling, /score and more open. Mounted read-only from the host runtime's folder.
 GUARD_FILE = "sparkfleet_vllm_guard.py"
 FABRIC_WAIT_FILE = "cluster_fabric_wait.py"
-# The files the units run and the containers mount, installed beside the readiness wait: each
-# helper's name there and its source in the collection. The readiness wait and the fabric wait
-# import the very module_utils files whose verdicts the gates use, so boot and deploy judge alike.
-# The readiness wait itself is installed at the plan's readiness_script.
-READINESS_SOURCE = "roles/vllm/files/vllm_readiness.py"
-HELPERS = ((GUARD_FILE, f"roles/vllm/files/{GUARD_FILE}"), ("_vllm_health.py", "plugins/module_utils/_vllm_health.py"))
+# The files the units run and the containers mount beside the host runtime (serving_host installs the runtime, which
+# runs every start): each helper's name there and its source in the collection. The fabric wait imports the very
+# module_utils file whose verdict the cluster's checks use.
+HELPERS = ((GUARD_FILE, f"roles/vllm/files/{GUARD_FILE}"),)
 CLUSTER_HELPERS = ((FABRIC_WAIT_FILE, f"roles/cluster/files/{FABRIC_WAIT_FILE}"), ("_fabric.py", "plugins/module_utils/_fabric.py"))
 GUARD_DIR = "/opt/sparkfleet"
 GUARD_ARGS = ("--middleware", "sparkfleet_vllm_guard.KeyOnEveryRoute", "--disable-fastapi-docs")
@@ -130,7 +131,6 @@ SPECULATIVE_METHODS = ("mtp", "ngram", "draft_model", "eagle", "eagle3", "dflash
 DRAFTER_METHODS = frozenset(SPECULATIVE_METHODS) - {"ngram"}
 SPECULATIVE_KEYS = ("method", "num_speculative_tokens", "model", "options")
 CONFIG_HASH_LABEL = "sparkfleet.vllm.config-hash"
-INSTANCE_LABEL = "sparkfleet.vllm.instance"
 # Environment names the role sets itself: an instance's env may never replace them.
 OWNED_ENV = frozenset({"VLLM_API_KEY", "VLLM_HOST_IP", "VLLM_PORT", "PYTHONPATH"})
 # Nothing the role deploys reaches the internet on its own: vLLM posts usage statistics to its developers unless one of
@@ -250,11 +250,6 @@ OWNED_FLAGS = frozenset({key.flag for key in INSTANCE_KEYS if key.flag}
                         | set(PARALLEL_FLAGS))
 OWNED_SHORT_FLAGS = {"-q": "--quantization", "-sc": "--speculative-config", "-tp": "--tensor-parallel-size",
                      "-ep": "--enable-expert-parallel", **{short: flag for flag, short in PARALLEL_FLAGS.items() if short}}
-
-
-def helper_folder(options: t.Mapping[str, t.Any]) -> pathlib.PurePosixPath:
-    """Where the helpers are installed: beside the readiness wait."""
-    return pathlib.PurePosixPath(options["readiness_script"]).parent
 
 
 def closest(name: str, known: t.Iterable[str]) -> str:
@@ -777,7 +772,7 @@ def instance_plan(instance: t.Mapping[str, t.Any], start_after: list[str], optio
     # Seed 002's launch: NCCL registers its buffers with the RDMA devices, which needs unlimited locked memory.
     run += ["--device", "/dev/infiniband", "--ulimit", "memlock=-1"] if cluster and cluster["rdma"] else []
     run += ["--volume", f"{options['models_dir']}:/models:ro"]
-    run += ["--volume", f"{helper_folder(options) / GUARD_FILE}:{GUARD_DIR}/{GUARD_FILE}:ro"]
+    run += ["--volume", f"{pathlib.PurePosixPath(RUNTIME_DIR) / GUARD_FILE}:{GUARD_DIR}/{GUARD_FILE}:ro"]
     run += ["--volume", f"{options['cache_dir']}/{HF_CACHE[0]}:{HF_CACHE[1]}"]
     run += [argument for cache, target in JIT_CACHES for argument in ("--volume", f"{jit}/{cache}:{target}")]
     run += ["--gpus", "all"] if options["gpus"] else []
@@ -814,6 +809,7 @@ def instance_plan(instance: t.Mapping[str, t.Any], start_after: list[str], optio
         "catalog": instance.get("catalog"),
         "memory": memory,
         "drop_caches": options["drop_caches"],
+        "memory_admission": options["memory_admission"],
         "maintenance_flag": options["maintenance_flag"],
         "start_after": start_after,
         "health_timeout": timeout,
@@ -841,26 +837,26 @@ def instance_plan(instance: t.Mapping[str, t.Any], start_after: list[str], optio
         "master_addr": cluster["master_addr"], "master_port": cluster["master_port"], "host_ip": cluster["host_ip"],
         "nodes": list(cluster.get("nodes") or []),
     }
-    readiness = ["/usr/bin/python3", options["readiness_script"], "--container", container, "--url", url,
-                 "--env-file", files["env_path"], "--timeout", str(timeout),
-                 "--cold-timeout", str(cold_timeout), "--stamp", plan["cold_start"]["stamp"], *[f"--served-name={n}" for n in plan["served_names"]],
-                 "--kv-cache-warn-share", str(options["kv_cache_warn_share"])]
-    # A worker serves no API: its unit is up once its container runs; the head's readiness covers the cluster.
-    plan["unit_file"] = unit_file(plan, readiness if not cluster or cluster["rank"] == 0 else None, options)
+    plan["unit_file"] = unit_file(plan, options)
     return plan, env_text
 
 
-def unit_file(plan: t.Mapping[str, t.Any], readiness: t.Sequence[str] | None, options: t.Mapping[str, t.Any]) -> str:
-    """The systemd unit owning the instance's container. It starts after the instances declared
-    before it have passed their readiness wait, so instances sharing one memory pool never profile
-    memory at once (seed 000); its automatic restarts are bounded, because on GB10 a crash loop
-    leaks unified memory until the box needs a power cycle. A cluster node's unit does not restart
-    on its own: one rank alone never recovers, so restarts are the cluster role's, all ranks at once."""
+def unit_file(plan: t.Mapping[str, t.Any], options: t.Mapping[str, t.Any]) -> str:
+    """The systemd unit owning the instance's container. Every start, whoever causes it, runs the host runtime
+    (_host_runtime): its ExecStart admits the start and becomes the plan's docker run, its ExecStartPost waits for
+    readiness (a worker serves no API: its unit is up once its container runs; the head's wait covers the cluster),
+    its ExecStopPost starts again what a start that ended early had stopped. It starts after the instances declared
+    before it have passed their readiness wait, so instances sharing one memory pool never profile memory at once
+    (seed 000); its automatic restarts are bounded, because on GB10 a crash loop leaks unified memory until the box
+    needs a power cycle, and a refused start is not restarted at all. A cluster node's unit does not restart on its
+    own: one rank alone never recovers, so restarts are the cluster role's, all ranks at once."""
     container = plan["container"]
+    runtime = ["/usr/bin/python3", RUNTIME_ENTRY]
+    ready = not plan.get("cluster") or plan["cluster"]["head"]
     what = f"cluster {plan['name']} rank {plan['cluster']['rank']}" if plan.get("cluster") else f"instance {plan['name']}"
     fabric = (options["cluster"] or {}).get("fabric")
     # Every start of a rank, at boot too, waits for the other nodes on the fast link at the cluster's MTU.
-    fabric_wait = ["/usr/bin/python3", str(helper_folder(options) / FABRIC_WAIT_FILE),
+    fabric_wait = ["/usr/bin/python3", str(pathlib.PurePosixPath(RUNTIME_DIR) / FABRIC_WAIT_FILE),
                    "--source", options["cluster"]["host"], "--interface", fabric["interface"],
                    "--mtu", str(fabric["mtu"]), *[f"--peer={p['name']}={p['address']}" for p in fabric["peers"]]] if fabric else None
     return "\n".join([
@@ -878,14 +874,16 @@ def unit_file(plan: t.Mapping[str, t.Any], readiness: t.Sequence[str] | None, op
         "Type=simple",
         "ExecStartPre=-" + exec_line([DOCKER_CLIENT, "rm", "--force", container]),
         *([f"ExecStartPre={exec_line(fabric_wait)}"] if fabric_wait else []),
-        "ExecStart=" + exec_line(plan["docker_run"]),
-        *(["ExecStartPost=" + exec_line(readiness)] if readiness else []),
+        "ExecStart=" + exec_line([*runtime, "start", "--plan", plan["plan_path"]]),
+        *(["ExecStartPost=" + exec_line([*runtime, "ready", "--plan", plan["plan_path"]])] if ready else []),
         "ExecStop=" + exec_line([DOCKER_CLIENT, "stop", "--time", "30", container]),
+        "ExecStopPost=" + exec_line([*runtime, "release", "--plan", plan["plan_path"]]),
         # A rank restarted alone never rejoins its group (vLLM 32136): the cluster role restarts all ranks together. Any
         # other exit but a planned stop restarts an instance: vLLM exits 0 after the SIGTERM earlyoom sends it (seed 000
         # has earlyoom prefer vLLM), which on-failure would leave down.
         "Restart=no" if plan.get("cluster") else "Restart=always",
         f"RestartSec={options['restart_delay']}",
+        f"RestartPreventExitStatus={REFUSED}",
         # The readiness wait gives up after the warm or the cold timeout, as the stamp says; systemd after the longer.
         f"TimeoutStartSec={plan['cold_start']['timeout'] + 60}",
         "TimeoutStopSec=60",
@@ -903,13 +901,13 @@ PLAN_OPTIONS: tuple[str, ...] = (
     "hardware_class", "hardware_overrides", "catalog_extra", "memory_total_bytes", "vllm_version", "drop_caches", "overrides",
     "cluster", "reserved_gmu", "gpus", "models_dir", "cache_dir", "config_dir", "env", "health_timeout", "cold_timeout",
     "host_addresses",
-    "wait_online_enabled", "readiness_script", "start_limit_interval", "start_limit_burst", "restart_delay", "kv_cache_warn_share",
+    "wait_online_enabled", "memory_admission", "start_limit_interval", "start_limit_burst", "restart_delay", "kv_cache_warn_share",
     "maintenance_flag",
     "launch_paused_containers", "cache_backup_dir", "cache_backup_location", "host_name",
 )
 # The options an argument spec types as a switch or a number: given as text by -e (extra variables are text), they are
 # read as validate_argument_spec reads them before anything checks them.
-SWITCH_OPTIONS = ("allow_floating_tag", "allow_wildcard_bind", "allow_dev_mode", "allow_outbound", "drop_caches", "gpus")
+SWITCH_OPTIONS = ("allow_floating_tag", "allow_wildcard_bind", "allow_dev_mode", "allow_outbound", "drop_caches", "gpus", "memory_admission")
 FRACTION_OPTIONS = ("gmu_cap", "kv_cache_warn_share")
 CACHE_BACKUP_LOCATIONS = ("host", "controller")
 HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
@@ -962,7 +960,7 @@ def option_problems(options: t.Mapping[str, t.Any]) -> list[str]:
     if flag_problem:
         errors.append(f"vllm_maintenance_flag: {flag!r} {flag_problem}; give a file under /run (cleared at boot), such as "
                       "/run/sparkfleet/vllm-maintenance")
-    for switch in ("allow_dev_mode", "allow_outbound", "gpus"):
+    for switch in ("allow_dev_mode", "allow_outbound", "gpus", "memory_admission"):
         if not isinstance(options[switch], bool):
             errors.append(f"vllm_{switch}: {options[switch]!r} must be true or false")
     errors += paused_containers_problems("vllm_launch_paused_containers", options["launch_paused_containers"])
@@ -1096,12 +1094,11 @@ def build_plan(instances: t.Any, defaults: t.Any, **given: t.Any) -> dict[str, t
     # what the containers mount (the models, the caches, the readiness wait and the key middleware).
     plan["folders"] = [
         *[{"path": path, "mode": "0700"} for path in (options["config_dir"], f"{options['config_dir']}/last-good")],
-        *[{"path": path, "mode": "0755"} for path in (options["models_dir"], f"{options['cache_dir']}/{HF_CACHE[0]}", str(helper_folder(options)))],
+        *[{"path": path, "mode": "0755"} for path in (options["models_dir"], f"{options['cache_dir']}/{HF_CACHE[0]}", str(pathlib.PurePosixPath(RUNTIME_DIR)))],
         *[{"path": f"{jit_folder(options['cache_dir'], image)}/{cache}", "mode": "0755"}
           for image in dict.fromkeys(i["image"] for i in present) for cache in (*(name for name, _target in JIT_CACHES), WARM_STAMPS)],
     ]
-    plan["helpers"] = [{"path": options["readiness_script"], "mode": "0644", "source": READINESS_SOURCE},
-                       *[{"path": str(helper_folder(options) / name), "mode": "0644", "source": source}
+    plan["helpers"] = [*[{"path": str(pathlib.PurePosixPath(RUNTIME_DIR) / name), "mode": "0644", "source": source}
                          for name, source in HELPERS + (CLUSTER_HELPERS if options["cluster"] else ())]]
     for instance in present:
         public, env_text = instance_plan(instance, [i["unit"] for i in plan["instances"]], options, memories.get(instance["_index"]))

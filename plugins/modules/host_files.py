@@ -85,14 +85,14 @@ notes:
 """
 
 EXAMPLES = r"""
-- name: Install the readiness wait and its folders
+- name: Install the key middleware and its folder
   sparkfleet.vllm.host_files:
     folders:
       - {path: /usr/local/libexec/sparkfleet, mode: "0755"}
     files:
-      - path: /usr/local/libexec/sparkfleet/vllm_readiness.py
+      - path: /usr/local/libexec/sparkfleet/sparkfleet_vllm_guard.py
         mode: "0644"
-        content: "{{ lookup('ansible.builtin.file', 'vllm_readiness.py', rstrip=false) }}"
+        content: "{{ lookup('ansible.builtin.file', 'sparkfleet_vllm_guard.py', rstrip=false) }}"
 """
 
 RETURN = r"""

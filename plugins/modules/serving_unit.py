@@ -29,13 +29,17 @@ description:
     copy of the running settings and warns naming the unit, when the settings started and what to do (C(unjudged)), so
     a rollout stopped mid-batch, or one that lost the host, is found by the next run.
   - C(stop) stops the unit (systemd reads its unit file again first) and removes its container.
-  - C(start) drops the page cache when the plan says so (seed 002), refuses a start (O(memory_admission)) while a process
-    outside the collection's containers holds the GPU's device nodes (C(/dev/nvidia*); nvidia-persistenced may) or
-    while the free memory the pinned image's vLLM compares with cannot grant the plan's share of CUDA's total - the
-    plan's C(memory_probe), a throwaway container of its image without network, stopped after 120 s, that prints the
-    figures (MemAvailable on an integrated GPU such as a GB10, CUDA's free memory on a discrete one, the kernel's
-    available memory when the instance gets no GPU) - then clears the unit's start limit and starts it without waiting
-    for readiness.
+  - C(start) clears the unit's start limit and the last start's refusal and starts it without waiting for readiness. An
+    instance's or a rank's unit admits every start itself, whoever causes it (this step, a boot, systemd's restart, the
+    watchdog): its ExecStart runs the host runtime that serving_host installs, which drops the page cache when the plan
+    says so (seed 002), stops the other programs' containers the plan lists (C(paused_containers)), refuses a start (the
+    plan's C(memory_admission), from C(vllm_memory_admission)) while a process outside the collection's containers holds
+    the GPU's device nodes (C(/dev/nvidia*); nvidia-persistenced may) or while the free memory the pinned image's vLLM
+    compares with cannot grant the plan's share of CUDA's total - the plan's C(memory_probe), a throwaway container of
+    its image without network, stopped after 120 s, that prints the figures (MemAvailable on an integrated GPU such as a
+    GB10, CUDA's free memory on a discrete one, the kernel's available memory when the instance gets no GPU) - and logs
+    each figure in the unit's journal. A refused start fails the unit without a restart, and the gate fails at once
+    with the reason.
   - C(restore) puts the last good copies of the files back (C(restored) is false, and nothing changes, when there is
     no complete copy); C(keep) keeps the files as the last good ones and enables the unit; C(last_good) only reads whether a complete
     copy is there (C(complete)).
@@ -43,7 +47,7 @@ description:
     - C(stop), C(start), then the health gate of M(sparkfleet.vllm.vllm_health) with its warm-up request, reading
     the key, names and URL from the files on the host; once gated, the files are kept as the last good settings.
     When the gate fails, or a stop or start cannot run, the
-    last good files are restored, started (admitted on their own memory share) and gated in turn, and the task
+    last good files are restored, started (admitted on their own memory share, as their restored plan file says) and gated in turn, and the task
     fails saying what went wrong, after how long, whether the last good settings serve again, and the engine
     log's error lines.
   - C(roll_back) puts a single instance that served but was judged worse (a rollout's verdict, O(keep_last_good) false on
@@ -53,10 +57,12 @@ description:
     itself (a cluster's), so the watchdog takes the stopped units for planned work.
   - C(pause) stops the other programs' containers the plan lists (C(paused_containers), from
     C(vllm_launch_paused_containers); seed 002's nvidia_gpu_exporter holds about 9 GiB of the GPU's memory) that run,
-    before a launch the role orders itself (a cluster's), and returns them (C(paused); in check mode those it would stop,
-    stopping none); one that cannot be stopped fails the step, the others started again. C(resume) starts O(paused)
-    again after the gate, whatever its outcome. A single instance's C(relaunch) and C(roll_back) do both themselves
-    around the launch.
+    before a cluster's relaunch (a worker has no readiness wait after which its own unit could start them again), and
+    returns them (C(paused); in check mode those it would stop, stopping none); one that cannot be stopped fails the
+    step, the others started again. The host runtime's ledger records which unit stopped which container, so a
+    container another unit's start also needs stays stopped until both are done. C(resume) starts again what the
+    unit's pause recorded, after the gate, whatever its outcome. A single instance's unit does both itself at every
+    start (its readiness wait, or its stop, starts them again).
   - The gateway's plan (C(kind) C(gateway), C(__gateway_plan.serving_unit)) holds no memory share and no maintenance flag; its
     relaunch is gated by its model list, asked with the master key its env file holds (the env var its plan's C(key_env)
     names), without a warm-up request; its rollback puts back its last good unit and unit plan and keeps the key file and
@@ -83,19 +89,6 @@ options:
       - The env file's text, which holds the API key (C(__vllm_plan.env_files[name])); needed by O(step=prepare).
         Never logged or diffed.
     type: str
-  memory_admission:
-    description:
-      - With O(step=start), O(step=relaunch) or O(step=roll_back), refuse a start while a stray process holds the GPU's device
-        nodes or whose memory share is more than the memory the plan's image sees free now (the gateway has none).
-    type: bool
-    default: true
-  paused:
-    description:
-      - With O(step=resume), the containers O(step=pause) stopped (its C(paused)); a name the plan's C(paused_containers)
-        does not list fails the step, starting nothing.
-    type: list
-    elements: str
-    default: []
   keep_last_good:
     description:
       - With O(step=relaunch), keep the gated files as the last good settings. False leaves the settings before the
@@ -197,10 +190,8 @@ served:
   returned: when O(step=roll_back) ran outside check mode
   type: bool
 paused:
-  description:
-    - The other programs' containers stopped for the launch (O(step=pause)), or stopped and started again around it
-      (O(step=relaunch), O(step=roll_back)).
-  returned: when O(step=pause), or O(step=relaunch) or O(step=roll_back) ran outside check mode
+  description: The other programs' containers stopped for a cluster's relaunch (or, in check mode, that would be).
+  returned: when O(step=pause)
   type: list
   elements: str
 """
@@ -218,9 +209,7 @@ def main():
             plan=dict(type="dict", required=True),
             step=dict(type="str", choices=list(STEPS), default="prepare"),
             env_file=dict(type="str", no_log=True),
-            memory_admission=dict(type="bool", default=True),
             keep_last_good=dict(type="bool", default=True),
-            paused=dict(type="list", elements="str", default=[]),
         ),
         required_if=[("step", "prepare", ("env_file",))],
         supports_check_mode=True,
@@ -230,7 +219,7 @@ def main():
     params = module.params
     try:
         result = step(params["step"], params["plan"], module.check_mode, run, env_text=params["env_file"],
-                      memory_admission=params["memory_admission"], keep_last_good=params["keep_last_good"], paused=params["paused"])
+                      keep_last_good=params["keep_last_good"])
     except FileProblem as error:
         module.fail_json(msg=str(error))
     if result.get("unjudged"):

@@ -32,7 +32,6 @@ TEST_HOST = {
     "host_addresses": ["127.0.0.1", "::1"],
     "wait_online_enabled": False,
     "memory_total_bytes": None,
-    "readiness_script": NODE_SETTINGS["options"]["readiness_script"],
     # inventory_hostname.
     "host_name": "spark-1",
 }

@@ -135,9 +135,9 @@ def test_ray_workers_join_the_head_which_hands_over_to_vllm():
     assert script == "ray start --node-ip-address 192.168.100.11 --num-gpus 1 --head --port 6379 && exec vllm serve \"$@\""
     assert head_run[head_run.index("-c") + 2] == "vllm-serve"
     assert head_run[-2:] == ["--distributed-executor-backend", "ray"]
-    # The unit's command line keeps every argument one word.
-    exec_start = next(line for line in h["unit_file"].splitlines() if line.startswith("ExecStart="))
-    assert script in [word.replace("$$", "$") for word in shlex.split(exec_start[len("ExecStart="):])]
+    # The unit runs the plan file's argv through the host runtime, each argument one JSON string; a worker has no readiness wait.
+    assert f"ExecStart=/usr/bin/python3 /usr/local/libexec/sparkfleet/sparkfleet_runtime.py start --plan {h['plan_path']}" in h["unit_file"]
+    assert "ExecStartPost=" in h["unit_file"] and "ExecStartPost=" not in w["unit_file"]
 
 
 @pytest.mark.parametrize("nodes", [("spark-1", "spark-2"), ("spark-1", "spark-2", "spark-3", "spark-4")])

@@ -7,7 +7,6 @@ import pytest
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_facts import (
     board,
-    device_holders,
     fstab_swaps,
     installed_packages,
     package_lists,
@@ -21,6 +20,7 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_facts import
     power_state,
     summarise,
 )
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._launch_checks import device_holders
 
 FIXTURES = pathlib.Path(__file__).resolve().parents[2] / "fixtures" / "hardware"
 

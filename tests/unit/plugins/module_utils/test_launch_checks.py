@@ -18,10 +18,8 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._launch_checks imp
     holders_problem,
     memory_probe_argv,
     memory_problem,
-    pause_containers,
     paused_containers_problems,
     probe_figures,
-    resume_containers,
 )
 
 GIB = 1024**3
@@ -170,37 +168,3 @@ def test_only_other_programs_containers_may_be_paused_for_a_launch(value, fragme
     problems = paused_containers_problems("vllm_launch_paused_containers", value)
     assert problems and problems[0].startswith("vllm_launch_paused_containers") and fragment in " ".join(problems), problems
     assert paused_containers_problems("vllm_launch_paused_containers", ["nvidia_gpu_exporter", "dcgm-exporter.1"]) == []
-
-
-class Docker:
-    """Containers by name -> running, as docker answers; a name in ``stuck`` cannot be stopped or started."""
-
-    def __init__(self, running, stuck=(), names=None):
-        self.running, self.stuck, self.calls, self.names = dict(running), set(stuck), [], dict(names or {})
-
-    def __call__(self, argv):
-        self.calls.append(argv)
-        name = argv[-1]
-        if argv[1:3] == ["container", "inspect"]:
-            if name not in self.running:
-                return 1, "", f"Error: No such container: {name}"
-            # Docker takes a name it does not know for an ID's prefix: "c0ffee" finds the instance container vllm-tiny.
-            return 0, f"{str(self.running[name]).lower()} /{self.names.get(name, name)}\n", ""
-        if name in self.stuck:
-            return 1, "", f"Error response from daemon: cannot {argv[1]} container {name}"
-        self.running[name] = argv[1] == "start"
-        return 0, name + "\n", ""
-
-
-def test_running_exporters_are_stopped_and_only_they_are_started_again():
-    docker = Docker({"nvidia_gpu_exporter": True, "idle_exporter": False})
-    stopped, problems = pause_containers(["nvidia_gpu_exporter", "idle_exporter", "absent"], docker)
-    assert (stopped, problems) == (["nvidia_gpu_exporter"], []) and docker.running == {"nvidia_gpu_exporter": False, "idle_exporter": False}
-    assert resume_containers(stopped, docker) == [] and docker.running["nvidia_gpu_exporter"]
-    by_prefix = Docker({"c0ffee": True}, names={"c0ffee": "vllm-tiny"})
-    assert pause_containers(["c0ffee"], by_prefix) == ([], []) and by_prefix.running["c0ffee"], "an ID prefix never stops another container"
-    stuck = Docker({"nvidia_gpu_exporter": True}, stuck={"nvidia_gpu_exporter"})
-    assert pause_containers(["nvidia_gpu_exporter"], stuck)[1] == [
-        "nvidia_gpu_exporter could not be stopped for the launch: Error response from daemon: cannot stop container nvidia_gpu_exporter"]
-    assert resume_containers(["nvidia_gpu_exporter"], stuck)[0].endswith("could not be started again: Error response from daemon: cannot "
-                                                                         "start container nvidia_gpu_exporter; start it by hand")

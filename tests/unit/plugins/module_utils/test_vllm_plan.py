@@ -90,8 +90,14 @@ def test_the_plan_names_every_file_and_folder_the_run_writes_and_mounts():
     assert set(mounted) <= {path for path, mode in folders.items() if mode == "0755"} | set(helpers)
     assert [path for path, mode in folders.items() if mode == "0700"] == ["/etc/sparkfleet/vllm", "/etc/sparkfleet/vllm/last-good"]
     unit = llm["unit_file"]
-    used = ["/usr/local/libexec/sparkfleet/vllm_readiness.py", "/usr/local/libexec/sparkfleet/sparkfleet_vllm_guard.py"]
-    assert [path for path in helpers if path in unit] == used, "the unit runs and mounts the helpers installed"
+    assert [path for path in helpers if any(path in argument for argument in run)] == [
+        "/usr/local/libexec/sparkfleet/sparkfleet_vllm_guard.py"], "it mounts the guard"
+    runtime = "/usr/bin/python3 /usr/local/libexec/sparkfleet/sparkfleet_runtime.py"
+    assert [line for line in unit.splitlines() if runtime in line] == [
+        f"ExecStart={runtime} start --plan /etc/sparkfleet/vllm/llm.json", f"ExecStartPost={runtime} ready --plan /etc/sparkfleet/vllm/llm.json",
+        f"ExecStopPost={runtime} release --plan /etc/sparkfleet/vllm/llm.json"], "every start passes the host runtime"
+    assert "RestartPreventExitStatus=78" in unit.splitlines(), "a refused start is not restarted"
+    assert llm["memory_admission"] is True and llm["docker_run"][:2] == ["/usr/bin/docker", "run"]
     root = pathlib.Path(__file__).resolve().parents[4]
     assert all((root / source).is_file() for source in helpers.values()), "every helper's source is a file of the collection"
 
@@ -101,7 +107,7 @@ def test_the_helpers_content_is_read_from_the_collection_and_nothing_outside_it(
     helpers = plan(instance())["helpers"]
     files = vllm_helper_files(helpers, str(root))
     assert [file["path"] for file in files] == [helper["path"] for helper in helpers]
-    assert files[0]["content"] == (root / "roles" / "vllm" / "files" / "vllm_readiness.py").read_text()
+    assert files[0]["content"] == (root / "roles" / "vllm" / "files" / "sparkfleet_vllm_guard.py").read_text()
     for source in ("../../etc/passwd", "roles/vllm/files/missing.py"):
         with pytest.raises(AnsibleFilterError, match="is not a file of the collection"):
             vllm_helper_files([{"path": "/usr/local/libexec/sparkfleet/x.py", "mode": "0644", "source": source}], str(root))
@@ -128,8 +134,8 @@ def test_a_checkpoint_is_staged_in_its_name_or_its_repos():
 
 def test_every_option_is_given_and_a_missing_or_unknown_one_is_named():
     options = plan_options()
-    del options["readiness_script"], options["hardware_class"]
-    with pytest.raises(TypeError, match="^build_plan: plan options missing: hardware_class, readiness_script; unknown: none$"):
+    del options["memory_admission"], options["hardware_class"]
+    with pytest.raises(TypeError, match="^build_plan: plan options missing: hardware_class, memory_admission; unknown: none$"):
         build_plan([instance()], DEFAULTS, **options)
     with pytest.raises(TypeError, match="^build_plan: plan options missing: none; unknown: gmu_ceiling$"):
         build_plan([instance()], DEFAULTS, **plan_options(gmu_ceiling=0.9))
@@ -327,8 +333,7 @@ def test_a_kv_cache_share_that_is_no_fraction_is_refused_naming_the_variable(sha
 
 def test_every_start_compares_its_kv_cache_at_the_planned_share():
     planned = plan(instance(), kv_cache_warn_share=0.75)["instances"][0]
-    post = shlex.split(unit_line(planned["unit_file"], "ExecStartPost="))
-    assert post[post.index("--kv-cache-warn-share") + 1] == "0.75" and planned["cold_start"]["kv_cache_warn_share"] == 0.75
+    assert planned["cold_start"]["kv_cache_warn_share"] == 0.75, "the readiness wait reads it from the plan file"
 
 
 @pytest.mark.parametrize("model", [None, "", "   ", ["/models/x"], 7, True, {"path": "/models/x"}, "two words"])
@@ -473,8 +478,7 @@ def test_a_start_is_cold_until_its_settings_served_on_the_image():
     assert cold["timeout"] == 2700 and cold["restarts"] == 1 and cold["restart_window"] == 10 + 120
     assert STAMP_PATH.fullmatch(cold["stamp"]) and cold["stamp"].startswith(cold["jit_dir"] + "/warm/")
     assert "TimeoutStartSec=2760" in llm["unit_file"].splitlines(), "at boot systemd waits as long as a cold start may take"
-    line = next(line for line in llm["unit_file"].splitlines() if line.startswith("ExecStartPost="))
-    assert "--timeout 1200 --cold-timeout 2700 --stamp " + cold["stamp"] in line
+    assert llm["health_timeout"] == 1200, "the readiness wait reads both timeouts and the stamp from the plan file"
     # What compiles differently is another stamp; the key and the published port are not.
     for changed in (instance(max_model_len=1024), instance(env={"X": "1"})):
         assert plan(changed, cache_dir="/var/cache/sv")["instances"][0]["cold_start"]["stamp"] != cold["stamp"]
@@ -514,13 +518,15 @@ def test_unit_quotes_every_value_for_systemd_and_bounds_restarts():
     llm = plan(instance(extra_args=["--override-generation-config", '{"temperature": 0.6, "x": "$HOME 100%"}']),
                start_limit_interval=900, start_limit_burst=2, restart_delay=15)["instances"][0]
     unit = llm["unit_file"]
-    # systemd reads a double-quoted word with C escapes, $$ for $ and %% for %: shlex after undoing those gives the argv back.
-    exec_start = unit_line(unit, "ExecStart=")
-    assert shlex.split(exec_start.replace("$$", "$").replace("%%", "%")) == llm["docker_run"]
+    # The container's command reaches systemd only as the plan file's path: the host runtime reads the argv from the JSON.
+    assert shlex.split(unit_line(unit, "ExecStart=")) == ["/usr/bin/python3", "/usr/local/libexec/sparkfleet/sparkfleet_runtime.py",
+                                                          "start", "--plan", llm["plan_path"]]
+    assert '{"temperature": 0.6, "x": "$HOME 100%"}' in llm["docker_run"] and "$HOME" not in unit
+    # systemd reads a double-quoted word with C escapes, $$ for $ and %% for %: the stop line quotes its container so.
+    exec_stop = unit_line(unit, "ExecStop=")
+    assert shlex.split(exec_stop.replace("$$", "$").replace("%%", "%")) == ["/usr/bin/docker", "stop", "--time", "30", llm["container"]]
     assert "StartLimitIntervalSec=900" in unit and "StartLimitBurst=2" in unit and "RestartSec=15" in unit
     assert "Restart=always" in unit, "a clean exit (vLLM after a SIGTERM) restarts too"
-    post = shlex.split(unit_line(unit, "ExecStartPost="))
-    assert post[post.index("--env-file") + 1] == "/etc/sparkfleet/vllm/llm.env" and "--served-name=tiny" in post
     assert KEY not in unit
 
 

@@ -250,8 +250,9 @@ def test_a_plan_file_alone_rewritten_relaunches_nothing_and_a_changed_setting_do
     assert result["written"] == ["plan"] and result["drift"] == [], "a plan file describes the unit; it is not the unit"
     changed, changed_env = planned(host, max_num_seqs=8)
     result = run(host, changed, changed_env)
-    assert result["written"] == ["plan", "unit"]
-    assert result["drift"] == ["its settings files changed", f"its container runs config {plan['config_hash']}, the plan is {changed['config_hash']}"]
+    # The unit runs the plan file's docker run through the host runtime: its own text stays.
+    assert result["written"] == ["plan"]
+    assert result["drift"] == [f"its container runs config {plan['config_hash']}, the plan is {changed['config_hash']}"]
 
 
 def test_a_secret_file_made_readable_is_closed_again_without_a_relaunch(host):
@@ -318,7 +319,7 @@ def test_a_relaunch_stops_removes_the_container_starts_and_keeps_the_settings_th
     assert run(host, plan, env_file)["drift"]
     stopped = run(host, plan, step="stop")
     assert stopped["changed"] and stopped["unit_state"]["ActiveState"] == "active"
-    started = run(host, plan, step="start", memory_admission=False)
+    started = run(host, plan, step="start")
     kept = run(host, plan, step="keep")
     assert started["changed"] and kept["changed"] and kept["written"] == ["env", "plan", "unit"]
     assert calls(host) == ["systemctl daemon-reload", f"systemctl stop {plan['unit']}", f"docker rm --force {plan['container']}",
@@ -335,7 +336,7 @@ def test_a_unit_systemd_never_loaded_starts_without_a_start_limit_to_clear(host)
     set_state(host)
     run(host, plan, env_file)
     assert not run(host, plan, step="stop")["changed"]
-    assert run(host, plan, step="start", memory_admission=False)["changed"]
+    assert run(host, plan, step="start")["changed"]
     assert host_state(host)["units"] == {plan["unit"]: "active"}
     assert calls(host)[-1] == f"systemctl start --no-block {plan['unit']}"
 
@@ -354,7 +355,7 @@ def test_a_rollback_restores_the_last_good_files_and_without_them_touches_nothin
     run(host, failing, failing_env)
     assert files(host) != good
     checked = run(host, failing, step="restore", check_mode=True)
-    assert checked["restored"] and checked["written"] == ["plan", "unit"] and files(host)["config/tiny.json"] != good["config/tiny.json"]
+    assert checked["restored"] and checked["written"] == ["plan"] and files(host)["config/tiny.json"] != good["config/tiny.json"]
     restored = run(host, failing, step="restore")
     assert restored["changed"] and restored["restored"] and files(host) == good
     assert calls(host)[-1] == "systemctl daemon-reload", "systemd reads the restored unit before it is started again"
@@ -380,47 +381,11 @@ def test_a_unit_no_longer_planned_is_removed_with_its_files_and_check_mode_only_
     assert bad["failed"] and bad["msg"].startswith("plan: a removal needs name, unit, container and files (absolute paths)")
 
 
-def test_a_start_the_memory_the_image_sees_cannot_hold_is_refused_before_the_unit_starts(host, tmp_path):
-    """The probe runs the plan's image as the plan builder wrote it; its figures (recorded from the lab image's run,
-    scaled to a GB10's 121.69 GiB of which 99 are free, seed 002) refuse a share of 0.85 with the numbers, and a
-    process outside the collection's containers holding a device node is named in the same refusal."""
-    from ansible_collections.sparkfleet.vllm.plugins.module_utils._serving_unit import UnitError, start
-
-    plan, _env_file = planned(host, gpu_memory_utilization=0.85)
-    figures = json.dumps({"device": "cuda", "figure": "MemAvailable (integrated GPU, torch's is_integrated)", "free": 99 * 1024**3,
-                          "total": int(121.69 * 1024**3)})
-    answers = {"docker ps": (0, "c0ffee\n", ""), "docker run": (0, figures + "\n", "")}
-    ran = []
-
-    def tools(argv):
-        ran.append(argv)
-        command = argv[4:] if argv[0] == "/usr/bin/timeout" else argv
-        return answers.get(" ".join(command[:2]).replace("/usr/bin/docker", "docker"), (0, "", ""))
-
-    drop_caches = tmp_path / "drop_caches"
-    exporter = (4242, "nvidia_gpu_expo", ["/dev/nvidia0", "/dev/nvidiactl", "/dev/null"])
-    persistenced = (1580, "nvidia-persistenced", ["/dev/nvidia0"])
-    other_instance = (3131, "VLLM::EngineCore", ["/dev/nvidia0"])
-    cgroups = {4242: "0::/system.slice/docker-beef.scope\n", 3131: "0::/system.slice/docker-c0ffee.scope\n"}
-    with pytest.raises(UnitError) as refused:
-        start({**plan, "drop_caches": True}, True, False, tools, str(drop_caches), processes=lambda: [exporter, persistenced, other_instance],
-              cgroup_of=cgroups.get)
-    assert str(refused.value) == (
-        "tiny: pid 4242 (nvidia_gpu_expo) holds /dev/nvidia0, /dev/nvidiactl: the start was not attempted; stop them first (a stale "
-        "container: docker rm; a GPU exporter: stop it for the launch; what persists after that: reboot, seed 002) | tiny: "
-        "gpu_memory_utilization 0.85 asks for 103.44 GiB of CUDA's total of 121.69 GiB in the image, but the free memory its vLLM "
-        "compares that with, MemAvailable (integrated GPU, torch's is_integrated), is 99.00 GiB now; lower it, or free the memory "
-        "first (stop what holds it; residue of failed starts on a GB10: reboot, and if the figure is still short after the reboot, "
-        "cut the AC power, seed 002)")
-    bounded = ["/usr/bin/timeout", "--signal=TERM", "--kill-after=10", "120", "/usr/bin/docker", "run", "--rm"]
-    assert ran[2] == plan["memory_probe"] and plan["memory_probe"][:7] == bounded
-    assert plan["run_image"] in plan["memory_probe"] and "--network" in plan["memory_probe"]
-    assert drop_caches.read_text() == "3\n" and not [argv for argv in ran if argv[0] == "systemctl"], "the unit was not started"
-
 
 def test_a_launch_pauses_only_the_plans_exporters_and_a_stuck_one_stops_nothing_of_the_unit(host):
-    """Steps pause and resume, as the cluster role calls them around its ranks' launch (a relaunch does both itself)."""
-    from ansible_collections.sparkfleet.vllm.plugins.module_utils._serving_unit import UnitError, pause, resume
+    """Steps pause and resume, as the cluster role calls them around its ranks' launch (an instance's unit does both
+    itself), recorded in the host runtime's ledger."""
+    from ansible_collections.sparkfleet.vllm.plugins.module_utils._serving_unit import pause, resume
 
     plan, _env_file = planned(host)
     assert plan["paused_containers"] == ["nvidia_gpu_exporter"], "the role's default, seed 002's exporter"
@@ -434,33 +399,18 @@ def test_a_launch_pauses_only_the_plans_exporters_and_a_stuck_one_stops_nothing_
         state[argv[-1]] = "true" if argv[1] == "start" else "false"
         return 0, "", ""
 
-    assert pause(plan, docker, check_mode=True) == {"changed": True, "paused": ["nvidia_gpu_exporter"]}, "check mode says what it would stop"
+    ledger = str(host / "state" / "paused.json")
+    assert pause(plan, docker, True, ledger) == {"changed": True, "paused": ["nvidia_gpu_exporter"]}, "check mode says what it would stop"
     assert state["nvidia_gpu_exporter"] == "true", "and stops nothing"
-    assert pause(plan, docker) == {"changed": True, "paused": ["nvidia_gpu_exporter"]} and state["nvidia_gpu_exporter"] == "false"
-    assert resume(plan, ["nvidia_gpu_exporter"], docker) == {"changed": True} and state["nvidia_gpu_exporter"] == "true"
-    with pytest.raises(UnitError, match=r"^paused: node_exporter not in the plan's paused_containers"):
-        resume(plan, ["node_exporter"], docker)
+    assert pause(plan, docker, False, ledger) == {"changed": True, "paused": ["nvidia_gpu_exporter"]} and state["nvidia_gpu_exporter"] == "false"
+    assert json.loads((host / "state" / "paused.json").read_text()) == {"nvidia_gpu_exporter": [plan["unit"]]}
+    assert resume(plan, docker, ledger) == {"changed": True} and state["nvidia_gpu_exporter"] == "true"
+    assert resume(plan, docker, ledger) == {"changed": False}, "what the ledger holds for the unit, once"
     state["stuck"] = "yes"
-    stuck = pause(plan, docker)
+    stuck = pause(plan, docker, False, ledger)
     assert stuck["failed"] and stuck["paused"] == [] and stuck["msg"].startswith(
-        "tiny was not relaunched, nothing of it was stopped: nvidia_gpu_exporter could not be stopped for the launch")
+        "tiny was not relaunched, nothing of it was stopped: nvidia_gpu_exporter could not be stopped for the start")
 
-
-def test_an_exporter_paused_for_a_relaunch_starts_again_when_the_flag_cannot_be_raised(host):
-    from ansible_collections.sparkfleet.vllm.plugins.module_utils._files import FileProblem
-    from ansible_collections.sparkfleet.vllm.plugins.module_utils._serving_unit import relaunch
-
-    plan, _env_file = planned(host)
-    (host / "run").write_text("a file where the flag's folder should be")
-    calls = []
-
-    def docker(argv):
-        calls.append(argv[:2])
-        return (0, "true /nvidia_gpu_exporter\n", "") if argv[1:3] == ["container", "inspect"] else (0, "", "")
-
-    with pytest.raises(FileProblem, match="vllm-maintenance: cannot be read"):
-        relaunch(plan, False, plan["maintenance_flag"], False, docker)
-    assert calls == [["docker", "container"], ["docker", "stop"], ["docker", "start"]], "stopped for the launch, started again"
 
 
 class Vllm(http.server.BaseHTTPRequestHandler):
@@ -509,7 +459,7 @@ def exited_with_a_bad_flag():
 
 
 def relaunch(host, plan, **args):
-    return run(host, plan, step="relaunch", memory_admission=False, **args)
+    return run(host, plan, step="relaunch", **args)
 
 
 def test_a_relaunch_is_gated_under_the_maintenance_flag_which_it_clears(host, vllm):
@@ -591,18 +541,6 @@ def test_last_good_settings_that_do_not_serve_either_are_named_and_the_instance_
     assert not (host / "run" / "vllm-maintenance").exists()
 
 
-def test_the_last_good_settings_are_admitted_on_their_own_memory_share_and_image(host):
-    from ansible_collections.sparkfleet.vllm.plugins.module_utils._serving_unit import admitted
-
-    good, good_env = planned(host, gpu_memory_utilization=0.3)
-    set_state(host)
-    run(host, good, good_env)
-    failing, _failing_env = planned(host, gpu_memory_utilization=0.8, image=IMAGE.replace("ab" * 32, "cd" * 32))
-    assert admitted(failing) == (0.3, good["memory_probe"]), "the restored files' share, checked with their own image"
-    assert good["run_image"] in good["memory_probe"] and failing["run_image"] not in good["memory_probe"]
-    (host / "config" / "tiny.json").write_text("{damaged")
-    assert admitted(failing) == (0.8, failing["memory_probe"]), "a damaged copy is admitted on the share and image that failed"
-
 
 def test_a_failed_relaunch_without_last_good_settings_stops_the_unit(host, vllm):
     plan, env_file = planned(host, port=vllm.server_port)
@@ -632,7 +570,7 @@ def test_a_start_that_cannot_run_rolls_back_like_a_failed_gate(host):
             return 1, "[]", "Error response from daemon: No such container: vllm-tiny"
         return 0, "LoadState=loaded\nActiveState=inactive\n" if argv[1] == "show" else "", ""
 
-    result = relaunch_unit(plan, False, str(host / "run" / "vllm-maintenance"), False, denied)
+    result = relaunch_unit(plan, str(host / "run" / "vllm-maintenance"), False, denied)
     assert result["failed"] and result["msg"] == (
         f"vLLM instance tiny failed its relaunch: systemctl reset-failed {plan['unit']} exited 1: Failed to reset failed state of unit: "
         "Access denied (detected after ? s). There were no last good settings to roll back to; the instance is stopped. "
@@ -788,7 +726,7 @@ def test_a_held_relaunch_keeps_the_settings_before_until_judged_and_roll_back_se
         path: text for path, text in files(host).items() if "last-good" in path and path not in marked}
     assert run(host, changed, step="roll_back", check_mode=True)["changed"], "check mode: last good settings to go back to"
     forget_calls(host)
-    rolled = run(host, changed, step="roll_back", memory_admission=False)
+    rolled = run(host, changed, step="roll_back")
     assert rolled["served"] and rolled["msg"] == "The last good settings were relaunched and serve again." and not rolled.get("failed")
     assert files(host) == kept, "the settings before the change are back"
     assert [line for line in calls(host) if "start" in line] == [f"systemctl start --no-block {good['unit']}", "maintenance flag at start: tiny"]
@@ -850,7 +788,7 @@ def test_roll_back_without_last_good_settings_fails_with_the_unit_stopped(host, 
     set_state(host, flag=str(host / "run" / "vllm-maintenance"), starts=[(plan["container"], running(plan))])
     run(host, plan, env_file, check_mode=True)
     assert not run(host, plan, step="roll_back", check_mode=True)["changed"]
-    rolled = run(host, plan, step="roll_back", memory_admission=False)
+    rolled = run(host, plan, step="roll_back")
     assert rolled["failed"] and not rolled["served"]
     assert rolled["msg"] == "There were no last good settings to roll back to; the instance is stopped."
 

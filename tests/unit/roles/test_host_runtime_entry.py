@@ -1,4 +1,5 @@
-"""The units' readiness wait, laid out as the vllm role installs it, run as systemd runs it, against a local HTTP server."""
+"""The host runtime's readiness wait, laid out as serving_host installs it, run as a unit's ExecStartPost runs it (nothing of
+the collection or Ansible importable but the installed files), against a local HTTP server."""
 
 import http.server
 import json
@@ -11,13 +12,20 @@ import threading
 
 import pytest
 
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_runtime import ENTRY, runtime_files
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._launch_checks import memory_probe_argv
+
+IMAGE = "registry.example/vllm@sha256:" + "a" * 64
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture
 def installed(tmp_path):
-    shutil.copy(ROOT / "roles" / "vllm" / "files" / "vllm_readiness.py", tmp_path)
-    shutil.copy(ROOT / "plugins" / "module_utils" / "_vllm_health.py", tmp_path)
+    folders, files = runtime_files()
+    for folder in folders:
+        (tmp_path / folder["path"].lstrip("/")).mkdir(parents=True, exist_ok=True)
+    for entry in files:
+        shutil.copy(ROOT / entry["source"], tmp_path / entry["path"].lstrip("/"))
     (tmp_path / "llm.env").write_text("# Managed\nVLLM_API_KEY=" + "k" * 20 + "\n")
     return tmp_path
 
@@ -41,12 +49,17 @@ def serve(status, body=b"", metrics=b""):
     return server
 
 
-def wait(installed, server, timeout="20", cold_timeout="30", *extra):
-    # As on the host: nothing of the collection or Ansible importable, only the installed files side by side.
+def wait(installed, server, timeout=20, cold_timeout=30, share=None):
+    plan = {"schema_version": 1, "name": "llm", "unit": "sparkfleet-vllm-llm.service", "container": "vllm-absent-in-this-test",
+            "url": f"http://127.0.0.1:{server.server_port}", "env_path": str(installed / "llm.env"),
+            "docker_run": ["/usr/bin/docker", "run", IMAGE], "run_image": IMAGE, "memory_probe": memory_probe_argv(IMAGE, False),
+            "paused_containers": [], "gpu_memory_utilization": 0.5, "drop_caches": False, "memory_admission": False,
+            "served_names": ["tiny"], "health_timeout": timeout,
+            "cold_start": {"timeout": cold_timeout, "stamp": str(installed / "jit" / "warm" / "key"), "kv_cache_warn_share": share}}
+    (installed / "llm.json").write_text(json.dumps(plan))
+    entry = installed / ENTRY.lstrip("/")
     return subprocess.run(
-        [sys.executable, str(installed / "vllm_readiness.py"), "--container", "vllm-absent-in-this-test", "--url",
-         f"http://127.0.0.1:{server.server_port}", "--env-file", str(installed / "llm.env"), "--timeout", timeout,
-         "--cold-timeout", cold_timeout, "--stamp", str(installed / "jit" / "warm" / "key"), "--served-name=tiny", *extra],
+        [sys.executable, str(entry), "ready", "--plan", str(installed / "llm.json")], cwd=installed,
         capture_output=True, text=True, check=False, timeout=60, env={name: value for name, value in os.environ.items() if name != "PYTHONPATH"},
     )
 
@@ -66,10 +79,10 @@ def test_ready_when_the_model_is_listed_and_the_settings_stamped_warm(installed)
 def test_a_cold_start_waits_the_cold_timeout_and_a_warm_one_the_warm(installed):
     server = serve(503)
     try:
-        cold = wait(installed, server, timeout="1", cold_timeout="4")
+        cold = wait(installed, server, timeout=1, cold_timeout=4)
         (installed / "jit" / "warm").mkdir(parents=True)
         (installed / "jit" / "warm" / "key").write_text("1\n")
-        warm = wait(installed, server, timeout="1", cold_timeout="4")
+        warm = wait(installed, server, timeout=1, cold_timeout=4)
     finally:
         server.shutdown()
     assert cold.returncode == 1 and "cold start, not ready after 4 s" in cold.stderr, cold.stderr
@@ -80,7 +93,7 @@ def test_a_refused_key_fails_at_once(installed):
     (installed / "llm.env").write_text("VLLM_API_KEY=" + "z" * 20 + "\n")
     server = serve(200, b"{}")
     try:
-        result = wait(installed, server, timeout="300")
+        result = wait(installed, server, timeout=300)
     finally:
         server.shutdown()
     assert result.returncode == 1 and "refuses the API key" in result.stderr
@@ -99,7 +112,7 @@ def test_each_start_compares_its_kv_cache_with_the_last_good_start_and_warns_bel
     for tokens in (1000, 849, 950):
         server = serve(200, models, metrics_page(tokens))
         try:
-            results.append(wait(installed, server, "20", "30", "--kv-cache-warn-share", "0.9"))
+            results.append(wait(installed, server, share=0.9))
         finally:
             server.shutdown()
         assert results[-1].returncode == 0, results[-1].stderr

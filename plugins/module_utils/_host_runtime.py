@@ -1,0 +1,401 @@
+# Copyright: sparkfleet.vllm contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The host runtime: the door every start of a vLLM instance or rank passes, whoever causes it (Ansible's relaunch,
+a boot, systemd's restart, the watchdog's restart), because the unit's own commands run it.
+
+- ``start`` (the unit's ExecStart): reads the unit's plan file, drops the page cache (seed 002: on a unified pool it
+  counts against the memory vLLM finds free), stops the other programs' GPU-holding containers the plan names (seed 002:
+  nvidia_gpu_exporter holds about 9 GiB), refuses a stray holder of the GPU's device nodes and a memory share the
+  pinned image's vLLM would refuse (_launch_checks), logging each figure in the unit's journal; then it becomes the
+  plan's ``docker run``. A refusal is one journal line with the figures and the fix, a record the readiness wait and the
+  health gate read, and exit status REFUSED, which the unit lists in RestartPreventExitStatus: a refused start is not
+  retried in a loop.
+- ``ready`` (ExecStartPost): the readiness wait, judged by _vllm_health as the health gate judges, with the KV cache
+  compared with the best good start; the paused containers start again afterwards, whatever its outcome.
+- ``release`` (ExecStopPost): the paused containers start again when the start ended before its readiness wait did.
+
+Standard library only, and only RUNTIME_MODULES among the collection's files: serving_host installs these same
+files (not copies) under RUNTIME_DIR with the entry script, once per host, so the modules and the host run one code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import http.client
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import typing as t
+import urllib.error
+import urllib.request
+
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._launch_checks import (
+    DEVICE_NODES,
+    GIB,
+    device_holders,
+    holders_problem,
+    memory_probe_argv,
+    memory_problem,
+    open_files,
+    probe_figures,
+    process_cgroup,
+)
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_health import (
+    POLL_INTERVAL,
+    DockerUnanswered,
+    Reply,
+    capacity_check,
+    container_snapshot,
+    exception_reply,
+    mark_warm,
+    missing_container,
+    parse_env_file,
+    start_timeout,
+    wait_until_ready,
+)
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_instance import DOCKER_CLIENT, INSTANCE_LABEL, PLAN_SCHEMA_VERSION
+
+RUNTIME_DIR = "/usr/local/libexec/sparkfleet"
+ENTRY = f"{RUNTIME_DIR}/sparkfleet_runtime.py"
+ENTRY_SOURCE = "roles/serving_host/files/sparkfleet_runtime.py"
+PACKAGE = "ansible_collections/sparkfleet/vllm/plugins/module_utils"
+# This file and what it imports of the collection: a unit test keeps the list closed under its imports.
+RUNTIME_MODULES = ("_host_runtime", "_launch_checks", "_vllm_health", "_vllm_instance", "_watchdog")
+# Which unit stopped which container for its start: kept on disk, because a container stopped before a reboot is started
+# again only by the release of a unit that stopped it.
+PAUSED_LEDGER = "/var/lib/sparkfleet/paused-containers.json"
+# A refused start's reason, per container, for the readiness wait and the health gate; gone with a reboot.
+REFUSALS_DIR = "/run/sparkfleet/admission"
+DROP_CACHES = "/proc/sys/vm/drop_caches"
+# sysexits' EX_CONFIG: the unit's RestartPreventExitStatus, so systemd does not restart a refused start.
+REFUSED = 78
+
+Runner = t.Callable[[list[str]], tuple[int, str, str]]
+Log = t.Callable[[str], None]
+
+
+class PlanFileError(ValueError):
+    """A plan file the runtime cannot act on: its path, what is wrong and the fix."""
+
+
+def runtime_files() -> tuple[list[dict[str, str]], list[dict[str, str]]]:
+    """(folders, files) of the runtime as host_files installs them, each file with its source in the collection."""
+    folders = [RUNTIME_DIR]
+    for part in PACKAGE.split("/"):
+        folders.append(f"{folders[-1]}/{part}")
+    files = [{"path": ENTRY, "mode": "0644", "source": ENTRY_SOURCE}]
+    files += [{"path": f"{folders[-1]}/{name}.py", "mode": "0644", "source": f"plugins/module_utils/{name}.py"} for name in RUNTIME_MODULES]
+    return [{"path": folder, "mode": "0755"} for folder in folders], files
+
+
+def read_plan(path: str) -> dict[str, t.Any]:
+    """The plan file of a unit, checked against the schema this runtime reads; PlanFileError says what and the fix."""
+    fix = "re-apply site.yml to this host (the serving roles write the plan files)"
+    try:
+        with open(path, encoding="utf-8") as handle:
+            found = json.load(handle)
+    except FileNotFoundError as error:
+        raise PlanFileError(f"{path}: no such plan file; {fix}") from error
+    except OSError as error:
+        raise PlanFileError(f"{path}: cannot be read ({error.strerror}); the runtime runs as root from the unit") from error
+    except ValueError as error:
+        raise PlanFileError(f"{path}: not valid JSON ({error}); {fix}") from error
+    if not isinstance(found, dict):
+        raise PlanFileError(f"{path}: holds no plan object; {fix}")
+    if found.get("schema_version") != PLAN_SCHEMA_VERSION:
+        raise PlanFileError(f"{path}: schema_version {found.get('schema_version')!r}, this runtime reads {PLAN_SCHEMA_VERSION} "
+                            f"(another release of sparkfleet.vllm wrote it); {fix}")
+    wrong = [key for key in ("name", "unit", "container", "url", "env_path") if not isinstance(found.get(key), str) or not found[key]]
+    wrong += [key for key in ("docker_run", "memory_probe") if not is_argv(found.get(key))]
+    if not isinstance(found.get("paused_containers"), list) or not all(isinstance(name, str) for name in found["paused_containers"]):
+        wrong.append("paused_containers")
+    share = found.get("gpu_memory_utilization")
+    if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share <= 1:
+        wrong.append("gpu_memory_utilization")
+    wrong += [key for key in ("drop_caches", "memory_admission") if not isinstance(found.get(key), bool)]
+    # The only commands a plan file brings to run are the container the plan builder wrote and its memory check.
+    if is_argv(found.get("docker_run")) and found["docker_run"][:2] != [DOCKER_CLIENT, "run"]:
+        wrong.append("docker_run")
+    if is_argv(found.get("memory_probe")) and found["memory_probe"] != memory_probe_argv(str(found.get("run_image")),
+                                                                                       "--gpus" in found["docker_run"]):
+        wrong.append("memory_probe")
+    names = found.get("served_names")
+    if not isinstance(names, list) or not names or not all(isinstance(name, str) and name for name in names):
+        wrong.append("served_names")
+    if isinstance(found.get("health_timeout"), bool) or not isinstance(found.get("health_timeout"), (int, float)):
+        wrong.append("health_timeout")
+    cold_start = found.get("cold_start")
+    if not isinstance(cold_start, dict) or not isinstance(cold_start.get("stamp"), str) or not cold_start["stamp"].startswith("/"):
+        wrong.append("cold_start")
+    if wrong:
+        raise PlanFileError(f"{path}: no usable {', '.join(wrong)}; {fix}")
+    return found
+
+
+def is_argv(value: t.Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(isinstance(part, str) for part in value) and value[0].startswith("/")
+
+
+@contextlib.contextmanager
+def ledger(path: str) -> t.Iterator[dict[str, list[str]]]:
+    """The paused containers' ledger ({container: units whose start stopped it}), locked while it is read, changed and
+    written back; OSError when it cannot be kept (a full or read-only disk), before anything acted on it."""
+    os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+    with open(path + ".lock", "a", encoding="ascii") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            with open(path, encoding="utf-8") as handle:
+                found = json.load(handle)
+        except (FileNotFoundError, ValueError):
+            found = {}
+        entries = {str(name): [str(unit) for unit in units] for name, units in found.items() if isinstance(units, list)} if isinstance(found, dict) else {}
+        yield entries
+        write_atomically(path, json.dumps(entries, sort_keys=True) + "\n")
+
+
+def write_atomically(path: str, text: str) -> None:
+    handle, temporary = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as stream:
+            stream.write(text)
+            stream.flush()
+            os.fsync(stream.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+
+
+def running(name: str, run: Runner) -> bool:
+    """Whether a container runs under exactly that name (docker would also take a name for an ID's prefix)."""
+    rc, out, _err = run([DOCKER_CLIENT, "container", "inspect", "--format", "{{.State.Running}} {{.Name}}", name])
+    return rc == 0 and out.split() == ["true", f"/{name}"]
+
+
+def pause(unit: str, names: t.Sequence[str], run: Runner, log: Log, ledger_path: str = PAUSED_LEDGER) -> tuple[list[str], list[str]]:
+    """Stop those of ``names`` that run, for ``unit``'s start; one another unit's start stopped stays stopped for this one
+    too. Each is recorded before it is stopped (OSError when the ledger cannot be written: then nothing is stopped).
+    Returns (the ones stopped now, the problems); nothing more is stopped after the first problem."""
+    stopped: list[str] = []
+    with ledger(ledger_path) as entries:
+        for name in names:
+            if name in entries:
+                entries[name] = sorted({*entries[name], unit})
+                log(f"{name} stays stopped for this start (stopped for {', '.join(entries[name])})")
+            elif running(name, run):
+                entries[name] = [unit]
+                write_atomically(ledger_path, json.dumps(entries, sort_keys=True) + "\n")
+                rc, out, err = run([DOCKER_CLIENT, "stop", "--time", "30", name])
+                if rc != 0:
+                    del entries[name]
+                    return stopped, [f"{name} could not be stopped for the start: {(err or out).strip()[-200:]}"]
+                stopped.append(name)
+                log(f"{name} stopped for the start")
+    return stopped, []
+
+
+def release(unit: str, run: Runner, log: Log, ledger_path: str = PAUSED_LEDGER) -> list[str]:
+    """Start again each container only ``unit``'s start still held stopped; the problems."""
+    problems = []
+    with ledger(ledger_path) as entries:
+        for name in [name for name, units in entries.items() if unit in units]:
+            entries[name] = [other for other in entries[name] if other != unit]
+            if entries[name]:
+                continue
+            del entries[name]
+            rc, out, err = run([DOCKER_CLIENT, "start", name])
+            if rc == 0:
+                log(f"{name} started again")
+            else:
+                problems.append(f"{name}, stopped for the start, could not be started again: {(err or out).strip()[-200:]}; start it by hand")
+    return problems
+
+
+def drop_page_cache(run: Runner, path: str = DROP_CACHES) -> str | None:
+    run(["/usr/bin/sync"])
+    try:
+        with open(path, "w", encoding="ascii") as handle:
+            handle.write("3\n")
+    except OSError as error:
+        return f"{path}: the page cache cannot be dropped ({error.strerror})"
+    return None
+
+
+def memory_line(share: float, figures: dict[str, t.Any]) -> str:
+    return (f"memory: {figures['figure']} {figures['free'] / GIB:.2f} GiB free, gpu_memory_utilization {share} of "
+            f"{figures['total'] / GIB:.2f} GiB wants {share * figures['total'] / GIB:.2f} GiB: admitted")
+
+
+def admit(plan: t.Mapping[str, t.Any], run: Runner, log: Log, ledger_path: str = PAUSED_LEDGER, drop_caches_path: str = DROP_CACHES,
+          device_nodes: t.Sequence[str] = DEVICE_NODES,
+          processes: t.Callable[[], t.Iterable[tuple[int, str, t.Sequence[str]]]] = open_files,
+          cgroup_of: t.Callable[[int], str] = process_cgroup) -> list[str]:
+    """Prepare and check the start of the plan's unit, logging each step; every reason it must not start (then the
+    containers stopped for it run again). A cluster's rank pauses nothing: its role stops and starts them around the
+    cluster's relaunch, since a worker has no readiness wait to start them again after."""
+    problems = []
+    if plan["drop_caches"]:
+        problem = drop_page_cache(run, drop_caches_path)
+        problems += [problem] if problem else []
+        log(problem or "page cache dropped")
+    if not problems and plan["paused_containers"] and not plan.get("cluster"):
+        try:
+            problems += pause(plan["unit"], plan["paused_containers"], run, log, ledger_path)[1]
+        except OSError as error:
+            problems.append(f"{ledger_path}: the ledger of the containers stopped for starts cannot be written ({error.strerror}), "
+                            "so nothing was stopped; free the disk")
+    if not problems and plan["memory_admission"]:
+        rc, out, err = run([DOCKER_CLIENT, "ps", "--quiet", "--no-trunc", "--filter", f"label={INSTANCE_LABEL}"])
+        own = out.split() if rc == 0 else []
+        holders = holders_problem(plan["name"], device_holders(processes(), device_nodes), own, cgroup_of)
+        problems += [holders] if holders else []
+        log(holders or f"no stray holder of {', '.join(device_nodes)}")
+        figures = probe_figures(*run(list(plan["memory_probe"])))
+        memory = memory_problem(plan["name"], float(plan["gpu_memory_utilization"]), figures)
+        problems += [memory] if memory else []
+        if not memory:
+            log(memory_line(float(plan["gpu_memory_utilization"]), t.cast(dict, figures)))
+    if problems and plan["paused_containers"] and not plan.get("cluster"):
+        problems += released(plan["unit"], run, log, ledger_path)
+    return problems
+
+
+def released(unit: str, run: Runner, log: Log, ledger_path: str = PAUSED_LEDGER) -> list[str]:
+    """release, with a ledger that cannot be read or written as one more problem."""
+    try:
+        return release(unit, run, log, ledger_path)
+    except OSError as error:
+        return [f"{ledger_path}: the ledger of the containers stopped for starts cannot be kept ({error.strerror}); "
+                "start them by hand (docker start)"]
+
+
+def refusal_path(container: str, folder: str = REFUSALS_DIR) -> str:
+    return f"{folder}/{container}.json"
+
+
+def record_refusal(container: str, reason: str, invocation: str, folder: str = REFUSALS_DIR) -> None:
+    os.makedirs(folder, mode=0o755, exist_ok=True)
+    write_atomically(refusal_path(container, folder), json.dumps({"invocation": invocation, "refused": reason}) + "\n")
+
+
+def clear_refusal(container: str, folder: str = REFUSALS_DIR) -> None:
+    """Forget a refusal before a start whose outcome a gate will read."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(refusal_path(container, folder))
+
+
+def refusal(container: str, invocation: str | None = None, folder: str = REFUSALS_DIR) -> str | None:
+    """The reason the admission refused the container's start (of that unit invocation when one is given), or None."""
+    try:
+        with open(refusal_path(container, folder), encoding="utf-8") as handle:
+            found = json.load(handle)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(found, dict) or not isinstance(found.get("refused"), str):
+        return None
+    if invocation is not None and found.get("invocation") != invocation:
+        return None
+    return "the start was refused: " + found["refused"]
+
+
+def run_command(argv: list[str]) -> tuple[int, str, str]:
+    try:
+        completed = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=600)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return 127, "", str(error)
+    return completed.returncode, completed.stdout, completed.stderr
+
+
+def say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def start(plan: t.Mapping[str, t.Any], run: Runner = run_command, log: Log = say, invocation: str = "") -> int:
+    """The unit's ExecStart: admit, then become the plan's docker run; REFUSED with one line naming the figures."""
+    problems = admit(plan, run, log)
+    if problems:
+        reason = " | ".join(problems)
+        log(f"start of {plan['name']} refused, not retried: {reason}")
+        with contextlib.suppress(OSError):
+            record_refusal(plan["container"], reason, invocation)
+        return REFUSED
+    sys.stdout.flush()
+    os.execv(plan["docker_run"][0], plan["docker_run"])
+    return 1
+
+
+def http_get(url: str, api_key: str | None, timeout: float = 5) -> Reply:
+    request = urllib.request.Request(url, headers={"Authorization": "Bearer " + api_key} if api_key else {})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return Reply(response.status, response.read().decode("utf-8", "replace"))
+    except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as error:
+        return exception_reply(error)
+
+
+def inspect(container: str, run: Runner) -> dict[str, t.Any] | None:
+    rc, out, err = run([DOCKER_CLIENT, "inspect", container])
+    if rc != 0 and not missing_container(err):
+        raise DockerUnanswered(err.strip())
+    return container_snapshot(out) if rc == 0 else None
+
+
+def ready(plan: t.Mapping[str, t.Any], run: Runner = run_command, log: Log = say, invocation: str | None = None,
+          fetch: t.Callable[[str, str | None], Reply] = http_get) -> int:
+    """The unit's ExecStartPost: wait until the instance serves (the cold timeout while no start of its settings
+    served on the image's caches), compare its KV cache with the best good start, stamp it warm; 0 once it serves."""
+    cold_start = plan.get("cold_start") or {}
+    timeout, cold = start_timeout(plan["health_timeout"], cold_start)
+    try:
+        with open(plan["env_path"], encoding="utf-8") as handle:
+            api_key = parse_env_file(handle.read()).get("VLLM_API_KEY")
+    except OSError as error:
+        log(f"{plan['env_path']}: cannot be read ({error.strerror}); re-apply site.yml to this host")
+        return 1
+    url = plan["url"].rstrip("/")
+    result = wait_until_ready(lambda: fetch(url + "/v1/models", api_key), lambda: inspect(plan["container"], run), plan["served_names"],
+                              timeout, POLL_INTERVAL, refusal=lambda: refusal(plan["container"], invocation))
+    log(f"{plan['container']}: {'cold' if cold else 'warm'} start, {result['reason']} after {result['elapsed']} s")
+    if not result["ok"]:
+        return 1
+    share = cold_start.get("kv_cache_warn_share")
+    tokens, warning = capacity_check(fetch(url + "/metrics", api_key), cold_start["stamp"], share)
+    log(f"{plan['container']}: " + (f"WARNING: {warning}" if warning else f"the KV cache holds {tokens:,} tokens" if tokens else
+                                    "the KV cache size is not on its /metrics page"))
+    try:
+        mark_warm(cold_start["stamp"], tokens if share else None, degraded=bool(warning))
+    except OSError as error:
+        log(f"{cold_start['stamp']}: the warm stamp cannot be written ({error.strerror}); the next start waits the cold timeout")
+    return 0
+
+
+def main(argv: t.Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="sparkfleet_runtime", description="The start door of a sparkfleet.vllm unit.")
+    parser.add_argument("command", choices=("start", "ready", "release"))
+    parser.add_argument("--plan", required=True, help="the unit's plan file")
+    args = parser.parse_args(argv)
+    try:
+        plan = read_plan(args.plan)
+    except PlanFileError as error:
+        say(str(error))
+        return REFUSED if args.command == "start" else 1
+    invocation = os.environ.get("INVOCATION_ID", "")
+    if args.command == "start":
+        return start(plan, invocation=invocation)
+    # Only a unit whose start stops containers has any to start again.
+    pauses = bool(plan["paused_containers"]) and not plan.get("cluster")
+    if args.command == "release":
+        problems = released(plan["unit"], run_command, say) if pauses else []
+        for problem in problems:
+            say(problem)
+        return 1 if problems else 0
+    try:
+        return ready(plan, invocation=invocation)
+    finally:
+        for problem in released(plan["unit"], run_command, say) if pauses else []:
+            say(problem)

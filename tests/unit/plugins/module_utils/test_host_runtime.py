@@ -1,0 +1,252 @@
+"""The host runtime every unit start runs: its plan-file reader, the admission's order and journal lines, the ledger of
+the containers stopped for starts, a refused start that is recorded and not retried, and the readiness wait."""
+
+import ast
+import json
+import os
+import pathlib
+
+import pytest
+
+from ansible_collections.sparkfleet.vllm.plugins.module_utils import _host_runtime as runtime
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._launch_checks import memory_probe_argv
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_health import Reply
+
+ROOT = pathlib.Path(__file__).resolve().parents[4]
+GIB = 1024**3
+IMAGE = "registry.example/vllm@sha256:" + "a" * 64
+
+
+def test_the_runtime_is_its_listed_files_which_import_only_each_other_and_the_standard_library():
+    folders, files = runtime.runtime_files()
+    listed = {pathlib.PurePosixPath(entry["source"]).stem for entry in files if entry["source"].startswith("plugins/")}
+    assert listed == set(runtime.RUNTIME_MODULES)
+    for name in runtime.RUNTIME_MODULES:
+        tree = ast.parse((ROOT / "plugins" / "module_utils" / f"{name}.py").read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("ansible"):
+                assert node.module.startswith("ansible_collections.sparkfleet.vllm.plugins.module_utils."), (name, node.module)
+                assert node.module.rsplit(".", 1)[1] in runtime.RUNTIME_MODULES, f"{name} imports {node.module}, not in the runtime"
+            if isinstance(node, ast.Import):
+                assert not any(alias.name.startswith("ansible") for alias in node.names), name
+    assert all(entry["path"].startswith(runtime.RUNTIME_DIR + "/") for entry in files)
+    assert [entry["path"] for entry in folders][-1] == f"{runtime.RUNTIME_DIR}/{runtime.PACKAGE}"
+    assert (ROOT / runtime.ENTRY_SOURCE).is_file() and runtime.ENTRY in [entry["path"] for entry in files]
+
+
+def plan_of(tmp_path, **changes):
+    plan = {
+        "schema_version": 1, "name": "llm", "unit": "sparkfleet-vllm-llm.service", "container": "vllm-llm",
+        "url": "http://127.0.0.1:8000", "env_path": str(tmp_path / "llm.env"), "plan_path": str(tmp_path / "llm.json"),
+        "docker_run": ["/usr/bin/docker", "run", "--name", "vllm-llm", IMAGE], "run_image": IMAGE,
+        "memory_probe": memory_probe_argv(IMAGE, False), "paused_containers": ["nvidia_gpu_exporter"],
+        "gpu_memory_utilization": 0.5, "drop_caches": True, "memory_admission": True, "cluster": None,
+        "served_names": ["tiny"], "health_timeout": 20,
+        "cold_start": {"timeout": 30, "stamp": str(tmp_path / "jit" / "warm" / "key"), "kv_cache_warn_share": 0.9},
+    }
+    plan.update(changes)
+    return plan
+
+
+def written(tmp_path, plan):
+    path = tmp_path / "llm.json"
+    path.write_text(json.dumps(plan))
+    return str(path)
+
+
+@pytest.mark.parametrize(("damage", "fragment"), [
+    ({"schema_version": 2}, "schema_version 2, this runtime reads 1 (another release of sparkfleet.vllm wrote it)"),
+    ({"schema_version": None}, "schema_version None"),
+    ({"docker_run": ["/bin/sh", "-c", "reboot"]}, "no usable docker_run"),
+    ({"docker_run": ["docker", "run"]}, "no usable docker_run"),
+    ({"memory_probe": ["/usr/bin/timeout", "1", "/bin/sh"]}, "no usable memory_probe"),
+    ({"gpu_memory_utilization": 1.5}, "no usable gpu_memory_utilization"),
+    ({"memory_admission": "yes"}, "no usable memory_admission"),
+    ({"paused_containers": "nvidia_gpu_exporter"}, "no usable paused_containers"),
+    ({"served_names": []}, "no usable served_names"),
+    ({"cold_start": {"stamp": "relative"}}, "no usable cold_start"),
+])
+def test_a_plan_file_of_another_schema_or_damaged_is_refused_with_its_path_and_the_fix(tmp_path, damage, fragment):
+    path = written(tmp_path, plan_of(tmp_path, **damage))
+    with pytest.raises(runtime.PlanFileError) as refused:
+        runtime.read_plan(path)
+    assert str(refused.value).startswith(f"{path}: ") and fragment in str(refused.value)
+    assert str(refused.value).endswith("re-apply site.yml to this host (the serving roles write the plan files)")
+
+
+def test_a_missing_or_broken_plan_file_is_named(tmp_path):
+    for text, fragment in ((None, "no such plan file"), ("{", "not valid JSON"), ("[]", "holds no plan object")):
+        if text is not None:
+            (tmp_path / "llm.json").write_text(text)
+        with pytest.raises(runtime.PlanFileError, match=fragment):
+            runtime.read_plan(str(tmp_path / "llm.json"))
+    assert runtime.read_plan(written(tmp_path, plan_of(tmp_path)))["name"] == "llm"
+
+
+class Host:
+    """docker as it answers for containers by name -> running; the memory probe's figures; every call in order."""
+
+    def __init__(self, running=None, free=20 * GIB, total=40 * GIB, stuck=()):
+        self.running, self.free, self.total, self.stuck, self.calls = dict(running or {}), free, total, set(stuck), []
+
+    def __call__(self, argv):
+        self.calls.append(argv)
+        if argv[0] == "/usr/bin/timeout":
+            return 0, json.dumps({"device": "cpu", "figure": "MemAvailable (CPU build)", "free": self.free, "total": self.total}), ""
+        if argv[0] == "/usr/bin/sync" or argv[1] == "ps":
+            return 0, "", ""
+        name = argv[-1]
+        if argv[1:3] == ["container", "inspect"]:
+            if name not in self.running:
+                return 1, "", f"Error: No such container: {name}"
+            return 0, f"{str(self.running[name]).lower()} /{name}\n", ""
+        if name in self.stuck:
+            return 1, "", f"Error response from daemon: cannot {argv[1]} container {name}"
+        self.running[name] = argv[1] == "start"
+        return 0, name + "\n", ""
+
+    def kinds(self):
+        return [call[1] if call[0] == "/usr/bin/docker" else call[0].rsplit("/", 1)[1] for call in self.calls]
+
+
+def admit(tmp_path, plan, host, lines, holders=()):
+    (tmp_path / "drop_caches").touch()
+    return runtime.admit(plan, host, lines.append, str(tmp_path / "state" / "paused.json"), str(tmp_path / "drop_caches"),
+                         ("/dev/nvidia*",), lambda: list(holders), lambda pid: "0::/init.scope\n")
+
+
+def test_an_admitted_start_drops_the_cache_stops_the_exporter_and_logs_each_figure_in_order(tmp_path):
+    host, lines = Host({"nvidia_gpu_exporter": True}), []
+    assert admit(tmp_path, plan_of(tmp_path), host, lines) == []
+    assert host.kinds() == ["sync", "container", "stop", "ps", "timeout"], "cache, exporter, holders, memory: in that order"
+    assert (tmp_path / "drop_caches").read_text() == "3\n"
+    assert lines == ["page cache dropped", "nvidia_gpu_exporter stopped for the start", "no stray holder of /dev/nvidia*",
+                     "memory: MemAvailable (CPU build) 20.00 GiB free, gpu_memory_utilization 0.5 of 40.00 GiB wants 20.00 GiB: admitted"]
+    ledger = json.loads((tmp_path / "state" / "paused.json").read_text())
+    assert ledger == {"nvidia_gpu_exporter": ["sparkfleet-vllm-llm.service"]} and not host.running["nvidia_gpu_exporter"]
+
+
+def test_a_refused_start_names_the_figures_and_the_fix_and_starts_the_exporter_again(tmp_path):
+    host, lines = Host({"nvidia_gpu_exporter": True}, free=10 * GIB), []
+    holder = (4242, "python3", ["/dev/nvidia0"])
+    problems = admit(tmp_path, plan_of(tmp_path), host, lines, [holder])
+    assert len(problems) == 2 and problems[0].startswith("llm: pid 4242 (python3) holds /dev/nvidia0: the start was not attempted")
+    assert problems[1].startswith("llm: gpu_memory_utilization 0.5 asks for 20.00 GiB") and "is 10.00 GiB now; lower it" in problems[1]
+    assert host.running["nvidia_gpu_exporter"] and lines[-1] == "nvidia_gpu_exporter started again"
+    assert json.loads((tmp_path / "state" / "paused.json").read_text()) == {}
+
+
+def test_nothing_is_checked_that_the_plan_switches_off_and_a_rank_stops_no_exporter(tmp_path):
+    host, lines = Host({"nvidia_gpu_exporter": True}), []
+    plan = plan_of(tmp_path, drop_caches=False, memory_admission=False, cluster={"rank": 1, "head": False})
+    assert admit(tmp_path, plan, host, lines) == [] and host.calls == [] and lines == []
+
+
+def test_a_container_two_starts_need_runs_again_only_after_both(tmp_path):
+    host, ledger = Host({"nvidia_gpu_exporter": True}), str(tmp_path / "paused.json")
+    assert runtime.pause("a.service", ["nvidia_gpu_exporter"], host, print, ledger) == (["nvidia_gpu_exporter"], [])
+    assert runtime.pause("b.service", ["nvidia_gpu_exporter"], host, print, ledger) == ([], [])
+    assert runtime.release("a.service", host, print, ledger) == [] and not host.running["nvidia_gpu_exporter"]
+    assert runtime.release("b.service", host, print, ledger) == [] and host.running["nvidia_gpu_exporter"]
+    assert runtime.release("b.service", host, print, ledger) == [] and host.kinds().count("start") == 1, "released once"
+
+
+def test_only_a_container_of_that_very_name_is_stopped_and_a_stuck_one_fails_the_start(tmp_path):
+    host, ledger = Host({"vllm-llm": True}), str(tmp_path / "paused.json")
+    assert runtime.pause("a.service", ["absent", "vllm"], host, print, ledger) == ([], [])
+    stuck = Host({"nvidia_gpu_exporter": True}, stuck={"nvidia_gpu_exporter"})
+    assert runtime.pause("a.service", ["nvidia_gpu_exporter"], stuck, print, ledger) == ([], [
+        "nvidia_gpu_exporter could not be stopped for the start: Error response from daemon: cannot stop container nvidia_gpu_exporter"])
+    assert json.loads(pathlib.Path(ledger).read_text()) == {}, "a container not stopped is not recorded"
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes a read-only folder")
+def test_a_ledger_that_cannot_be_written_stops_nothing_and_says_so(tmp_path):
+    state = tmp_path / "state"
+    state.mkdir()
+    state.chmod(0o500)
+    host, lines = Host({"nvidia_gpu_exporter": True}), []
+    try:
+        problems = runtime.admit(plan_of(tmp_path, drop_caches=False), host, lines.append, str(state / "paused.json"))
+    finally:
+        state.chmod(0o700)
+    assert problems and "cannot be written" in problems[0] and "so nothing was stopped; free the disk" in problems[0]
+    assert host.running["nvidia_gpu_exporter"] and "stop" not in host.kinds()
+
+
+def test_a_full_disk_under_the_ledger_stops_nothing(tmp_path, monkeypatch):
+    host, lines = Host({"nvidia_gpu_exporter": True}), []
+
+    def full(path, text):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(runtime, "write_atomically", full)
+    problems = runtime.admit(plan_of(tmp_path, drop_caches=False), host, lines.append, str(tmp_path / "paused.json"))
+    assert problems[0].endswith("cannot be written (No space left on device), so nothing was stopped; free the disk")
+    assert host.running["nvidia_gpu_exporter"] and "stop" not in host.kinds()
+
+
+def test_a_refused_start_is_recorded_for_its_own_invocation_and_an_admitted_one_becomes_the_docker_run(tmp_path, monkeypatch):
+    lines = []
+    monkeypatch.setattr(runtime, "admit", lambda plan, run, log: ["llm: too little memory"])
+    recorded = []
+    monkeypatch.setattr(runtime, "record_refusal", lambda *args: recorded.append(args))
+    assert runtime.start(plan_of(tmp_path), Host(), lines.append, "inv-1") == runtime.REFUSED == 78
+    assert lines == ["start of llm refused, not retried: llm: too little memory"] and recorded == [("vllm-llm", "llm: too little memory", "inv-1")]
+    executed = []
+    monkeypatch.setattr(runtime, "admit", lambda plan, run, log: [])
+    monkeypatch.setattr(runtime.os, "execv", lambda path, argv: executed.append((path, argv)))
+    runtime.start(plan_of(tmp_path), Host(), lines.append, "inv-2")
+    assert executed == [("/usr/bin/docker", ["/usr/bin/docker", "run", "--name", "vllm-llm", IMAGE])]
+
+
+def test_a_refusal_is_read_only_by_its_own_start(tmp_path):
+    folder = str(tmp_path / "admission")
+    runtime.record_refusal("vllm-llm", "llm: too little memory", "inv-1", folder)
+    assert runtime.refusal("vllm-llm", "inv-1", folder) == "the start was refused: llm: too little memory"
+    assert runtime.refusal("vllm-llm", "inv-2", folder) is None, "another start's refusal"
+    assert runtime.refusal("vllm-llm", None, folder) == "the start was refused: llm: too little memory"
+    runtime.clear_refusal("vllm-llm", folder)
+    runtime.clear_refusal("vllm-llm", folder)
+    assert runtime.refusal("vllm-llm", None, folder) is None
+
+
+def test_the_readiness_wait_ends_at_once_on_its_starts_refusal(tmp_path, monkeypatch):
+    (tmp_path / "llm.env").write_text("VLLM_API_KEY=" + "k" * 20 + "\n")
+    monkeypatch.setattr(runtime, "refusal", lambda container, invocation: "the start was refused: llm: too little memory")
+    asked, lines = [], []
+    status = runtime.ready(plan_of(tmp_path), Host(), lines.append, "inv-1", lambda url, key: asked.append(url) or Reply(None, "", "refused"))
+    assert status == 1 and len(asked) == 1, "one poll, not a wait for the timeout"
+    assert lines == ["vllm-llm: cold start, the start was refused: llm: too little memory after 0.0 s"]
+
+
+def test_a_gb10_start_a_stray_holder_and_the_memory_refuse_is_named_with_seed_002s_figures(tmp_path):
+    """Figures scaled to a GB10's 121.69 GiB of which 99 are free (seed 002): a share of 0.85 is refused with the numbers,
+    and a process outside the collection's containers holding a device node is named in the same refusal."""
+    figures = {"device": "cuda", "figure": "MemAvailable (integrated GPU, torch's is_integrated)", "free": 99 * GIB,
+               "total": int(121.69 * GIB)}
+    ran = []
+
+    def tools(argv):
+        ran.append(argv)
+        if argv[0] == "/usr/bin/timeout":
+            return 0, json.dumps(figures) + "\n", ""
+        return (0, "c0ffee\n", "") if argv[1:2] == ["ps"] else (0, "", "")
+
+    exporter = (4242, "nvidia_gpu_expo", ["/dev/nvidia0", "/dev/nvidiactl", "/dev/null"])
+    persistenced = (1580, "nvidia-persistenced", ["/dev/nvidia0"])
+    other_instance = (3131, "VLLM::EngineCore", ["/dev/nvidia0"])
+    cgroups = {4242: "0::/system.slice/docker-beef.scope\n", 3131: "0::/system.slice/docker-c0ffee.scope\n"}
+    plan = plan_of(tmp_path, name="tiny", gpu_memory_utilization=0.85, paused_containers=[], drop_caches=False,
+                   memory_probe=memory_probe_argv(IMAGE, True), docker_run=["/usr/bin/docker", "run", "--gpus", "all", IMAGE])
+    problems = runtime.admit(plan, tools, print, str(tmp_path / "paused.json"), str(tmp_path / "drop"), ("/dev/nvidia*",),
+                             lambda: [exporter, persistenced, other_instance], cgroups.get)
+    assert " | ".join(problems) == (
+        "tiny: pid 4242 (nvidia_gpu_expo) holds /dev/nvidia0, /dev/nvidiactl: the start was not attempted; stop them first (a stale "
+        "container: docker rm; a GPU exporter: stop it for the launch; what persists after that: reboot, seed 002) | tiny: "
+        "gpu_memory_utilization 0.85 asks for 103.44 GiB of CUDA's total of 121.69 GiB in the image, but the free memory its vLLM "
+        "compares that with, MemAvailable (integrated GPU, torch's is_integrated), is 99.00 GiB now; lower it, or free the memory "
+        "first (stop what holds it; residue of failed starts on a GB10: reboot, and if the figure is still short after the reboot, "
+        "cut the AC power, seed 002)")
+    bounded = ["/usr/bin/timeout", "--signal=TERM", "--kill-after=10", "120", "/usr/bin/docker", "run", "--rm"]
+    assert ran[-1] == plan["memory_probe"] and plan["memory_probe"][:7] == bounded and "--network" in plan["memory_probe"]
