@@ -129,7 +129,6 @@ def fstab_swaps(text: str) -> list[str]:
     return entries
 
 
-
 def parse_docker_info(text: str | None) -> dict[str, t.Any]:
     """``docker info --format '{{json .}}'``: the engine, its runtimes and whether NVIDIA's is one."""
     if not text:

@@ -30,8 +30,7 @@ import subprocess
 import sys
 import tempfile
 import typing as t
-import urllib.error
-import urllib.request
+import urllib.parse
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._launch_checks import (
     DEVICE_NODES,
@@ -120,8 +119,8 @@ def read_plan(path: str) -> dict[str, t.Any]:
     # The only commands a plan file brings to run are the container the plan builder wrote and its memory check.
     if is_argv(found.get("docker_run")) and found["docker_run"][:2] != [DOCKER_CLIENT, "run"]:
         wrong.append("docker_run")
-    if is_argv(found.get("memory_probe")) and found["memory_probe"] != memory_probe_argv(str(found.get("run_image")),
-                                                                                       "--gpus" in found["docker_run"]):
+    gpus = is_argv(found.get("docker_run")) and "--gpus" in found["docker_run"]
+    if is_argv(found.get("memory_probe")) and found["memory_probe"] != memory_probe_argv(str(found.get("run_image")), gpus):
         wrong.append("memory_probe")
     names = found.get("served_names")
     if not isinstance(names, list) or not names or not all(isinstance(name, str) and name for name in names):
@@ -243,6 +242,8 @@ def admit(plan: t.Mapping[str, t.Any], run: Runner, log: Log, ledger_path: str =
         problem = drop_page_cache(run, drop_caches_path)
         problems += [problem] if problem else []
         log(problem or "page cache dropped")
+    else:
+        log("page cache kept (vllm_drop_caches is off for this host)")
     if not problems and plan["paused_containers"] and not plan.get("cluster"):
         try:
             problems += pause(plan["unit"], plan["paused_containers"], run, log, ledger_path)[1]
@@ -312,7 +313,8 @@ def run_command(argv: list[str]) -> tuple[int, str, str]:
 
 
 def say(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
 
 
 def start(plan: t.Mapping[str, t.Any], run: Runner = run_command, log: Log = say, invocation: str = "") -> int:
@@ -330,11 +332,18 @@ def start(plan: t.Mapping[str, t.Any], run: Runner = run_command, log: Log = say
 
 
 def http_get(url: str, api_key: str | None, timeout: float = 5) -> Reply:
-    request = urllib.request.Request(url, headers={"Authorization": "Bearer " + api_key} if api_key else {})
+    """One GET of the instance's own URL, as the gate asks it (the host runtime needs no more HTTP than this)."""
+    parts = urllib.parse.urlsplit(url)
+    connection_class = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
+        connection = connection_class(parts.hostname or "", parts.port, timeout=timeout)
+        try:
+            connection.request("GET", parts.path or "/", headers={"Authorization": "Bearer " + api_key} if api_key else {})
+            response = connection.getresponse()
             return Reply(response.status, response.read().decode("utf-8", "replace"))
-    except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as error:
+        finally:
+            connection.close()
+    except (OSError, ValueError, http.client.HTTPException) as error:
         return exception_reply(error)
 
 

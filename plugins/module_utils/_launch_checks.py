@@ -180,7 +180,6 @@ def holders_problem(name: str, holders: t.Sequence[t.Mapping[str, t.Any]], own_c
             "for the launch; what persists after that: reboot, seed 002)")
 
 
-
 def paused_containers_problems(variable: str, value: t.Any) -> list[str]:
     """Why ``value`` is not a list of other programs' containers to stop around each launch (seed 002: the
     nvidia_gpu_exporter container holds about 9 GiB of the GPU's memory while it runs)."""

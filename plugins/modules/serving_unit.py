@@ -31,7 +31,7 @@ description:
   - C(stop) stops the unit (systemd reads its unit file again first) and removes its container.
   - C(start) clears the unit's start limit and the last start's refusal and starts it without waiting for readiness. An
     instance's or a rank's unit admits every start itself, whoever causes it (this step, a boot, systemd's restart, the
-    watchdog): its ExecStart runs the host runtime that serving_host installs, which drops the page cache when the plan
+    watchdog). Its ExecStart runs the host runtime that serving_host installs, which drops the page cache when the plan
     says so (seed 002), stops the other programs' containers the plan lists (C(paused_containers)), refuses a start (the
     plan's C(memory_admission), from C(vllm_memory_admission)) while a process outside the collection's containers holds
     the GPU's device nodes (C(/dev/nvidia*); nvidia-persistenced may) or while the free memory the pinned image's vLLM

@@ -79,29 +79,29 @@ def test_the_gate_fails_at_once_on_errors_waiting_cannot_fix(serve):
 
 
 def test_a_start_is_refused_right_before_it_with_the_memory_the_image_sees_and_the_strays_on_the_device_nodes(serve):
-    """The launch checks on the real host and image: the memory probe runs the pinned image in a throwaway container
-    (the CPU build reports the kernel's available memory), and a process holding a device node named like the GPU's
-    (a stand-in: the lab has no GPU) is named. Nothing is started or stopped: the running instance keeps its container."""
+    """The start's admission on the real host and image, run as the unit's ExecStart runs it: the memory probe runs the
+    pinned image in a throwaway container (the CPU build reports the kernel's available memory), and a process holding
+    a device node named like the GPU's (a stand-in: the lab has no GPU) is named. Nothing is started or stopped: the
+    running instance keeps its container."""
     before, containers = serving_state(serve), serve.check_output("docker ps --all --quiet --no-trunc")
-    # A start is admitted on the plan file it starts from: a copy of first's with a share the lab cannot grant.
+    # A copy of first's plan file with a share the lab cannot grant.
     plan = {**planned(serve, "first"), "gpu_memory_utilization": 0.99}
     greedy = "/tmp/sparkfleet-test-greedy-first.json"
     serve.check_output(f"printf '%s' {shlex.quote(json.dumps(plan))} > {greedy}")
-    plan["kept_files"] = [plan["kept_files"][0], {**plan["kept_files"][1], "path": greedy}, plan["kept_files"][2]]
     serve.check_output("mknod -m 0666 /dev/nvidia9 c 1 3")
     holder = "sparkfleet-test-device-holder"
     try:
         serve.check_output(f"systemd-run --unit {holder} sh -c 'exec 3</dev/nvidia9; exec sleep infinity'")
         pid = wait_for_pid(serve, holder)
-        result = module(SERVE, "serving_unit", {"plan": plan, "step": "start"})
+        result = serve.run(f"/usr/bin/python3 /usr/local/libexec/sparkfleet/sparkfleet_runtime.py start --plan {greedy}")
     finally:
         serve.run(f"systemctl stop {holder}")
-        serve.run(f"rm -f /dev/nvidia9 {greedy}")
-    assert result.get("failed"), result
-    print(f"\nthe launch checks refused: {result['msg']}")
-    assert result["msg"].startswith(f"first: pid {pid} (sleep) holds /dev/nvidia9: the start was not attempted"), result["msg"]
-    assert " | first: gpu_memory_utilization 0.99 asks for " in result["msg"]
-    assert "but the free memory its vLLM compares that with, MemAvailable (CPU build), is " in result["msg"]
+        serve.run(f"rm -f /dev/nvidia9 {greedy} /run/sparkfleet/admission/vllm-first.json")
+    refusal = result.stderr.splitlines()[-1]
+    print(f"\nthe admission refused: {refusal}")
+    assert result.rc == 78 and refusal.startswith(f"start of first refused, not retried: first: pid {pid} (sleep) holds /dev/nvidia9"), result.stderr
+    assert " | first: gpu_memory_utilization 0.99 asks for " in refusal
+    assert "but the free memory its vLLM compares that with, MemAvailable (CPU build), is " in refusal
     assert serving_state(serve) == before and status(serve, 8001, key=KEY) == "200"
     assert serve.check_output("docker ps --all --quiet --no-trunc") == containers, "the probe's throwaway container is gone"
 
@@ -191,14 +191,43 @@ def test_an_interrupted_run_and_a_container_replaced_by_hand_are_relaunched_behi
     assert container_id(serve, "second") != killed, "its unit started a new container after the exit"
     assert serve.file(planned(serve, "second")["cold_start"]["stamp"]).exists, "the start that served stamped its settings warm"
     assert module(SERVE, "vllm_health", {"instance": "second"})["start"] == "warm"
-    assert after.startswith("true ") and after != before, "the exporter was stopped for the launch and started again"
+    assert after.startswith("true ") and after != before, "the exporter was stopped for the start and started again"
     instance_started = serve.check_output("docker inspect --format '{{.State.StartedAt}}' vllm-second")
-    assert moment(after.split()[1]) > moment(instance_started), "the exporter started again only after the instance's start, once gated"
-    assert "; stopped for the launch and started again: nvidia_gpu_exporter" in rerun.stdout, rerun.stdout[-3000:]
+    assert moment(after.split()[1]) > moment(instance_started), "the exporter started again only after the instance's start, once ready"
+    # The unit's own start did it (the host runtime), as at every start: its journal tells each step in order.
+    door = [line for line in journal(serve, "second") if line.startswith(("page cache", "nvidia_gpu_exporter", "no stray", "memory:"))]
+    assert door[-5:-1] == ["page cache kept (vllm_drop_caches is off for this host)", "nvidia_gpu_exporter stopped for the start",
+                           "no stray holder of /dev/nvidia*", door[-2]] and door[-2].endswith(": admitted"), door
+    assert door[-1] == "nvidia_gpu_exporter started again"
     assert running_hash(serve, "second") == planned(serve, "second")["config_hash"] != plan["config_hash"]
     assert serve.service("sparkfleet-vllm-second.service").is_running
     listed = json.loads(serve.check_output(f"curl -s -H 'Authorization: Bearer {KEY}' http://127.0.0.1:8002/v1/models"))
     assert [entry["id"] for entry in listed["data"]] == ["tiny-second"]
+
+
+def journal(host, name):
+    return host.check_output(f"journalctl --unit sparkfleet-vllm-{name}.service --no-pager --output cat").splitlines()
+
+
+def test_a_start_the_memory_cannot_hold_fails_its_unit_once_with_the_figures_whoever_starts_it(serve):
+    """A plan file whose share the memory cannot grant, started by systemd as a boot or the watchdog would: the unit's own
+    admission refuses it in one journal line, exit 78, and systemd does not restart it. The second instance is
+    relaunched on its plan again afterwards."""
+    unit, plan_path = "sparkfleet-vllm-second.service", "/etc/sparkfleet/vllm/second.json"
+    saved = serve.file(plan_path).content_string
+    greedy = json.loads(saved)
+    greedy["gpu_memory_utilization"] = 1.0
+    try:
+        serve.check_output(f"echo {shlex.quote(json.dumps(greedy))} > {plan_path}")
+        restarted = serve.run(f"systemctl restart {unit}")
+        shown = serve.check_output(f"systemctl show --property=ActiveState,ExecMainStatus,NRestarts {unit}")
+    finally:
+        serve.check_output(f"echo {shlex.quote(saved)} > {plan_path}")
+    assert restarted.rc != 0 and sorted(shown.split()) == ["ActiveState=failed", "ExecMainStatus=78", "NRestarts=0"], shown
+    refusal = [line for line in journal(serve, "second") if line.startswith("start of second refused")]
+    assert refusal and "gpu_memory_utilization 1.0 asks for" in refusal[-1] and "lower it, or free the memory first" in refusal[-1]
+    rerun = site("--tags", "vllm", "-e", instances_json())
+    assert rerun.returncode == 0 and "second serves tiny-second" in rerun.stdout, rerun.stdout[-3000:]
 
 
 def test_settings_match_the_plan_after_the_relaunches_and_a_second_run_keeps_the_containers(serve):

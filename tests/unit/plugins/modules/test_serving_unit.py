@@ -381,7 +381,6 @@ def test_a_unit_no_longer_planned_is_removed_with_its_files_and_check_mode_only_
     assert bad["failed"] and bad["msg"].startswith("plan: a removal needs name, unit, container and files (absolute paths)")
 
 
-
 def test_a_launch_pauses_only_the_plans_exporters_and_a_stuck_one_stops_nothing_of_the_unit(host):
     """Steps pause and resume, as the cluster role calls them around its ranks' launch (an instance's unit does both
     itself), recorded in the host runtime's ledger."""
@@ -410,7 +409,6 @@ def test_a_launch_pauses_only_the_plans_exporters_and_a_stuck_one_stops_nothing_
     stuck = pause(plan, docker, False, ledger)
     assert stuck["failed"] and stuck["paused"] == [] and stuck["msg"].startswith(
         "tiny was not relaunched, nothing of it was stopped: nvidia_gpu_exporter could not be stopped for the start")
-
 
 
 class Vllm(http.server.BaseHTTPRequestHandler):
@@ -539,7 +537,6 @@ def test_last_good_settings_that_do_not_serve_either_are_named_and_the_instance_
     assert result["failed"] and "The last good settings were relaunched but do not serve either (vLLM health gate failed: " in result["msg"]
     assert "the server refuses the API key the gate was given); the instance is down." in result["msg"]
     assert not (host / "run" / "vllm-maintenance").exists()
-
 
 
 def test_a_failed_relaunch_without_last_good_settings_stops_the_unit(host, vllm):
