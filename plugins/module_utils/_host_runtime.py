@@ -29,6 +29,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 import typing as t
 import urllib.parse
 
@@ -67,6 +68,8 @@ RUNTIME_MODULES = ("_host_runtime", "_launch_checks", "_vllm_health", "_vllm_ins
 # Which unit stopped which container for its start: kept on disk, because a container stopped before a reboot is started
 # again only by the release of a unit that stopped it.
 PAUSED_LEDGER = "/var/lib/sparkfleet/paused-containers.json"
+# The starts of each unit within its bound's window, whoever caused them: kept on disk, across reboots.
+START_LEDGER_DIR = "/var/lib/sparkfleet/starts"
 # A refused start's reason, per container, for the readiness wait and the health gate; gone with a reboot.
 REFUSALS_DIR = "/run/sparkfleet/admission"
 DROP_CACHES = "/proc/sys/vm/drop_caches"
@@ -127,12 +130,25 @@ def read_plan(path: str) -> dict[str, t.Any]:
         wrong.append("served_names")
     if isinstance(found.get("health_timeout"), bool) or not isinstance(found.get("health_timeout"), (int, float)):
         wrong.append("health_timeout")
+    bound = found.get("start_bound")
+    if not isinstance(bound, dict) or not all(is_count(bound.get(key)) for key in ("starts", "window")) \
+            or not is_unit_record(bound.get("path"), found.get("unit")):
+        wrong.append("start_bound")
     cold_start = found.get("cold_start")
     if not isinstance(cold_start, dict) or not isinstance(cold_start.get("stamp"), str) or not cold_start["stamp"].startswith("/"):
         wrong.append("cold_start")
     if wrong:
         raise PlanFileError(f"{path}: no usable {', '.join(wrong)}; {fix}")
     return found
+
+
+def is_unit_record(path: t.Any, unit: t.Any) -> bool:
+    """An absolute path without ``..`` to the unit's own record (START_LEDGER_DIR in a plan the collection wrote)."""
+    return isinstance(path, str) and path.startswith("/") and ".." not in path.split("/") and path.endswith(f"/{unit}.json")
+
+
+def is_count(value: t.Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
 def is_argv(value: t.Any) -> bool:
@@ -317,9 +333,43 @@ def say(line: str) -> None:
     sys.stderr.flush()
 
 
-def start(plan: t.Mapping[str, t.Any], run: Runner = run_command, log: Log = say, invocation: str = "") -> int:
-    """The unit's ExecStart: admit, then become the plan's docker run; REFUSED with one line naming the figures."""
-    problems = admit(plan, run, log)
+def counted_start(bound: t.Mapping[str, t.Any], now: float) -> str | None:
+    """Record one more start of the unit before it acts; why it must not start: the bound is reached (the starts within
+    the window, each recorded by whichever starter), or the record cannot be kept (a full or read-only disk: a start
+    nobody counted could repeat without end)."""
+    path = bound["path"]
+    try:
+        try:
+            with open(path, encoding="utf-8") as handle:
+                found = json.load(handle)
+        except FileNotFoundError:
+            found = []
+        except ValueError:
+            found = []
+        recent = [moment for moment in found if isinstance(moment, (int, float)) and now - bound["window"] < moment <= now] \
+            if isinstance(found, list) else []
+        if len(recent) >= bound["starts"]:
+            return (f"{len(recent)} starts within the last {bound['window']} s already, the bound on its starts whoever causes "
+                    "them (vllm_start_limit_burst); look at its journal, fix the cause, then re-apply site.yml, which relaunches it")
+        os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+        write_atomically(path, json.dumps([*recent, now]) + "\n")
+    except OSError as error:
+        return f"{path}: the start cannot be counted ({error.strerror}), so it is not made; free the disk"
+    return None
+
+
+def clear_starts(bound: t.Mapping[str, t.Any]) -> None:
+    """Forget the unit's counted starts: a person relaunched it."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(bound["path"])
+
+
+def start(plan: t.Mapping[str, t.Any], run: Runner = run_command, log: Log = say, invocation: str = "",
+          clock: t.Callable[[], float] = time.time) -> int:
+    """The unit's ExecStart: count the start, admit it, then become the plan's docker run; REFUSED with one line naming
+    the figures or the bound."""
+    over = counted_start(plan["start_bound"], clock())
+    problems = [over] if over else admit(plan, run, log)
     if problems:
         reason = " | ".join(problems)
         log(f"start of {plan['name']} refused, not retried: {reason}")

@@ -26,7 +26,7 @@ import time
 import typing as t
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._files import FileProblem, read_file, sync_files, write_atomically
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_runtime import PAUSED_LEDGER, REFUSALS_DIR, clear_refusal, running
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_runtime import PAUSED_LEDGER, REFUSALS_DIR, clear_refusal, clear_starts, running
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_runtime import pause as host_pause
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_runtime import release as host_release
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._launch_checks import memory_probe_argv, paused_containers_problems
@@ -224,12 +224,15 @@ def stop(plan: t.Mapping[str, t.Any], check_mode: bool, run: Runner) -> dict[str
 
 
 def start(plan: t.Mapping[str, t.Any], check_mode: bool, run: Runner, refusals_dir: str = REFUSALS_DIR) -> dict[str, t.Any]:
-    """Clear the start limit (a deliberate relaunch is a person acting, not a crash loop) and the last start's refusal,
+    """Clear the start limit and the host runtime's count of starts (a deliberate relaunch is a person acting, not a crash
+    loop) and the last start's refusal,
     and start the unit without waiting: the gate waits. An instance's or a rank's unit admits its own start (the host
     runtime drops the page cache, stops the GPU holders the plan names and checks the memory, at every start)."""
     if check_mode:
         return {"changed": True}
     clear_refusal(plan["container"], refusals_dir)
+    if plan.get("start_bound"):
+        clear_starts(plan["start_bound"])
     rc, out, err = run(["systemctl", "reset-failed", plan["unit"]])
     if rc != 0 and "not loaded" not in err + out:
         raise UnitError(f"systemctl reset-failed {plan['unit']} exited {rc}: {err.strip() or out.strip()}")

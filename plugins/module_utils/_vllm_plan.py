@@ -29,7 +29,7 @@ import typing as t
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._cluster import NETWORK_ENV, ray_start_args, serve_cluster_args
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._hardware_classes import resolve_class
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_runtime import ENTRY as RUNTIME_ENTRY
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_runtime import REFUSED, RUNTIME_DIR
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_runtime import REFUSED, RUNTIME_DIR, START_LEDGER_DIR
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._launch_checks import memory_probe_argv, paused_containers_problems
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._model_catalog import (
     CATALOG,
@@ -824,6 +824,7 @@ def instance_plan(instance: t.Mapping[str, t.Any], start_after: list[str], optio
             "restart_window": options["restart_delay"] + RESTART_SLACK,
             "kv_cache_warn_share": options["kv_cache_warn_share"],
         },
+        "start_bound": start_bound(files["unit"], cold_timeout, options),
         "config_hash": digest,
         "launch_check": {
             "path": weights_host_path,
@@ -839,6 +840,22 @@ def instance_plan(instance: t.Mapping[str, t.Any], start_after: list[str], optio
     }
     plan["unit_file"] = unit_file(plan, options)
     return plan, env_text
+
+
+def start_seconds(cold_timeout: int) -> int:
+    """How long systemd lets one start take: the readiness wait gives up after the warm or the cold timeout, as the
+    stamp says; systemd after the longer."""
+    return cold_timeout + 60
+
+
+def start_bound(unit: str, cold_timeout: int, options: t.Mapping[str, t.Any]) -> dict[str, t.Any]:
+    """The one bound on the unit's starts, whoever causes them (a boot, systemd, the watchdog; Ansible's relaunch, a person
+    acting, clears the count): vllm_start_limit_burst starts within a window that holds that many starts which each hang
+    until systemd gives up on them, so a start that hangs every time is bounded too (seed 002: about 35 failed starts
+    left a GB10 needing a power cycle). systemd's own start limit uses the same window."""
+    hung = options["start_limit_burst"] * (start_seconds(cold_timeout) + options["restart_delay"])
+    return {"starts": options["start_limit_burst"], "window": max(options["start_limit_interval"], hung),
+            "path": f"{START_LEDGER_DIR}/{unit}.json"}
 
 
 def unit_file(plan: t.Mapping[str, t.Any], options: t.Mapping[str, t.Any]) -> str:
@@ -867,7 +884,7 @@ def unit_file(plan: t.Mapping[str, t.Any], options: t.Mapping[str, t.Any]) -> st
         "Requires=docker.service",
         "Wants=network-online.target",
         "After=" + " ".join(["docker.service", "network-online.target", *plan["start_after"]]),
-        f"StartLimitIntervalSec={options['start_limit_interval']}",
+        f"StartLimitIntervalSec={plan['start_bound']['window']}",
         f"StartLimitBurst={options['start_limit_burst']}",
         "",
         "[Service]",
@@ -885,7 +902,7 @@ def unit_file(plan: t.Mapping[str, t.Any], options: t.Mapping[str, t.Any]) -> st
         f"RestartSec={options['restart_delay']}",
         f"RestartPreventExitStatus={REFUSED}",
         # The readiness wait gives up after the warm or the cold timeout, as the stamp says; systemd after the longer.
-        f"TimeoutStartSec={plan['cold_start']['timeout'] + 60}",
+        f"TimeoutStartSec={start_seconds(plan['cold_start']['timeout'])}",
         "TimeoutStopSec=60",
         "",
         "[Install]",

@@ -239,7 +239,8 @@ def test_settings_match_the_plan_after_the_relaunches_and_a_second_run_keeps_the
         assert running_hash(serve, name) == planned(serve, name)["config_hash"]
         assert serve.file(f"/etc/sparkfleet/vllm/last-good/{name}.json").content_string == serve.file(f"/etc/sparkfleet/vllm/{name}.json").content_string
     unit = serve.file("/etc/systemd/system/sparkfleet-vllm-second.service").content_string
-    assert "StartLimitIntervalSec=1800" in unit and "StartLimitBurst=3" in unit
+    window = planned(serve, "second")["start_bound"]["window"]
+    assert f"StartLimitIntervalSec={window}" in unit and "StartLimitBurst=3" in unit and window >= 1800
     assert serve.check_output("systemctl show --property=StartLimitBurst --value sparkfleet-vllm-second.service") == "3"
     assert os.environ["SPARKFLEET_LAB_API_KEY"] not in unit
     # The readiness wait read the KV cache the engine sized and the warm stamp keeps it for the next starts.

@@ -55,6 +55,7 @@ def wait(installed, server, timeout=20, cold_timeout=30, share=None):
             "docker_run": ["/usr/bin/docker", "run", IMAGE], "run_image": IMAGE, "memory_probe": memory_probe_argv(IMAGE, False),
             "paused_containers": [], "gpu_memory_utilization": 0.5, "drop_caches": False, "memory_admission": False,
             "served_names": ["tiny"], "health_timeout": timeout,
+            "start_bound": {"starts": 3, "window": 1800, "path": str(installed / "starts" / "sparkfleet-vllm-llm.service.json")},
             "cold_start": {"timeout": cold_timeout, "stamp": str(installed / "jit" / "warm" / "key"), "kv_cache_warn_share": share}}
     (installed / "llm.json").write_text(json.dumps(plan))
     entry = installed / ENTRY.lstrip("/")

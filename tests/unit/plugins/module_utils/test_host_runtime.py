@@ -42,6 +42,7 @@ def plan_of(tmp_path, **changes):
         "memory_probe": memory_probe_argv(IMAGE, False), "paused_containers": ["nvidia_gpu_exporter"],
         "gpu_memory_utilization": 0.5, "drop_caches": True, "memory_admission": True, "cluster": None,
         "served_names": ["tiny"], "health_timeout": 20,
+        "start_bound": {"starts": 3, "window": 8310, "path": str(tmp_path / "starts" / "sparkfleet-vllm-llm.service.json")},
         "cold_start": {"timeout": 30, "stamp": str(tmp_path / "jit" / "warm" / "key"), "kv_cache_warn_share": 0.9},
     }
     plan.update(changes)
@@ -65,6 +66,10 @@ def written(tmp_path, plan):
     ({"paused_containers": "nvidia_gpu_exporter"}, "no usable paused_containers"),
     ({"served_names": []}, "no usable served_names"),
     ({"cold_start": {"stamp": "relative"}}, "no usable cold_start"),
+    ({"start_bound": {"starts": 3, "window": 1800, "path": "/var/lib/sparkfleet/starts/../../../etc/sparkfleet-vllm-llm.service.json"}},
+     "no usable start_bound"),
+    ({"start_bound": {"starts": 0, "window": 1800, "path": "/var/lib/sparkfleet/starts/sparkfleet-vllm-llm.service.json"}},
+     "no usable start_bound"),
 ])
 def test_a_plan_file_of_another_schema_or_damaged_is_refused_with_its_path_and_the_fix(tmp_path, damage, fragment):
     path = written(tmp_path, plan_of(tmp_path, **damage))
@@ -251,3 +256,49 @@ def test_a_gb10_start_a_stray_holder_and_the_memory_refuse_is_named_with_seed_00
         "cut the AC power, seed 002)")
     bounded = ["/usr/bin/timeout", "--signal=TERM", "--kill-after=10", "120", "/usr/bin/docker", "run", "--rm"]
     assert ran[-1] == plan["memory_probe"] and plan["memory_probe"][:7] == bounded and "--network" in plan["memory_probe"]
+
+
+def started(plan, at, monkeypatch, admitted=True):
+    """One start through the door at time ``at``: its exit status (None: it became the docker run)."""
+    ran = []
+    monkeypatch.setattr(runtime, "admit", lambda plan, run, log: [] if admitted else ["llm: too little memory"])
+    monkeypatch.setattr(runtime.os, "execv", lambda path, argv: ran.append(argv))
+    monkeypatch.setattr(runtime, "record_refusal", lambda *args: None)
+    lines = []
+    status = runtime.start(plan, Host(), lines.append, "inv", clock=lambda: at)
+    return (None if ran and status == 1 else status), lines
+
+
+def test_starts_are_bounded_whoever_causes_them_and_a_start_that_hangs_each_time_is_too(tmp_path, monkeypatch):
+    """A boot, systemd's restart and the watchdog's restart all pass the door: the fourth start within the window is refused,
+    also when each start hung until systemd gave up (2760 s apart, longer than systemd's former 1800 s window)."""
+    plan = plan_of(tmp_path)
+    hung = 2760 + 10
+    assert [started(plan, 1000 + n * hung, monkeypatch)[0] for n in range(3)] == [None, None, None]
+    status, lines = started(plan, 1000 + 3 * hung - 1, monkeypatch)
+    assert status == runtime.REFUSED and lines == [
+        "start of llm refused, not retried: 3 starts within the last 8310 s already, the bound on its starts whoever causes them "
+        "(vllm_start_limit_burst); look at its journal, fix the cause, then re-apply site.yml, which relaunches it"]
+    assert started(plan, 1000 + 8310 + 1, monkeypatch)[0] is None, "the first start left the window"
+
+
+def test_a_refused_start_counts_and_a_persons_relaunch_clears_the_count(tmp_path, monkeypatch):
+    plan = plan_of(tmp_path)
+    assert [started(plan, 10 + n, monkeypatch, admitted=False)[0] for n in range(3)] == [runtime.REFUSED] * 3
+    assert "3 starts within the last" in started(plan, 20, monkeypatch)[1][0], "refusals by the admission are starts too"
+    assert len(json.loads(pathlib.Path(plan["start_bound"]["path"]).read_text())) == 3, "a start refused by the bound is not one"
+    runtime.clear_starts(plan["start_bound"])
+    runtime.clear_starts(plan["start_bound"])
+    assert started(plan, 21, monkeypatch)[0] is None
+
+
+def test_a_start_that_cannot_be_counted_is_not_made(tmp_path, monkeypatch):
+    plan = plan_of(tmp_path)
+
+    def full(path, text):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(runtime, "write_atomically", full)
+    status, lines = started(plan, 10, monkeypatch)
+    assert status == runtime.REFUSED and lines[0].endswith(
+        "the start cannot be counted (No space left on device), so it is not made; free the disk")

@@ -525,7 +525,11 @@ def test_unit_quotes_every_value_for_systemd_and_bounds_restarts():
     # systemd reads a double-quoted word with C escapes, $$ for $ and %% for %: the stop line quotes its container so.
     exec_stop = unit_line(unit, "ExecStop=")
     assert shlex.split(exec_stop.replace("$$", "$").replace("%%", "%")) == ["/usr/bin/docker", "stop", "--time", "30", llm["container"]]
-    assert "StartLimitIntervalSec=900" in unit and "StartLimitBurst=2" in unit and "RestartSec=15" in unit
+    # Two starts that each hang until systemd gives up (2700 + 60 s) and its restart delay fit in the window.
+    assert llm["start_bound"] == {"starts": 2, "window": 2 * (2700 + 60 + 15), "path": f"/var/lib/sparkfleet/starts/{llm['unit']}.json"}
+    assert "StartLimitIntervalSec=5550" in unit and "StartLimitBurst=2" in unit and "RestartSec=15" in unit
+    short = plan(instance(cold_timeout=60, health_timeout=30), start_limit_interval=900)["instances"][0]
+    assert short["start_bound"]["window"] == 900, "the interval given holds when starts that hang are shorter"
     assert "Restart=always" in unit, "a clean exit (vLLM after a SIGTERM) restarts too"
     assert KEY not in unit
 
