@@ -28,3 +28,10 @@ def wait_for(condition, timeout, what, explain=None):
 def now(host):
     """The lab host's clock, which the journal's times are on."""
     return float(host.check_output("date +%s.%N"))
+
+
+def admissions(host, unit, since):
+    """The memory admission lines the unit's own start (the host runtime its ExecStart runs) logged since a time: one per
+    start that passed the door."""
+    lines = host.run(f"journalctl -u {unit} -o cat --no-pager --since @{int(since)}").stdout.splitlines()
+    return [line for line in lines if line.startswith("memory: ") and line.endswith(": admitted")]

@@ -894,7 +894,8 @@ def unit_file(plan: t.Mapping[str, t.Any], options: t.Mapping[str, t.Any]) -> st
         "ExecStart=" + exec_line([*runtime, "start", "--plan", plan["plan_path"]]),
         *(["ExecStartPost=" + exec_line([*runtime, "ready", "--plan", plan["plan_path"]])] if ready else []),
         "ExecStop=" + exec_line([DOCKER_CLIENT, "stop", "--time", "30", container]),
-        "ExecStopPost=" + exec_line([*runtime, "release", "--plan", plan["plan_path"]]),
+        # What a start stopped runs again; a container that will not start is the journal's to say, not a failed unit.
+        "ExecStopPost=-" + exec_line([*runtime, "release", "--plan", plan["plan_path"]]),
         # A rank restarted alone never rejoins its group (vLLM 32136): the cluster role restarts all ranks together. Any
         # other exit but a planned stop restarts an instance: vLLM exits 0 after the SIGTERM earlyoom sends it (seed 000
         # has earlyoom prefer vLLM), which on-failure would leave down.

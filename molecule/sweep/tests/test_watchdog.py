@@ -12,7 +12,7 @@ import time
 import pytest
 from serving_lab import KEY, engine_processes, status
 from site_runner import bundle_leaks, deployed_secrets, docker_host, playbook, site
-from watchdog_journal import journal_decisions, now, wait_for
+from watchdog_journal import admissions, journal_decisions, now, wait_for
 
 SERVE = "sparkfleet-molecule-sweep"
 UNIT = "sparkfleet-vllm-second.service"
@@ -117,6 +117,7 @@ def test_an_engine_core_frozen_with_a_request_in_flight_is_restarted(watched):
     print(f"\nwatchdog: frozen engine core restarted {restart['time'] - frozen:.1f} s after SIGSTOP: {restart['why']}")
     serving(host, frozen)
     assert engine_core_pid(host) != engine
+    assert admissions(host, UNIT, frozen), "the watchdog's restart passed the unit's own door (the host runtime's admission)"
 
 
 def test_past_the_budget_it_gives_up_with_a_bundle_and_a_planned_relaunch_hands_the_unit_back(watched, instances):
@@ -168,6 +169,7 @@ def test_the_reboot_test_passes_after_the_lab_host_restarts(watched, tmp_path):
     install = site("--tags", "earlyoom", limit=SERVE)
     assert install.returncode == 0, (install.stdout + install.stderr)[-3000:]
     first_pid1 = host.check_output("cut -d ' ' -f 22 /proc/1/stat")
+    before_reboot = now(host)
     started = time.monotonic()
     result = playbook("reboot_test.yml", "-e", json.dumps({"reboot_test_report_dir": str(tmp_path), "reboot_test_serve_within": SERVE_TIMEOUT}),
                       limit=SERVE)
@@ -175,6 +177,7 @@ def test_the_reboot_test_passes_after_the_lab_host_restarts(watched, tmp_path):
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
     assert f"REBOOT TEST PASS on {SERVE}" in result.stdout
     assert host.check_output("cut -d ' ' -f 22 /proc/1/stat") != first_pid1
+    assert admissions(host, UNIT, before_reboot), "the boot's start passed the unit's own door (the host runtime's admission)"
     report = json.loads((tmp_path / SERVE / "report.json").read_text())
     checks = {row["check"]: row for row in report["checks"]}
     assert all(row["passed"] for row in checks.values()) and report["reasons"] == []

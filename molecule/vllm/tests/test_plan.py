@@ -15,6 +15,7 @@ import time
 import pytest
 from serving_lab import KEY, SERVE, instances_json, serving_state, status
 from site_runner import INVENTORY, ROOT, assert_refused, docker_host, module, site
+from watchdog_journal import wait_for
 
 
 @pytest.fixture(scope="module")
@@ -195,7 +196,14 @@ def test_an_interrupted_run_and_a_container_replaced_by_hand_are_relaunched_behi
     instance_started = serve.check_output("docker inspect --format '{{.State.StartedAt}}' vllm-second")
     assert moment(after.split()[1]) > moment(instance_started), "the exporter started again only after the instance's start, once ready"
     # The unit's own start did it (the host runtime), as at every start: its journal tells each step in order.
-    door = [line for line in journal(serve, "second") if line.startswith(("page cache", "nvidia_gpu_exporter", "no stray", "memory:"))]
+    steps = ("page cache", "nvidia_gpu_exporter", "no stray", "memory:")
+
+    def door_lines():
+        found = [line for line in journal(serve, "second") if line.startswith(steps)]
+        return found if found and found[-1] == "nvidia_gpu_exporter started again" else None
+
+    # journald reads the unit's output stream on its own time: the last line may land a moment after the run ended.
+    door = wait_for(door_lines, 60, "the start's steps in the unit's journal")
     assert door[-5:-1] == ["page cache kept (vllm_drop_caches is off for this host)", "nvidia_gpu_exporter stopped for the start",
                            "no stray holder of /dev/nvidia*", door[-2]] and door[-2].endswith(": admitted"), door
     assert door[-1] == "nvidia_gpu_exporter started again"
@@ -224,8 +232,10 @@ def test_a_start_the_memory_cannot_hold_fails_its_unit_once_with_the_figures_who
     finally:
         serve.check_output(f"echo {shlex.quote(saved)} > {plan_path}")
     assert restarted.rc != 0 and sorted(shown.split()) == ["ActiveState=failed", "ExecMainStatus=78", "NRestarts=0"], shown
-    refusal = [line for line in journal(serve, "second") if line.startswith("start of second refused")]
-    assert refusal and "gpu_memory_utilization 1.0 asks for" in refusal[-1] and "lower it, or free the memory first" in refusal[-1]
+    # journald reads the unit's output stream on its own time: the line may land a moment after the unit failed.
+    refusal = wait_for(lambda: [line for line in journal(serve, "second") if line.startswith("start of second refused")], 60,
+                       "the refusal in the unit's journal")
+    assert "gpu_memory_utilization 1.0 asks for" in refusal[-1] and "lower it, or free the memory first" in refusal[-1]
     rerun = site("--tags", "vllm", "-e", instances_json())
     assert rerun.returncode == 0 and "second serves tiny-second" in rerun.stdout, rerun.stdout[-3000:]
 

@@ -95,7 +95,7 @@ def test_the_plan_names_every_file_and_folder_the_run_writes_and_mounts():
     runtime = "/usr/bin/python3 /usr/local/libexec/sparkfleet/sparkfleet_runtime.py"
     assert [line for line in unit.splitlines() if runtime in line] == [
         f"ExecStart={runtime} start --plan /etc/sparkfleet/vllm/llm.json", f"ExecStartPost={runtime} ready --plan /etc/sparkfleet/vllm/llm.json",
-        f"ExecStopPost={runtime} release --plan /etc/sparkfleet/vllm/llm.json"], "every start passes the host runtime"
+        f"ExecStopPost=-{runtime} release --plan /etc/sparkfleet/vllm/llm.json"], "every start passes the host runtime"
     assert "RestartPreventExitStatus=78" in unit.splitlines(), "a refused start is not restarted"
     assert llm["memory_admission"] is True and llm["docker_run"][:2] == ["/usr/bin/docker", "run"]
     root = pathlib.Path(__file__).resolve().parents[4]
