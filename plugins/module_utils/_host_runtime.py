@@ -26,6 +26,7 @@ import fcntl
 import http.client
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -73,6 +74,8 @@ START_LEDGER_DIR = "/var/lib/sparkfleet/starts"
 # A refused start's reason, per container, for the readiness wait and the health gate; gone with a reboot.
 REFUSALS_DIR = "/run/sparkfleet/admission"
 DROP_CACHES = "/proc/sys/vm/drop_caches"
+# An image reference as the plan builder writes run_image: never an option to docker.
+IMAGE_REFERENCE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/:@-]{0,511}")
 # sysexits' EX_CONFIG: the unit's RestartPreventExitStatus, so systemd does not restart a refused start.
 REFUSED = 78
 
@@ -122,6 +125,8 @@ def read_plan(path: str) -> dict[str, t.Any]:
     # The only commands a plan file brings to run are the container the plan builder wrote and its memory check.
     if is_argv(found.get("docker_run")) and found["docker_run"][:2] != [DOCKER_CLIENT, "run"]:
         wrong.append("docker_run")
+    if not isinstance(found.get("run_image"), str) or not IMAGE_REFERENCE.fullmatch(found["run_image"]):
+        wrong.append("run_image")
     gpus = is_argv(found.get("docker_run")) and "--gpus" in found["docker_run"]
     if is_argv(found.get("memory_probe")) and found["memory_probe"] != memory_probe_argv(str(found.get("run_image")), gpus):
         wrong.append("memory_probe")
@@ -199,18 +204,23 @@ def pause(unit: str, names: t.Sequence[str], run: Runner, log: Log, ledger_path:
     stopped: list[str] = []
     with ledger(ledger_path) as entries:
         for name in names:
-            if name in entries:
-                entries[name] = sorted({*entries[name], unit})
-                log(f"{name} stays stopped for this start (stopped for {', '.join(entries[name])})")
-            elif running(name, run):
-                entries[name] = [unit]
+            held = entries.get(name, [])
+            # Recorded as stopped for another start, it may have been started again since (by hand, by its restart policy).
+            if running(name, run):
+                entries[name] = sorted({*held, unit})
                 write_atomically(ledger_path, json.dumps(entries, sort_keys=True) + "\n")
                 rc, out, err = run([DOCKER_CLIENT, "stop", "--time", "30", name])
                 if rc != 0:
-                    del entries[name]
+                    if held:
+                        entries[name] = held
+                    else:
+                        del entries[name]
                     return stopped, [f"{name} could not be stopped for the start: {(err or out).strip()[-200:]}"]
                 stopped.append(name)
                 log(f"{name} stopped for the start")
+            elif held:
+                entries[name] = sorted({*held, unit})
+                log(f"{name} stays stopped for this start (stopped for {', '.join(entries[name])})")
     return stopped, []
 
 
@@ -218,15 +228,16 @@ def release(unit: str, run: Runner, log: Log, ledger_path: str = PAUSED_LEDGER) 
     """Start again each container only ``unit``'s start still held stopped; the problems."""
     problems = []
     with ledger(ledger_path) as entries:
-        for name in [name for name, units in entries.items() if unit in units]:
+        for name in [name for name, units in entries.items() if unit in units or not units]:
             entries[name] = [other for other in entries[name] if other != unit]
             if entries[name]:
                 continue
-            del entries[name]
             rc, out, err = run([DOCKER_CLIENT, "start", name])
             if rc == 0:
+                del entries[name]
                 log(f"{name} started again")
             else:
+                # Kept, with no unit left holding it, so the next release of any start tries again.
                 problems.append(f"{name}, stopped for the start, could not be started again: {(err or out).strip()[-200:]}; start it by hand")
     return problems
 
@@ -268,8 +279,9 @@ def admit(plan: t.Mapping[str, t.Any], run: Runner, log: Log, ledger_path: str =
                             "so nothing was stopped; free the disk")
     if not problems and plan["memory_admission"]:
         rc, out, err = run([DOCKER_CLIENT, "ps", "--quiet", "--no-trunc", "--filter", f"label={INSTANCE_LABEL}"])
-        own = out.split() if rc == 0 else []
-        holders = holders_problem(plan["name"], device_holders(processes(), device_nodes), own, cgroup_of)
+        holders = holders_problem(plan["name"], device_holders(processes(), device_nodes), out.split(), cgroup_of) if rc == 0 else (
+            f"{plan['name']}: docker ps did not answer ({(err or out).strip()[-200:]}), so the collection's own holders of the "
+            "GPU cannot be told from strays; check the Docker daemon")
         problems += [holders] if holders else []
         log(holders or f"no stray holder of {', '.join(device_nodes)}")
         figures = probe_figures(*run(list(plan["memory_probe"])))
@@ -346,7 +358,8 @@ def counted_start(bound: t.Mapping[str, t.Any], now: float) -> str | None:
             found = []
         except ValueError:
             found = []
-        recent = [moment for moment in found if isinstance(moment, (int, float)) and now - bound["window"] < moment <= now] \
+        # A start recorded "later" than now (the clock stepped back) still counts.
+        recent = [moment for moment in found if isinstance(moment, (int, float)) and now - bound["window"] < moment] \
             if isinstance(found, list) else []
         if len(recent) >= bound["starts"]:
             return (f"{len(recent)} starts within the last {bound['window']} s already, the bound on its starts whoever causes "
@@ -368,17 +381,23 @@ def start(plan: t.Mapping[str, t.Any], run: Runner = run_command, log: Log = say
           clock: t.Callable[[], float] = time.time) -> int:
     """The unit's ExecStart: count the start, admit it, then become the plan's docker run; REFUSED with one line naming
     the figures or the bound."""
-    over = counted_start(plan["start_bound"], clock())
-    problems = [over] if over else admit(plan, run, log)
-    if problems:
-        reason = " | ".join(problems)
-        log(f"start of {plan['name']} refused, not retried: {reason}")
-        with contextlib.suppress(OSError):
-            record_refusal(plan["container"], reason, invocation)
-        return REFUSED
-    sys.stdout.flush()
-    os.execv(plan["docker_run"][0], plan["docker_run"])
-    return 1
+    with contextlib.suppress(OSError):
+        clear_refusal(plan["container"])
+    try:
+        over = counted_start(plan["start_bound"], clock())
+        problems = [over] if over else admit(plan, run, log)
+        if not problems:
+            sys.stdout.flush()
+            os.execv(plan["docker_run"][0], plan["docker_run"])
+    except Exception as error:  # noqa: BLE001 - whatever stops the door, the readiness wait must hear of it at once
+        problems = [f"the start could not run ({type(error).__name__}: {error})"]
+        if plan["paused_containers"] and not plan.get("cluster"):
+            problems += released(plan["unit"], run, log)
+    reason = " | ".join(problems)
+    log(f"start of {plan['name']} refused, not retried: {reason}")
+    with contextlib.suppress(OSError):
+        record_refusal(plan["container"], reason, invocation)
+    return REFUSED
 
 
 def http_get(url: str, api_key: str | None, timeout: float = 5) -> Reply:
@@ -446,8 +465,8 @@ def main(argv: t.Sequence[str] | None = None) -> int:
     invocation = os.environ.get("INVOCATION_ID", "")
     if args.command == "start":
         return start(plan, invocation=invocation)
-    # Only a unit whose start stops containers has any to start again.
-    pauses = bool(plan["paused_containers"]) and not plan.get("cluster")
+    # What the ledger holds for the unit, whatever its plan lists now; a cluster's rank leaves it to its role.
+    pauses = not plan.get("cluster") and os.path.exists(PAUSED_LEDGER)
     if args.command == "release":
         problems = released(plan["unit"], run_command, say) if pauses else []
         for problem in problems:

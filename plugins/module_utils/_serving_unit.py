@@ -40,7 +40,8 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_plan import 
 
 # What each of the plan's kept_files holds, in their order.
 FILE_KINDS = ("env", "plan", "unit")
-# A rewritten env file or unit makes the running unit stale; the plan file only describes it.
+# A rewritten env file or unit makes the running unit stale. The plan file drives each start (the host runtime reads
+# it), but its container's settings are the config hash's, whose drift is read from the running container.
 RELAUNCHING_KINDS = frozenset(("env", "unit"))
 # What a rollback puts back. The gateway's env file holds the backends' keys, which belong to the
 # backends (relaunched on new keys before the gateway) and to its routing (gateway_route's, written

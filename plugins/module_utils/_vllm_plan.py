@@ -842,6 +842,10 @@ def instance_plan(instance: t.Mapping[str, t.Any], start_after: list[str], optio
     return plan, env_text
 
 
+# How long systemd waits for a unit's stop.
+STOP_SECONDS = 60
+
+
 def start_seconds(cold_timeout: int) -> int:
     """How long systemd lets one start take: the readiness wait gives up after the warm or the cold timeout, as the
     stamp says; systemd after the longer."""
@@ -853,7 +857,8 @@ def start_bound(unit: str, cold_timeout: int, options: t.Mapping[str, t.Any]) ->
     acting, clears the count): vllm_start_limit_burst starts within a window that holds that many starts which each hang
     until systemd gives up on them, so a start that hangs every time is bounded too (seed 002: about 35 failed starts
     left a GB10 needing a power cycle). systemd's own start limit uses the same window."""
-    hung = options["start_limit_burst"] * (start_seconds(cold_timeout) + options["restart_delay"])
+    # Each hung start also spends systemd's stop of it and the door's own work before the next: a minute's slack each.
+    hung = options["start_limit_burst"] * (start_seconds(cold_timeout) + options["restart_delay"] + STOP_SECONDS + 60)
     return {"starts": options["start_limit_burst"], "window": max(options["start_limit_interval"], hung),
             "path": f"{START_LEDGER_DIR}/{unit}.json"}
 
@@ -868,7 +873,8 @@ def unit_file(plan: t.Mapping[str, t.Any], options: t.Mapping[str, t.Any]) -> st
     needs a power cycle, and a refused start is not restarted at all. A cluster node's unit does not restart on its
     own: one rank alone never recovers, so restarts are the cluster role's, all ranks at once."""
     container = plan["container"]
-    runtime = ["/usr/bin/python3", RUNTIME_ENTRY]
+    # Isolated: nothing in the environment or the working folder shadows the installed runtime.
+    runtime = ["/usr/bin/python3", "-I", RUNTIME_ENTRY]
     ready = not plan.get("cluster") or plan["cluster"]["head"]
     what = f"cluster {plan['name']} rank {plan['cluster']['rank']}" if plan.get("cluster") else f"instance {plan['name']}"
     fabric = (options["cluster"] or {}).get("fabric")
@@ -904,7 +910,7 @@ def unit_file(plan: t.Mapping[str, t.Any], options: t.Mapping[str, t.Any]) -> st
         f"RestartPreventExitStatus={REFUSED}",
         # The readiness wait gives up after the warm or the cold timeout, as the stamp says; systemd after the longer.
         f"TimeoutStartSec={start_seconds(plan['cold_start']['timeout'])}",
-        "TimeoutStopSec=60",
+        f"TimeoutStopSec={STOP_SECONDS}",
         "",
         "[Install]",
         "WantedBy=multi-user.target",

@@ -136,7 +136,7 @@ def test_ray_workers_join_the_head_which_hands_over_to_vllm():
     assert head_run[head_run.index("-c") + 2] == "vllm-serve"
     assert head_run[-2:] == ["--distributed-executor-backend", "ray"]
     # The unit runs the plan file's argv through the host runtime, each argument one JSON string; a worker has no readiness wait.
-    assert f"ExecStart=/usr/bin/python3 /usr/local/libexec/sparkfleet/sparkfleet_runtime.py start --plan {h['plan_path']}" in h["unit_file"]
+    assert f"ExecStart=/usr/bin/python3 -I /usr/local/libexec/sparkfleet/sparkfleet_runtime.py start --plan {h['plan_path']}" in h["unit_file"]
     assert "ExecStartPost=" in h["unit_file"] and "ExecStartPost=" not in w["unit_file"]
 
 

@@ -63,6 +63,7 @@ def written(tmp_path, plan):
     ({"memory_probe": ["/usr/bin/timeout", "1", "/bin/sh"]}, "no usable memory_probe"),
     ({"gpu_memory_utilization": 1.5}, "no usable gpu_memory_utilization"),
     ({"memory_admission": "yes"}, "no usable memory_admission"),
+    ({"run_image": "--privileged"}, "no usable run_image"),
     ({"paused_containers": "nvidia_gpu_exporter"}, "no usable paused_containers"),
     ({"served_names": []}, "no usable served_names"),
     ({"cold_start": {"stamp": "relative"}}, "no usable cold_start"),
@@ -199,11 +200,11 @@ def test_a_refused_start_is_recorded_for_its_own_invocation_and_an_admitted_one_
     monkeypatch.setattr(runtime, "record_refusal", lambda *args: recorded.append(args))
     assert runtime.start(plan_of(tmp_path), Host(), lines.append, "inv-1") == runtime.REFUSED == 78
     assert lines == ["start of llm refused, not retried: llm: too little memory"] and recorded == [("vllm-llm", "llm: too little memory", "inv-1")]
-    executed = []
     monkeypatch.setattr(runtime, "admit", lambda plan, run, log: [])
-    monkeypatch.setattr(runtime.os, "execv", lambda path, argv: executed.append((path, argv)))
-    runtime.start(plan_of(tmp_path), Host(), lines.append, "inv-2")
-    assert executed == [("/usr/bin/docker", ["/usr/bin/docker", "run", "--name", "vllm-llm", IMAGE])]
+    monkeypatch.setattr(runtime.os, "execv", became)
+    with pytest.raises(BecameDockerRun) as executed:
+        runtime.start(plan_of(tmp_path), Host(), lines.append, "inv-2")
+    assert executed.value.args == ("/usr/bin/docker", ["/usr/bin/docker", "run", "--name", "vllm-llm", IMAGE])
 
 
 def test_a_refusal_is_read_only_by_its_own_start(tmp_path):
@@ -260,13 +261,22 @@ def test_a_gb10_start_a_stray_holder_and_the_memory_refuse_is_named_with_seed_00
 
 def started(plan, at, monkeypatch, admitted=True):
     """One start through the door at time ``at``: its exit status (None: it became the docker run)."""
-    ran = []
     monkeypatch.setattr(runtime, "admit", lambda plan, run, log: [] if admitted else ["llm: too little memory"])
-    monkeypatch.setattr(runtime.os, "execv", lambda path, argv: ran.append(argv))
+    monkeypatch.setattr(runtime.os, "execv", became)
     monkeypatch.setattr(runtime, "record_refusal", lambda *args: None)
     lines = []
-    status = runtime.start(plan, Host(), lines.append, "inv", clock=lambda: at)
-    return (None if ran and status == 1 else status), lines
+    try:
+        return runtime.start(plan, Host(), lines.append, "inv", clock=lambda: at), lines
+    except BecameDockerRun:
+        return None, lines
+
+
+class BecameDockerRun(BaseException):
+    """What execv does to the door in these tests: it never comes back."""
+
+
+def became(path, argv):
+    raise BecameDockerRun(path, argv)
 
 
 def test_starts_are_bounded_whoever_causes_them_and_a_start_that_hangs_each_time_is_too(tmp_path, monkeypatch):
@@ -302,3 +312,50 @@ def test_a_start_that_cannot_be_counted_is_not_made(tmp_path, monkeypatch):
     status, lines = started(plan, 10, monkeypatch)
     assert status == runtime.REFUSED and lines[0].endswith(
         "the start cannot be counted (No space left on device), so it is not made; free the disk")
+
+
+def test_a_container_recorded_as_stopped_but_running_again_is_stopped_again_and_one_that_will_not_start_is_kept(tmp_path):
+    host, ledger = Host({"nvidia_gpu_exporter": True}), str(tmp_path / "paused.json")
+    pathlib.Path(ledger).write_text(json.dumps({"nvidia_gpu_exporter": ["a.service"]}))
+    assert runtime.pause("b.service", ["nvidia_gpu_exporter"], host, print, ledger) == (["nvidia_gpu_exporter"], [])
+    assert json.loads(pathlib.Path(ledger).read_text()) == {"nvidia_gpu_exporter": ["a.service", "b.service"]}
+    host.stuck.add("nvidia_gpu_exporter")
+    assert runtime.release("a.service", host, print, ledger) == []
+    problems = runtime.release("b.service", host, print, ledger)
+    assert problems and "could not be started again" in problems[0]
+    assert json.loads(pathlib.Path(ledger).read_text()) == {"nvidia_gpu_exporter": []}, "kept for the next release to try"
+    host.stuck.clear()
+    assert runtime.release("c.service", host, print, ledger) == [] and host.running["nvidia_gpu_exporter"]
+    assert json.loads(pathlib.Path(ledger).read_text()) == {}
+
+
+def test_a_docker_that_does_not_answer_is_named_not_taken_for_strays(tmp_path):
+    def tools(argv):
+        if argv[1:2] == ["ps"]:
+            return 1, "", "Cannot connect to the Docker daemon at unix:///var/run/docker.sock. Is the docker daemon running?"
+        return Host()(argv)
+
+    problems = runtime.admit(plan_of(tmp_path, drop_caches=False, paused_containers=[]), tools, print, str(tmp_path / "paused.json"))
+    assert problems[0].startswith("llm: docker ps did not answer (Cannot connect to the Docker daemon") and "check the Docker daemon" in problems[0]
+
+
+def test_a_door_that_breaks_is_a_refusal_the_readiness_wait_hears_at_once(tmp_path, monkeypatch):
+    recorded, lines = [], []
+    monkeypatch.setattr(runtime, "record_refusal", lambda *args: recorded.append(args))
+    monkeypatch.setattr(runtime, "clear_refusal", lambda container: recorded.append(("cleared", container)))
+    monkeypatch.setattr(runtime, "admit", lambda plan, run, log: [])
+
+    def broken(path, argv):
+        raise FileNotFoundError(2, "No such file or directory", path)
+
+    monkeypatch.setattr(runtime.os, "execv", broken)
+    plan = plan_of(tmp_path, paused_containers=[])
+    assert runtime.start(plan, Host(), lines.append, "inv-1", clock=lambda: 10) == runtime.REFUSED
+    assert recorded[0] == ("cleared", "vllm-llm"), "a start forgets the last start's refusal first"
+    assert recorded[1][0] == "vllm-llm" and "the start could not run (FileNotFoundError" in recorded[1][1]
+
+
+def test_a_start_recorded_in_the_future_after_the_clock_stepped_back_still_counts(tmp_path, monkeypatch):
+    plan = plan_of(tmp_path)
+    assert [started(plan, 5000 + n, monkeypatch)[0] for n in range(3)] == [None, None, None]
+    assert started(plan, 4000, monkeypatch)[0] == runtime.REFUSED
