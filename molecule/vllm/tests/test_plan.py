@@ -226,11 +226,12 @@ def test_a_start_the_memory_cannot_hold_fails_its_unit_once_with_the_figures_who
     greedy = json.loads(saved)
     greedy["gpu_memory_utilization"] = 1.0
     try:
-        serve.check_output(f"echo {shlex.quote(json.dumps(greedy))} > {plan_path}")
+        # printf, not echo: the shell's echo would turn the JSON's \n escapes into line breaks.
+        serve.check_output(f"printf '%s' {shlex.quote(json.dumps(greedy))} > {plan_path}")
         restarted = serve.run(f"systemctl restart {unit}")
         shown = serve.check_output(f"systemctl show --property=ActiveState,ExecMainStatus,NRestarts {unit}")
     finally:
-        serve.check_output(f"echo {shlex.quote(saved)} > {plan_path}")
+        serve.check_output(f"printf '%s' {shlex.quote(saved)} > {plan_path}")
     assert restarted.rc != 0 and sorted(shown.split()) == ["ActiveState=failed", "ExecMainStatus=78", "NRestarts=0"], shown
     # journald reads the unit's output stream on its own time: the line may land a moment after the unit failed.
     refusal = wait_for(lambda: [line for line in journal(serve, "second") if line.startswith("start of second refused")], 60,
