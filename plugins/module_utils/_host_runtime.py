@@ -29,7 +29,6 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 import time
 import typing as t
 import urllib.parse
@@ -57,6 +56,7 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_health impor
     parse_env_file,
     start_timeout,
     wait_until_ready,
+    write_atomically,
 )
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_instance import DOCKER_CLIENT, INSTANCE_LABEL, PLAN_SCHEMA_VERSION
 
@@ -76,6 +76,8 @@ REFUSALS_DIR = "/run/sparkfleet/admission"
 DROP_CACHES = "/proc/sys/vm/drop_caches"
 # An image reference as the plan builder writes run_image: never an option to docker.
 IMAGE_REFERENCE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/:@-]{0,511}")
+# The runtime's own records (ledger, counted starts, refusals): root's alone, as mkstemp makes them.
+RECORD_MODE = 0o600
 # sysexits' EX_CONFIG: the unit's RestartPreventExitStatus, so systemd does not restart a refused start.
 REFUSED = 78
 
@@ -174,21 +176,7 @@ def ledger(path: str) -> t.Iterator[dict[str, list[str]]]:
             found = {}
         entries = {str(name): [str(unit) for unit in units] for name, units in found.items() if isinstance(units, list)} if isinstance(found, dict) else {}
         yield entries
-        write_atomically(path, json.dumps(entries, sort_keys=True) + "\n")
-
-
-def write_atomically(path: str, text: str) -> None:
-    handle, temporary = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as stream:
-            stream.write(text)
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
-        raise
+        write_atomically(path, json.dumps(entries, sort_keys=True) + "\n", RECORD_MODE)
 
 
 def running(name: str, run: Runner) -> bool:
@@ -208,7 +196,7 @@ def pause(unit: str, names: t.Sequence[str], run: Runner, log: Log, ledger_path:
             # Recorded as stopped for another start, it may have been started again since (by hand, by its restart policy).
             if running(name, run):
                 entries[name] = sorted({*held, unit})
-                write_atomically(ledger_path, json.dumps(entries, sort_keys=True) + "\n")
+                write_atomically(ledger_path, json.dumps(entries, sort_keys=True) + "\n", RECORD_MODE)
                 rc, out, err = run([DOCKER_CLIENT, "stop", "--time", "30", name])
                 if rc != 0:
                     if held:
@@ -309,7 +297,7 @@ def refusal_path(container: str, folder: str = REFUSALS_DIR) -> str:
 
 def record_refusal(container: str, reason: str, invocation: str, folder: str = REFUSALS_DIR) -> None:
     os.makedirs(folder, mode=0o755, exist_ok=True)
-    write_atomically(refusal_path(container, folder), json.dumps({"invocation": invocation, "refused": reason}) + "\n")
+    write_atomically(refusal_path(container, folder), json.dumps({"invocation": invocation, "refused": reason}) + "\n", RECORD_MODE)
 
 
 def clear_refusal(container: str, folder: str = REFUSALS_DIR) -> None:
@@ -354,9 +342,7 @@ def counted_start(bound: t.Mapping[str, t.Any], now: float) -> str | None:
         try:
             with open(path, encoding="utf-8") as handle:
                 found = json.load(handle)
-        except FileNotFoundError:
-            found = []
-        except ValueError:
+        except (FileNotFoundError, ValueError):
             found = []
         # A start recorded "later" than now (the clock stepped back) still counts.
         recent = [moment for moment in found if isinstance(moment, (int, float)) and now - bound["window"] < moment] \
@@ -365,7 +351,7 @@ def counted_start(bound: t.Mapping[str, t.Any], now: float) -> str | None:
             return (f"{len(recent)} starts within the last {bound['window']} s already, the bound on its starts whoever causes "
                     "them (vllm_start_limit_burst); look at its journal, fix the cause, then re-apply site.yml, which relaunches it")
         os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
-        write_atomically(path, json.dumps([*recent, now]) + "\n")
+        write_atomically(path, json.dumps([*recent, now]) + "\n", RECORD_MODE)
     except OSError as error:
         return f"{path}: the start cannot be counted ({error.strerror}), so it is not made; free the disk"
     return None

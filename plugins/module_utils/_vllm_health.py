@@ -210,13 +210,21 @@ def mark_warm(stamp: str, kv_tokens: int | None = None, degraded: bool = False) 
     os.makedirs(folder, mode=0o755, exist_ok=True)
     best = None if degraded else max(kv_tokens or 0, known or 0)
     record = {"time": int(time.time()), **({"kv_cache_tokens": best} if best else {})}
-    handle, temporary = tempfile.mkstemp(dir=folder, prefix=".stamp-")
+    write_atomically(stamp, json.dumps(record) + "\n", 0o644)
+
+
+def write_atomically(path: str, text: str, mode: int) -> None:
+    """Replace ``path`` with ``text`` in one step, with ``mode`` from before it appears: a reader sees the old file or the
+    whole new one, also when two writers race (each through a temporary file of its own). OSError when it cannot."""
+    handle, temporary = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".", suffix=".tmp")
     try:
-        with os.fdopen(handle, "w", encoding="ascii") as written:
-            written.write(json.dumps(record) + "\n")
-        os.chmod(temporary, 0o644)
-        os.replace(temporary, stamp)
-    except OSError:
+        with os.fdopen(handle, "w", encoding="utf-8") as stream:
+            stream.write(text)
+            stream.flush()
+            os.fsync(stream.fileno())
+        os.chmod(temporary, mode)
+        os.replace(temporary, path)
+    except BaseException:
         if os.path.exists(temporary):
             os.unlink(temporary)
         raise

@@ -184,7 +184,7 @@ def test_a_ledger_that_cannot_be_written_stops_nothing_and_says_so(tmp_path):
 def test_a_full_disk_under_the_ledger_stops_nothing(tmp_path, monkeypatch):
     host, lines = Host({"nvidia_gpu_exporter": True}), []
 
-    def full(path, text):
+    def full(path, text, mode):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(runtime, "write_atomically", full)
@@ -305,7 +305,7 @@ def test_a_refused_start_counts_and_a_persons_relaunch_clears_the_count(tmp_path
 def test_a_start_that_cannot_be_counted_is_not_made(tmp_path, monkeypatch):
     plan = plan_of(tmp_path)
 
-    def full(path, text):
+    def full(path, text, mode):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(runtime, "write_atomically", full)
