@@ -3,9 +3,9 @@
 """A host's diagnostics bundle: plan files, units, containers, metrics, kernel messages, versions,
 images, fabric and NVIDIA reports in one tarball, with every key redacted.
 
-Private to the collection. Standard library only and Python 3.10: the watchdog's standalone script
-imports this file on a serving host without the collection, as the diagnose_bundle module does
-through Ansible. Commands and HTTP reads go through the callables the caller hands in (a recording
+Private to the collection. Standard library only and Python 3.10: part of the host runtime
+(_host_runtime.RUNTIME_MODULES), whose watchdog daemon imports it on a host without Ansible, as the
+diagnose_bundle module does through Ansible. Commands and HTTP reads go through the callables the caller hands in (a recording
 in the tests), each bounded by a time limit and all of them by the bundle's own.
 """
 

@@ -4,8 +4,8 @@
 
 Private to the collection. Pure functions over the text of ``ping`` (iputils), ``ibdev2netdev``,
 ``show_gids`` and nccl-tests, and over Ansible's interface facts; ``read_rdma`` runs the two RDMA
-tools through the runner its module hands it. Standard library only: the cluster role installs this
-very file on each node beside the ranks' fabric wait (roles/cluster/files/cluster_fabric_wait.py). Seed 002's fast link carries
+tools through the runner its module hands it. Standard library only: part of the host runtime
+(_host_runtime.RUNTIME_MODULES) the ranks' fabric wait (roles/cluster/files/cluster_fabric_wait.py) imports. Seed 002's fast link carries
 NCCL between two GB10 boxes; one QSFP cable shows as two RDMA devices and both belong in
 NCCL_IB_HCA; full bandwidth needs MTU 9000; NVIDIA's 16G all_gather buffer takes ~32 GB per node
 and has frozen Sparks, so the bandwidth test's buffer is bounded.

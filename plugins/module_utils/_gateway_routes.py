@@ -3,11 +3,11 @@
 """The gateway's routing on its host: which deployments are in rotation, LiteLLM's config, the drained list.
 
 Private to the collection, and the standard library only: the gateway role's gateway_route module
-imports it, and the watchdog role installs it beside the watchdog's daemon, which drains a unit at
-the gateway before acting on it and undrains it once it serves again (the daemon has nothing else of
-the collection). Nothing here does I/O. A drain that would leave a model group with nothing to route
-to is refused unless forced: LiteLLM routes to every deployment of a group when all are unhealthy,
-so draining its last replica stops nothing, it only turns the group's requests into errors.
+imports it, and it is part of the host runtime (_host_runtime.RUNTIME_MODULES) the watchdog's daemon
+imports, which drains a unit at the gateway before acting on it and undrains it once it serves again.
+Nothing here does I/O. A drain that would leave a model group with nothing to route to is refused
+unless forced: LiteLLM routes to every deployment of a group when all are unhealthy, so draining its
+last replica stops nothing, it only turns the group's requests into errors.
 
 Every drained name records who drained it (its owners): the operator, a playbook hook's run
 (``bench@RUN``, ``sweep@RUN``, ``rollout@RUN``) or the watchdog of a backend (``watchdog@HOST``). An

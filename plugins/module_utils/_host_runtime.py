@@ -14,8 +14,10 @@ a boot, systemd's restart, the watchdog's restart), because the unit's own comma
   compared with the best good start; the paused containers start again afterwards, whatever its outcome.
 - ``release`` (ExecStopPost): the paused containers start again when the start ended before its readiness wait did.
 
-Standard library only, and only RUNTIME_MODULES among the collection's files: serving_host installs these same
-files (not copies) under RUNTIME_DIR with the entry script, once per host, so the modules and the host run one code.
+Standard library only, and only RUNTIME_MODULES among the collection's files: these same files (not copies) live in
+one place per host, under RUNTIME_DIR beside the entry script, the watchdog's daemon and the ranks' fabric wait, which
+import them (serving_host installs them, and the watchdog role on a host that serves nothing), so the modules and the
+host run one code.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ import time
 import typing as t
 import urllib.parse
 
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._files import write_atomically
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_paths import PACKAGE, RUNTIME_DIR
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._launch_checks import (
     DEVICE_NODES,
     GIB,
@@ -56,16 +60,15 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_health impor
     parse_env_file,
     start_timeout,
     wait_until_ready,
-    write_atomically,
 )
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_instance import DOCKER_CLIENT, INSTANCE_LABEL, PLAN_SCHEMA_VERSION
 
-RUNTIME_DIR = "/usr/local/libexec/sparkfleet"
 ENTRY = f"{RUNTIME_DIR}/sparkfleet_runtime.py"
 ENTRY_SOURCE = "roles/serving_host/files/sparkfleet_runtime.py"
-PACKAGE = "ansible_collections/sparkfleet/vllm/plugins/module_utils"
-# This file and what it imports of the collection: a unit test keeps the list closed under its imports.
-RUNTIME_MODULES = ("_host_runtime", "_launch_checks", "_vllm_health", "_vllm_instance", "_watchdog")
+# What the host's programs import of the collection (this file, the watchdog's daemon, the ranks' fabric wait): a unit
+# test keeps the list closed under their imports.
+RUNTIME_MODULES = ("_diagnose", "_fabric", "_files", "_gateway_routes", "_host_paths", "_host_runtime", "_launch_checks",
+                   "_settings", "_vllm_health", "_vllm_instance", "_watchdog")
 # Which unit stopped which container for its start: kept on disk, because a container stopped before a reboot is started
 # again only by the release of a unit that stopped it.
 PAUSED_LEDGER = "/var/lib/sparkfleet/paused-containers.json"

@@ -18,10 +18,11 @@ import os
 import re
 import socket
 import ssl
-import tempfile
 import time
 import typing as t
 import urllib.error
+
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._files import write_atomically
 
 # Seconds between the polls of the gate and of the units' readiness wait, alike: a served endpoint is passed within one
 # interval and one poll of its first good answer (benchmarks/gate_latency.py: 0.97 s median at 2 s, 0.31 s at 0.5 s, against
@@ -211,23 +212,6 @@ def mark_warm(stamp: str, kv_tokens: int | None = None, degraded: bool = False) 
     best = None if degraded else max(kv_tokens or 0, known or 0)
     record = {"time": int(time.time()), **({"kv_cache_tokens": best} if best else {})}
     write_atomically(stamp, json.dumps(record) + "\n", 0o644)
-
-
-def write_atomically(path: str, text: str, mode: int) -> None:
-    """Replace ``path`` with ``text`` in one step, with ``mode`` from before it appears: a reader sees the old file or the
-    whole new one, also when two writers race (each through a temporary file of its own). OSError when it cannot."""
-    handle, temporary = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as stream:
-            stream.write(text)
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.chmod(temporary, mode)
-        os.replace(temporary, path)
-    except BaseException:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
-        raise
 
 
 def start_timeout(warm_timeout: float, cold_start: t.Mapping[str, t.Any] | None, cold: bool | None = None) -> tuple[float, bool]:

@@ -121,10 +121,10 @@ SECRET_FIELD_NAMES = frozenset({"token", "hf_token", "access_token", "auth_token
 GUARD_FILE = "sparkfleet_vllm_guard.py"
 FABRIC_WAIT_FILE = "cluster_fabric_wait.py"
 # The files the units run and the containers mount beside the host runtime (serving_host installs the runtime, which
-# runs every start): each helper's name there and its source in the collection. The fabric wait imports the very
-# module_utils file whose verdict the cluster's checks use.
+# runs every start): each helper's name there and its source in the collection. The fabric wait imports the runtime's
+# _fabric, the very module_utils file whose verdict the cluster's checks use.
 HELPERS = ((GUARD_FILE, f"roles/vllm/files/{GUARD_FILE}"),)
-CLUSTER_HELPERS = ((FABRIC_WAIT_FILE, f"roles/cluster/files/{FABRIC_WAIT_FILE}"), ("_fabric.py", "plugins/module_utils/_fabric.py"))
+CLUSTER_HELPERS = ((FABRIC_WAIT_FILE, f"roles/cluster/files/{FABRIC_WAIT_FILE}"),)
 GUARD_DIR = "/opt/sparkfleet"
 GUARD_ARGS = ("--middleware", "sparkfleet_vllm_guard.KeyOnEveryRoute", "--disable-fastapi-docs")
 SPECULATIVE_METHODS = ("mtp", "ngram", "draft_model", "eagle", "eagle3", "dflash")
@@ -879,7 +879,7 @@ def unit_file(plan: t.Mapping[str, t.Any], options: t.Mapping[str, t.Any]) -> st
     what = f"cluster {plan['name']} rank {plan['cluster']['rank']}" if plan.get("cluster") else f"instance {plan['name']}"
     fabric = (options["cluster"] or {}).get("fabric")
     # Every start of a rank, at boot too, waits for the other nodes on the fast link at the cluster's MTU.
-    fabric_wait = ["/usr/bin/python3", str(pathlib.PurePosixPath(RUNTIME_DIR) / FABRIC_WAIT_FILE),
+    fabric_wait = ["/usr/bin/python3", "-I", str(pathlib.PurePosixPath(RUNTIME_DIR) / FABRIC_WAIT_FILE),
                    "--source", options["cluster"]["host"], "--interface", fabric["interface"],
                    "--mtu", str(fabric["mtu"]), *[f"--peer={p['name']}={p['address']}" for p in fabric["peers"]]] if fabric else None
     return "\n".join([

@@ -14,8 +14,8 @@ serving transaction's next planned relaunch). A fresh maintenance flag (the tran
 silences it; a sleeping engine is left alone; after its own start it waits the unit's cold or
 warm grace (warm once the unit served with the same config hash).
 
-This file is installed on each host beside the watchdog's daemon (roles/watchdog) and imported
-there without the collection: the standard library only. Nothing here does I/O.
+This file is part of the host runtime (_host_runtime.RUNTIME_MODULES) the watchdog's daemon imports
+on each host without Ansible: the standard library only. Nothing here does I/O.
 """
 
 from __future__ import annotations
@@ -28,14 +28,17 @@ import re
 import typing as t
 import urllib.parse
 
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_paths import RUNTIME_DIR
+
 SERVICE = "sparkfleet-watchdog.service"
-INSTALL_DIR = "/opt/sparkfleet/watchdog"
 DAEMON_FILE = "sparkfleet_watchdog.py"
+# Beside the host runtime it imports (the judgement here, the drains, the bundle): one copy of that code per host.
+DAEMON = f"{RUNTIME_DIR}/{DAEMON_FILE}"
+DAEMON_SOURCE = f"roles/watchdog/files/{DAEMON_FILE}"
+# Where releases before the host runtime kept the daemon with copies of its modules; removed on upgrade.
+RETIRED_DIR = "/opt/sparkfleet/watchdog"
 CONFIG_PATH = "/etc/sparkfleet/watchdog.json"
 STATE_DIR = "/var/lib/sparkfleet/watchdog"
-# The files the daemon runs and imports, and their sources in the collection.
-HELPERS = ((DAEMON_FILE, f"roles/watchdog/files/{DAEMON_FILE}"), ("_watchdog.py", "plugins/module_utils/_watchdog.py"),
-           ("_diagnose.py", "plugins/module_utils/_diagnose.py"), ("_gateway_routes.py", "plugins/module_utils/_gateway_routes.py"))
 DOWN_STATES = frozenset({"exited", "created", "dead", "missing"})
 # Counters that move with every engine step: prefill and decode tokens and the steps themselves.
 PROGRESS_COUNTERS = ("vllm:generation_tokens_total", "vllm:prompt_tokens_total", "vllm:iteration_tokens_total_count")
@@ -60,7 +63,7 @@ GATEWAYS_FILE = "gateways.json"
 DRAINS_FILE = "gateway-drains.json"
 # On a gateway's host: per backend, when its watchdog last changed the routing (route_budget).
 ROUTE_BUDGET_FILE = "route-budget.json"
-PEER_COMMAND = f"/usr/bin/python3 {INSTALL_DIR}/{DAEMON_FILE} peer"
+PEER_COMMAND = f"/usr/bin/python3 -I {DAEMON} peer"
 CLUSTER_VERBS = ("stop", "start", "restart")
 ROUTE_VERBS = ("drain", "undrain")
 KEY_COMMENT = "sparkfleet-watchdog@"
@@ -523,7 +526,7 @@ def assess(plan: t.Mapping[str, t.Any], memory: dict[str, t.Any], seen: t.Mappin
     if seen.get("person_needed"):
         memory["person_needed"] = True
         return {**decision, "verdict": "person_needed",
-                "why": f"the watchdog gave up on this unit; `python3 {INSTALL_DIR}/{DAEMON_FILE} clear {plan['unit']}` hands it back"}
+                "why": f"the watchdog gave up on this unit; `python3 {DAEMON} clear {plan['unit']}` hands it back"}
     if memory["person_needed"]:
         # Cleared by an operator or a planned relaunch: a fresh start of the budget, and time to start.
         memory.update({**new_memory(), "warm_hashes": memory["warm_hashes"]})
@@ -649,7 +652,8 @@ def unit_text() -> str:
         "",
         "[Service]",
         "Type=simple",
-        f"ExecStart=/usr/bin/python3 {INSTALL_DIR}/{DAEMON_FILE} run --config {CONFIG_PATH}",
+        # Isolated: nothing in the environment shadows the installed runtime.
+        f"ExecStart=/usr/bin/python3 -I {DAEMON} run --config {CONFIG_PATH}",
         "Restart=always",
         "RestartSec=10",
         "OOMScoreAdjust=-900",
@@ -672,7 +676,7 @@ def absolute_folder(path: t.Any) -> bool:
 
 def watchdog_plan(settings: t.Mapping[str, t.Any], plan_dirs: t.Any, serving_dirs: t.Sequence[t.Any], node: t.Any,
                   gateway_config_dir: t.Any) -> dict[str, t.Any]:
-    """What the role writes and removes: {errors} or {errors: [], folders, helpers, config, unit, service, removed}.
+    """What the role writes and removes: {errors} or {errors: [], folders, daemon, config, unit, service, removed, retired}.
     ``serving_dirs`` are the serving roles' configuration folders where the inventory sets them: a
     watchdog looking elsewhere would watch nothing, silently. ``node``: the host's inventory name (the name
     gateways route to it by); ``gateway_config_dir``: the host's own gateway's folder, "" when it runs none."""
@@ -693,8 +697,8 @@ def watchdog_plan(settings: t.Mapping[str, t.Any], plan_dirs: t.Any, serving_dir
     unit_path = f"/etc/systemd/system/{SERVICE}"
     return {
         "errors": [],
-        "folders": [{"path": INSTALL_DIR, "mode": "0755"}, {"path": STATE_DIR, "mode": "0700"}, {"path": PEER_DIR, "mode": "0700"}],
-        "helpers": [{"path": f"{INSTALL_DIR}/{name}", "mode": "0644", "source": source} for name, source in HELPERS],
+        "folders": [{"path": STATE_DIR, "mode": "0700"}, {"path": PEER_DIR, "mode": "0700"}],
+        "daemon": {"path": DAEMON, "mode": "0644", "source": DAEMON_SOURCE},
         "config": {"path": CONFIG_PATH, "mode": "0644", "content": config_text(settings, plan_dirs, node, gateway_config_dir or "")},
         "unit": {"path": unit_path, "mode": "0644", "content": unit_text()},
         "service": SERVICE,
@@ -702,5 +706,6 @@ def watchdog_plan(settings: t.Mapping[str, t.Any], plan_dirs: t.Any, serving_dir
         "known_hosts": f"{PEER_DIR}/{KNOWN_HOSTS}",
         "gateways": f"{PEER_DIR}/{GATEWAYS_FILE}",
         "key_comment": KEY_COMMENT,
-        "removed": [unit_path, CONFIG_PATH, INSTALL_DIR, STATE_DIR, PEER_DIR],
+        "removed": [unit_path, CONFIG_PATH, DAEMON, STATE_DIR, PEER_DIR, RETIRED_DIR],
+        "retired": RETIRED_DIR,
     }

@@ -74,7 +74,7 @@ def test_a_stopped_instance_behind_the_gateway_is_drained_before_the_start_and_u
     # The worker is the head's cluster peer and a backend of its gateway: its cluster steps only from the cluster's link.
     entries = {line.rsplit("@", 1)[1]: line for line in lines if f"sparkfleet-watchdog@{WORKER}:" in line}
     assert entries[f"{WORKER}:backend+cluster"].startswith(
-        f'restrict,from="{address(worker)}",command="/usr/bin/python3 /opt/sparkfleet/watchdog/sparkfleet_watchdog.py peer --from {WORKER} '
+        f'restrict,from="{address(worker)}",command="/usr/bin/python3 -I /usr/local/libexec/sparkfleet/sparkfleet_watchdog.py peer --from {WORKER} '
         '--backend --cluster" '), entries
     assert set(entries) <= {f"{WORKER}:backend+cluster", f"{WORKER}:backend"}, entries
     assert all("--cluster" not in line for key, line in entries.items() if key == f"{WORKER}:backend"), entries

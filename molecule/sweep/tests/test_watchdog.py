@@ -195,5 +195,6 @@ def test_the_watchdog_is_removed_with_its_files(watched):
     result = site("--tags", "watchdog", "-e", json.dumps({**WATCHDOG, "watchdog_state": "absent"}), limit=SERVE)
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     assert not host.file("/etc/systemd/system/sparkfleet-watchdog.service").exists
-    assert not host.file("/var/lib/sparkfleet/watchdog").exists and not host.file("/opt/sparkfleet/watchdog").exists
+    assert not host.file("/var/lib/sparkfleet/watchdog").exists and not host.file("/usr/local/libexec/sparkfleet/sparkfleet_watchdog.py").exists
+    assert host.file("/usr/local/libexec/sparkfleet/sparkfleet_runtime.py").exists, "the serving units' runtime stays"
     assert host.run("systemctl is-active sparkfleet-watchdog.service").stdout.strip() != "active"

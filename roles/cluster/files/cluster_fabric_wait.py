@@ -2,8 +2,8 @@
 cluster node's unit before its container starts (ExecStartPre), so at every boot and at every
 start a rank starts only over a link that carries the cluster's MTU.
 
-The verdicts are sparkfleet.vllm's plugins/module_utils/_fabric.py, which the cluster role
-installs beside this file: the boot path and the role's fabric gate judge alike. Peers still
+The verdicts are sparkfleet.vllm's plugins/module_utils/_fabric.py, from the host runtime installed
+beside this file: the boot path and the role's fabric gate judge alike. Peers still
 booting get until --timeout. Exits 0 once every peer answers, 1 with the failing pairs otherwise.
 """
 
@@ -15,7 +15,12 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _fabric import mtu_problem, parse_ping, ping_arguments, ping_verdict  # noqa: E402
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._fabric import (  # noqa: E402
+    mtu_problem,
+    parse_ping,
+    ping_arguments,
+    ping_verdict,
+)
 
 
 def failing_pairs(source, interface, mtu, peers):

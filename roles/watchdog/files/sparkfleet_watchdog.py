@@ -3,8 +3,8 @@
 """sparkfleet.vllm's watchdog: forward progress of the units in the host's plan files.
 
 Run by sparkfleet-watchdog.service (the watchdog role) with the OS's Python. The judgement is
-_watchdog.py beside this file (sparkfleet.vllm's plugins/module_utils/_watchdog.py, unit-tested
-there); this file only reads the units (docker inspect, systemctl show, /metrics, a probe
+sparkfleet.vllm's plugins/module_utils/_watchdog.py (unit-tested there), from the host runtime
+installed beside this file; this file only reads the units (docker inspect, systemctl show, /metrics, a probe
 completion), acts (systemctl), keeps the state and writes one JSON line per decision to stdout,
 which the journal keeps.
 
@@ -25,15 +25,15 @@ import http.client
 import json
 import os
 import sys
-import tempfile
 import time
 import urllib.error
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _diagnose import CONFIG_DIRS, collect_host_bundle, run_command  # noqa: E402
-from _gateway_routes import (  # noqa: E402
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._diagnose import CONFIG_DIRS, collect_host_bundle, run_command  # noqa: E402
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._files import write_atomically  # noqa: E402
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._gateway_routes import (  # noqa: E402
     ROUTE_LOCK,
     ROUTING_FILES,
     drained_file,
@@ -44,8 +44,9 @@ from _gateway_routes import (  # noqa: E402
     render_config,
     watchdog_route,
 )
-from _gateway_routes import UNIT as GATEWAY_UNIT  # noqa: E402
-from _watchdog import (  # noqa: E402
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._gateway_routes import UNIT as GATEWAY_UNIT  # noqa: E402
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_health import parse_env_file  # noqa: E402
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._watchdog import (  # noqa: E402
     CONFIG_PATH,
     DOWN_STATES,
     DRAINS_FILE,
@@ -96,20 +97,8 @@ def write_json(path, value, mode=0o600):
 
 
 def write_text(path, text, mode):
-    folder = os.path.dirname(path)
-    os.makedirs(folder, mode=0o700, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=folder, prefix=".watchdog-")
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as stream:
-            stream.write(text)
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.chmod(temporary, mode)
-        os.replace(temporary, path)
-    except BaseException:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
-        raise
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    write_atomically(path, text, mode)
 
 
 def read_json(path, default):
@@ -147,14 +136,10 @@ def watched_plans(plan_dirs, peer_dir):
 
 def api_key(plan):
     try:
-        with open(plan["env_path"], encoding="utf-8") as stream:
-            for line in stream:
-                name, _separator, value = line.rstrip("\n").partition("=")
-                if name.strip() == "VLLM_API_KEY":
-                    return value
+        text = read_text(plan["env_path"])
     except OSError:
-        return ""
-    return ""
+        text = None
+    return parse_env_file(text or "").get("VLLM_API_KEY", "")
 
 
 def container_state(container):

@@ -1,14 +1,16 @@
-"""The ranks' fabric wait, laid out as the cluster role installs it and run as systemd runs it.
+"""The ranks' fabric wait, laid out as the cluster role installs it beside the host runtime and run as systemd runs it.
 This machine has no ping, so a stand-in ping on PATH replays outputs recorded in the lab
 (tests/unit/fixtures/fabric): the real iputils text goes through the real parser."""
 
 import os
 import pathlib
-import shutil
 import subprocess
-import sys
 
 import pytest
+from runtime_layout import install_runtime
+
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_runtime import RUNTIME_DIR
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_plan import CLUSTER_HELPERS
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 FIXTURES = ROOT / "tests" / "unit" / "fixtures" / "fabric"
@@ -16,9 +18,7 @@ FIXTURES = ROOT / "tests" / "unit" / "fixtures" / "fabric"
 
 @pytest.fixture
 def installed(tmp_path):
-    shutil.copy(ROOT / "roles" / "cluster" / "files" / "cluster_fabric_wait.py", tmp_path)
-    shutil.copy(ROOT / "plugins" / "module_utils" / "_fabric.py", tmp_path)
-    return tmp_path
+    return install_runtime(tmp_path, [{"path": f"{RUNTIME_DIR}/{name}", "source": source} for name, source in CLUSTER_HELPERS])
 
 
 def run(installed, recording, *args):
@@ -27,9 +27,9 @@ def run(installed, recording, *args):
     ping = bin_dir / "ping"
     ping.write_text(f"#!/bin/sh\necho \"$@\" >> {installed}/calls\ncat {FIXTURES / recording}\n")
     ping.chmod(0o755)
-    # As on the host: nothing of the collection or Ansible importable, only the two files side by side.
+    # As on the host: nothing of the collection or Ansible importable but the runtime beside the wait.
     env = {**{name: value for name, value in os.environ.items() if name != "PYTHONPATH"}, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
-    command = [sys.executable, str(installed / "cluster_fabric_wait.py"), "--source", "node-2", "--interface", "eth0", "--mtu", "1500",
+    command = ["/usr/bin/python3", "-I", str(installed / "cluster_fabric_wait.py"), "--source", "node-2", "--interface", "eth0", "--mtu", "1500",
                "--peer=node-1=172.18.0.2", *args]
     return subprocess.run(command, capture_output=True, text=True, env=env, check=False)
 

@@ -4,28 +4,21 @@ the collection or Ansible importable but the installed files), against a local H
 import http.server
 import json
 import os
-import pathlib
-import shutil
 import subprocess
-import sys
 import threading
 
 import pytest
+from runtime_layout import install_runtime
 
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_runtime import ENTRY, runtime_files
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_runtime import ENTRY
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._launch_checks import memory_probe_argv
 
 IMAGE = "registry.example/vllm@sha256:" + "a" * 64
-ROOT = pathlib.Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture
 def installed(tmp_path):
-    folders, files = runtime_files()
-    for folder in folders:
-        (tmp_path / folder["path"].lstrip("/")).mkdir(parents=True, exist_ok=True)
-    for entry in files:
-        shutil.copy(ROOT / entry["source"], tmp_path / entry["path"].lstrip("/"))
+    install_runtime(tmp_path)
     (tmp_path / "llm.env").write_text("# Managed\nVLLM_API_KEY=" + "k" * 20 + "\n")
     return tmp_path
 
@@ -60,7 +53,7 @@ def wait(installed, server, timeout=20, cold_timeout=30, share=None):
     (installed / "llm.json").write_text(json.dumps(plan))
     entry = installed / ENTRY.lstrip("/")
     return subprocess.run(
-        [sys.executable, str(entry), "ready", "--plan", str(installed / "llm.json")], cwd=installed,
+        ["/usr/bin/python3", "-I", str(entry), "ready", "--plan", str(installed / "llm.json")], cwd=installed,
         capture_output=True, text=True, check=False, timeout=60, env={name: value for name, value in os.environ.items() if name != "PYTHONPATH"},
     )
 

@@ -3,22 +3,23 @@ sample per `run --once`, the state kept between runs), with systemctl and docker
 replaying the states a lab host reports, and a real local HTTP server standing in for the vLLM
 instance: its /metrics page and a completion that answers or hangs past the probe timeout."""
 
+import ast
 import http.server
 import json
 import os
 import pathlib
 import re
-import shutil
 import stat
 import subprocess
-import sys
 import threading
 import time
 
 import pytest
+from runtime_layout import install_runtime
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._gateway import backend_reports, gateway_plan
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._watchdog import HELPERS
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_runtime import RUNTIME_MODULES
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._watchdog import DAEMON, DAEMON_SOURCE
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 KEY = "w" * 32
@@ -120,10 +121,7 @@ def instance():
 
 @pytest.fixture
 def host(tmp_path, instance):
-    installed = tmp_path / "opt"
-    installed.mkdir()
-    for _name, source in HELPERS:
-        shutil.copy(ROOT / source, installed)
+    install_runtime(tmp_path, [{"path": DAEMON, "source": DAEMON_SOURCE}])
     tools = tmp_path / "bin"
     tools.mkdir()
     for tool in ("docker", "systemctl", "ssh"):
@@ -145,6 +143,10 @@ def host(tmp_path, instance):
     return tmp_path
 
 
+def daemon(host):
+    return host / DAEMON.lstrip("/")
+
+
 def set_host(host, **state):
     path = host / "bin" / "host.json"
     path.write_text(json.dumps({**(json.loads(path.read_text()) if path.exists() else {}), **state}))
@@ -153,7 +155,7 @@ def set_host(host, **state):
 def sample(host, *extra):
     """One sample as the unit runs the daemon; its journal lines, parsed."""
     environment = {**os.environ, "PATH": f"{host / 'bin'}:{os.environ['PATH']}"}
-    completed = subprocess.run(["/usr/bin/python3", str(host / "opt" / "sparkfleet_watchdog.py"), *(extra or ("run", "--once")),
+    completed = subprocess.run(["/usr/bin/python3", "-I", str(daemon(host)), *(extra or ("run", "--once")),
                                 "--config", str(host / "watchdog.json")], capture_output=True, text=True, env=environment, timeout=60, check=False)
     assert completed.returncode == 0, completed.stderr
     return [json.loads(line) for line in completed.stdout.splitlines()] if not extra else completed.stdout
@@ -210,7 +212,7 @@ def test_a_worker_ranks_failure_asks_the_head_to_restart_every_rank(host):
 def test_the_head_restarts_every_rank_once_when_asked_twice(host):
     as_cluster_head(host)
     environment = {**os.environ, "PATH": f"{host / 'bin'}:{os.environ['PATH']}", "SSH_ORIGINAL_COMMAND": f"restart {RANK_UNIT}"}
-    command = ["/usr/bin/python3", str(host / "opt" / "sparkfleet_watchdog.py"), "peer", "--from", "spark-2", "--cluster",
+    command = ["/usr/bin/python3", "-I", str(daemon(host)), "peer", "--from", "spark-2", "--cluster",
                "--config", str(host / "watchdog.json")]
     first = subprocess.run(command, capture_output=True, text=True, env=environment, timeout=60, check=False)
     assert first.returncode == 0 and [step["step"] for step in json.loads(first.stdout)["ranks"]] == ["stop", "stop", "start", "start"]
@@ -246,7 +248,7 @@ def test_a_peer_may_only_stop_or_start_a_cluster_rank_planned_here(host):
 
     def peer(command):
         environment = {**os.environ, "PATH": f"{host / 'bin'}:{os.environ['PATH']}", "SSH_ORIGINAL_COMMAND": command}
-        return subprocess.run(["/usr/bin/python3", str(host / "opt" / "sparkfleet_watchdog.py"), "peer", "--from", "spark-2", "--cluster",
+        return subprocess.run(["/usr/bin/python3", "-I", str(daemon(host)), "peer", "--from", "spark-2", "--cluster",
                                "--config", str(host / "watchdog.json")], capture_output=True, text=True, env=environment, timeout=60, check=False)
 
     stopped = peer(f"stop {RANK_UNIT}")
@@ -346,11 +348,12 @@ def test_past_the_budget_it_gives_up_writes_the_evidence_and_is_handed_back_by_c
     assert [line for line in sample(host) if line.get("unit") == UNIT][0]["verdict"] == "handed_back"
 
 
-def test_the_daemon_runs_on_the_os_python_alone():
-    source = (ROOT / "roles" / "watchdog" / "files" / "sparkfleet_watchdog.py").read_text()
-    library = (ROOT / "plugins" / "module_utils" / "_watchdog.py").read_text()
-    assert "ansible" not in source.replace("sparkfleet.vllm", "") and "import ansible" not in library and "from ansible" not in library
-    assert sys.version_info >= (3, 10)
+def test_the_daemon_imports_the_standard_library_and_the_host_runtime_alone():
+    tree = ast.parse((ROOT / DAEMON_SOURCE).read_text(encoding="utf-8"))
+    collection = [node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module.startswith("ansible")]
+    assert collection and {module.rsplit(".", 1)[1] for module in collection} <= set(RUNTIME_MODULES)
+    assert all(module.startswith("ansible_collections.sparkfleet.vllm.plugins.module_utils.") for module in collection)
+    assert not [alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names if alias.name.startswith("ansible")]
 
 
 def as_gateway(host, backends=("spark-1", "spark-2")):
@@ -449,7 +452,7 @@ def test_an_operators_drain_stays_when_the_unit_serves_again(host):
 
 def test_a_backend_drains_at_a_remote_gateway_through_its_peer_command_and_only_its_own_units(host, tmp_path_factory):
     gateway_host = tmp_path_factory.mktemp("gateway-host")
-    shutil.copytree(host / "opt", gateway_host / "opt")
+    install_runtime(gateway_host, [{"path": DAEMON, "source": DAEMON_SOURCE}])
     (gateway_host / "plans").mkdir()
     settings = json.loads((host / "watchdog.json").read_text())
     (gateway_host / "watchdog.json").write_text(json.dumps({**settings, "plan_dirs": [str(gateway_host / "plans")], "state_dir": str(gateway_host / "state"),
@@ -458,7 +461,7 @@ def test_a_backend_drains_at_a_remote_gateway_through_its_peer_command_and_only_
     settings = json.loads((host / "watchdog.json").read_text())
     (host / "watchdog.json").write_text(json.dumps({**settings, "node": "spark-2"}))
     routes_to(host, [{"name": "spark-1", "address": "10.0.0.1"}])
-    peer = ["/usr/bin/python3", str(gateway_host / "opt" / "sparkfleet_watchdog.py"), "peer", "--from", "spark-2", "--backend",
+    peer = ["/usr/bin/python3", "-I", str(daemon(gateway_host)), "peer", "--from", "spark-2", "--backend",
             "--config", str(gateway_host / "watchdog.json")]
     set_host(host, container="exited", active="inactive", sub="dead", ssh_replay=peer)
     decision = [line for line in samples(host, 3) if line.get("unit") == UNIT][-1]

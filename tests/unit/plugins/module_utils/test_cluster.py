@@ -107,7 +107,7 @@ def test_the_worker_runs_headless_on_the_host_network_and_the_head_serves():
     assert "Restart=no" in w["unit_file"] and "Restart=no" in h["unit_file"], "one rank alone never rejoins its group"
     wait = next(line for line in w["unit_file"].splitlines() if "cluster_fabric_wait.py" in line)
     assert shlex.split(wait[len("ExecStartPre="):]) == [
-        "/usr/bin/python3", "/usr/local/libexec/sparkfleet/cluster_fabric_wait.py", "--source", "spark-2",
+        "/usr/bin/python3", "-I", "/usr/local/libexec/sparkfleet/cluster_fabric_wait.py", "--source", "spark-2",
         "--interface", "enp1s0f0np0", "--mtu", "9000", "--peer=spark-1=192.168.100.11"]
     installed = [helper["path"] for helper in worker["helpers"]]
     assert "/usr/local/libexec/sparkfleet/cluster_fabric_wait.py" in installed, "the node installs the wait its unit runs"

@@ -154,7 +154,7 @@ def test_a_cluster_peer_that_is_also_a_backend_gets_one_line_per_role_set(addres
     assert access["key_ids"] == sorted(expected)
     for entry in access["authorized_keys"]:
         sources, flags = expected[entry["key_id"]]
-        assert entry["line"] == (f'restrict,from="{sources}",command="/usr/bin/python3 /opt/sparkfleet/watchdog/sparkfleet_watchdog.py peer '
+        assert entry["line"] == (f'restrict,from="{sources}",command="/usr/bin/python3 -I /usr/local/libexec/sparkfleet/sparkfleet_watchdog.py peer '
                                  f'--from spark-2{flags}" {USER}2 sparkfleet-watchdog@{entry["key_id"]}')
     cluster_sources = {expected[key][0] for key in expected if "cluster" in key}
     assert cluster_sources == {"10.0.0.2"}, "cluster steps only from the cluster's link"

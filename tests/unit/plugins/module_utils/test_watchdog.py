@@ -317,14 +317,18 @@ def test_each_decision_is_one_json_line():
     assert parsed["sparkfleet_watchdog"] == 1 and parsed["verdict"] == "down" and parsed["unit"] == PLAN["unit"]
 
 
-def test_the_plan_lays_out_the_daemon_its_libraries_config_and_unit():
+def test_the_plan_lays_out_the_daemon_beside_the_host_runtime_its_config_and_unit():
     plan = watchdog_plan(SETTINGS_DEFAULT, ["/etc/sparkfleet/vllm", "/etc/sparkfleet/cluster"], ["/etc/sparkfleet/vllm", None], "spark-1", "")
     assert plan["errors"] == []
-    assert [h["path"].rsplit("/", 1)[1] for h in plan["helpers"]] == ["sparkfleet_watchdog.py", "_watchdog.py", "_diagnose.py", "_gateway_routes.py"]
+    assert plan["daemon"] == {"path": "/usr/local/libexec/sparkfleet/sparkfleet_watchdog.py", "mode": "0644",
+                              "source": "roles/watchdog/files/sparkfleet_watchdog.py"}
+    assert plan["retired"] == "/opt/sparkfleet/watchdog" and plan["retired"] in plan["removed"]
+    assert "/usr/local/libexec/sparkfleet" not in plan["removed"], "the runtime stays for the serving units"
     config = json.loads(plan["config"]["content"])
     assert config["interval"] == 30 and config["plan_dirs"] == ["/etc/sparkfleet/vllm", "/etc/sparkfleet/cluster"]
     assert (config["node"], config["gateway_config_dir"]) == ("spark-1", "")
-    assert "Restart=always" in plan["unit"]["content"] and "ExecStart=/usr/bin/python3 /opt/sparkfleet/watchdog/" in plan["unit"]["content"]
+    assert "Restart=always" in plan["unit"]["content"]
+    assert "ExecStart=/usr/bin/python3 -I /usr/local/libexec/sparkfleet/sparkfleet_watchdog.py run" in plan["unit"]["content"]
     assert person_needed_path("/var/lib/sparkfleet/watchdog", "u.service") == "/var/lib/sparkfleet/watchdog/u.service.person-needed.json"
 
 
@@ -451,7 +455,7 @@ def test_each_peer_may_run_only_the_peer_command_from_its_own_address_and_only_i
     access = peer_access("spark-1", reports())
     assert access["errors"] == [] and access["peers"] == ["spark-2", "spark-3"]
     assert access["authorized_keys"][0] == {"peer": "spark-2", "key_id": "spark-2:cluster", "line": (
-        'restrict,from="10.0.0.2",command="/usr/bin/python3 /opt/sparkfleet/watchdog/sparkfleet_watchdog.py peer --from spark-2 --cluster" '
+        'restrict,from="10.0.0.2",command="/usr/bin/python3 -I /usr/local/libexec/sparkfleet/sparkfleet_watchdog.py peer --from spark-2 --cluster" '
         f"ssh-ed25519 {'A' * 67}1 sparkfleet-watchdog@spark-2:cluster")}
     assert access["key_ids"] == ["spark-2:cluster", "spark-3:cluster"]
     assert access["known_hosts"] == f"10.0.0.2 ssh-ed25519 {'B' * 67}1\n10.0.0.3 ssh-ed25519 {'B' * 67}2\n"
@@ -480,9 +484,9 @@ def test_a_gateways_backends_may_drain_their_own_units_there_from_their_own_addr
     lines = {entry["key_id"]: entry["line"] for entry in gateway["authorized_keys"]}
     assert sorted(lines) == ["spark-2:backend", "spark-2:backend+cluster", "spark-3:backend", "spark-3:backend+cluster"]
     assert lines["spark-3:backend+cluster"].startswith(
-        'restrict,from="10.0.0.3",command="/usr/bin/python3 /opt/sparkfleet/watchdog/sparkfleet_watchdog.py peer --from spark-3 --backend --cluster" ')
+        'restrict,from="10.0.0.3",command="/usr/bin/python3 -I /usr/local/libexec/sparkfleet/sparkfleet_watchdog.py peer --from spark-3 --backend --cluster" ')
     assert lines["spark-3:backend"].startswith(
-        'restrict,from="192.168.1.3",command="/usr/bin/python3 /opt/sparkfleet/watchdog/sparkfleet_watchdog.py peer --from spark-3 --backend" ')
+        'restrict,from="192.168.1.3",command="/usr/bin/python3 -I /usr/local/libexec/sparkfleet/sparkfleet_watchdog.py peer --from spark-3 --backend" ')
     assert gateway["gateways"] == [{"name": "spark-1", "address": "local"}], "its own units drain without SSH"
     backend = peer_access("spark-3", found)
     assert backend["gateways"] == [{"name": "spark-1", "address": "192.168.1.1"}], "the gateway's address on the network it reaches spark-3 on"

@@ -6,16 +6,16 @@ import importlib
 import json
 import os
 import pathlib
-import shutil
 import subprocess
 import sys
 import threading
 
 import pytest
+from runtime_layout import install_runtime
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._gateway import backend_reports, gateway_plan
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._gateway_routes import ROUTE_LOCK, drained_file
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._watchdog import HELPERS
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._watchdog import DAEMON, DAEMON_SOURCE
 
 ROOT = pathlib.Path(__file__).resolve().parents[4]
 MODULE = ROOT / "plugins" / "modules" / "gateway_route.py"
@@ -58,20 +58,19 @@ def record(config_dir):
 @pytest.fixture
 def daemon(tmp_path_factory, gateway):
     """The watchdog daemon as the role installs it, on the gateway's host, systemctl stood in for."""
-    folder = tmp_path_factory.mktemp("opt")
-    for _name, source in HELPERS:
-        shutil.copy(ROOT / source, folder)
+    host = tmp_path_factory.mktemp("host")
+    folder = install_runtime(host, [{"path": DAEMON, "source": DAEMON_SOURCE}])
     sys.path.insert(0, str(folder))
     try:
         module = importlib.import_module("sparkfleet_watchdog")
         calls = []
         module.run_command = lambda argv, timeout: calls.append(argv) or (0, "", "")
-        settings = {"gateway_config_dir": str(gateway), "state_dir": str(folder / "state"), "route_budget": 3, "route_budget_window": 3600}
+        settings = {"gateway_config_dir": str(gateway), "state_dir": str(host / "state"), "route_budget": 3, "route_budget_window": 3600}
         yield module, settings, calls
     finally:
-        sys.path.remove(str(folder))
-        for name in ("sparkfleet_watchdog", "_watchdog", "_gateway_routes", "_diagnose"):
-            sys.modules.pop(name, None)
+        # The daemon puts its folder first on the path as well.
+        sys.path[:] = [entry for entry in sys.path if entry != str(folder)]
+        sys.modules.pop("sparkfleet_watchdog", None)
 
 
 def test_a_hooks_undrain_leaves_the_operators_drain_and_says_so(gateway):
