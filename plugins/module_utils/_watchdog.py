@@ -45,7 +45,7 @@ PROGRESS_COUNTERS = ("vllm:generation_tokens_total", "vllm:prompt_tokens_total",
 SLEEP_GAUGE = "vllm:engine_sleep_state"
 GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting", SLEEP_GAUGE)
 FAILING = ("down", "wedged", "unanswered")
-# An idle engine alternates between them (a probe moves the counters the next sample reads): one state for the journal.
+# One state for the journal: a busy engine moves its counters, an idle one answers its probe.
 SERVING = ("progress", "answers")
 # A unit and a container name as the collection writes them: they reach systemctl, docker and file names.
 PLAN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@:-]{0,250}")
@@ -519,8 +519,9 @@ def assess(plan: t.Mapping[str, t.Any], memory: dict[str, t.Any], seen: t.Mappin
 
     ``seen``: ``person_needed`` (the give-up file exists), ``flag_age`` (seconds, or None without a
     flag), ``container`` (docker's state, ``missing``, or ``unknown`` when docker did not answer), ``active_state``/``sub_state`` (systemd's),
-    ``job_pending`` (systemd has a start or stop queued), ``metrics`` (parse_metrics, or None) and
-    ``probe`` (None when not sent, else {outcome: ok|timeout|error|refused, seconds, detail}).
+    ``job_pending`` (systemd has a start or stop queued), ``metrics`` (parse_metrics, or None),
+    ``probe`` (None when not sent, else {outcome: ok|timeout|error|refused, seconds, detail}) and ``after_probe`` (the
+    metrics read again after an answered probe, or None).
     The action is one of none, start, restart, give_up."""
     decision: dict[str, t.Any] = {"unit": plan["unit"], "container": seen.get("container"), "action": "none"}
     if seen.get("person_needed"):
@@ -546,7 +547,9 @@ def assess(plan: t.Mapping[str, t.Any], memory: dict[str, t.Any], seen: t.Mappin
     no_series = "/metrics did not answer" if seen.get("metrics") is None else "/metrics carries no vLLM series (--disable-log-stats)"
     answered = (probe or {}).get("outcome") == "ok" or (metrics is not None and counters_moved(memory["counters"], metrics))
     if metrics is not None:
-        memory["counters"] = {name: metrics[name] for name in PROGRESS_COUNTERS if name in metrics}
+        # The probe's own tokens are no progress of the next sample: an idle engine that froze meanwhile would pass it.
+        baseline = seen.get("after_probe") or metrics
+        memory["counters"] = {name: baseline[name] for name in PROGRESS_COUNTERS if name in baseline}
     if answered and plan.get("config_hash") and plan["config_hash"] not in memory["warm_hashes"]:
         memory["warm_hashes"] = [*memory["warm_hashes"], plan["config_hash"]][-8:]
     starting = seen.get("active_state") == "activating" or seen.get("job_pending")
@@ -619,6 +622,14 @@ def failing(plan: t.Mapping[str, t.Any], memory: dict[str, t.Any], seen: t.Mappi
     return {**decision, "action": action,
             "why": f"{why}; {'every rank restarted' if plan.get('cluster') else action + 'ed'} ({len(recent) + 1} of {settings['budget']} "
                    f"in {settings['budget_window']} s), judged again after a {kind} grace of {seconds} s"}
+
+
+def next_sample_in(memories: t.Mapping[str, t.Any], settings: t.Mapping[str, t.Any]) -> int:
+    """Seconds from the start of one sample to the next: the interval, or the probe timeout while a unit has failing
+    samples short of an action, so a wedge is confirmed in ``failures`` x ``probe_timeout`` rather than ``failures`` x
+    ``interval`` (a frozen engine serves again sooner) while a serving fleet is sampled at the interval."""
+    suspect = any(isinstance(memory, dict) and 0 < memory.get("failures", 0) < settings["failures"] for memory in memories.values())
+    return min(settings["interval"], settings["probe_timeout"]) if suspect else settings["interval"]
 
 
 def worth_a_line(decision: t.Mapping[str, t.Any], previous: str | None) -> bool:

@@ -69,6 +69,7 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._watchdog import (
     journal_line,
     needs_probe,
     new_memory,
+    next_sample_in,
     other_probe_kind,
     parse_metrics,
     peer_request,
@@ -522,6 +523,8 @@ def watch(plan, settings, memories, now):
     }
     if container == "running" and not seen["person_needed"] and not is_worker(plan) and needs_probe(memory, metrics):
         seen["probe"] = probe(plan, settings, memory)
+        if seen["probe"]["outcome"] == "ok" and metrics:
+            seen["after_probe"] = read_metrics(plan, min(10, settings["probe_timeout"]))
     decision = assess(plan, memory, seen, settings, now)
     # Kept before acting: an action that raises must not leave the unit's budget and give-up unrecorded.
     memories[plan["unit"]] = memory
@@ -552,7 +555,8 @@ def run(arguments):
     state = state if isinstance(state, dict) and isinstance(state.get("units", {}), dict) else {}
     plans, skipped, refused = watched_plans(settings["plan_dirs"], settings["peer_dir"])
     print(json.dumps({"sparkfleet_watchdog": 1, "time": round(time.time(), 1), "verdict": "started", "action": "none",
-                      "why": f"watching {', '.join(p['unit'] for p in plans) or 'no unit yet'} every {settings['interval']} s"
+                      "why": f"watching {', '.join(p['unit'] for p in plans) or 'no unit yet'} every {settings['interval']} s "
+                             f"(every {min(settings['interval'], settings['probe_timeout'])} s while one has failing samples)"
                              + (f"; not watched: the cluster ranks {', '.join(p['unit'] for p in skipped)} (no SSH access to their peers: "
                                 f"the watchdog role sets it up with every node of the cluster in the play)" if skipped else "")
                              + (f"; not plans it can act on: {' | '.join(refused)}" if refused else "")},
@@ -562,7 +566,7 @@ def run(arguments):
         sample(settings, state, time.time())
         if arguments.once:
             return 0
-        time.sleep(max(0.0, settings["interval"] - (time.monotonic() - started)))
+        time.sleep(max(0.0, next_sample_in(state["units"], settings) - (time.monotonic() - started)))
 
 
 def clear(arguments):

@@ -23,6 +23,7 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._watchdog import (
     journal_line,
     needs_probe,
     new_memory,
+    next_sample_in,
     other_probe_kind,
     parse_metrics,
     peer_access,
@@ -193,6 +194,26 @@ def test_counters_frozen_and_the_probe_timing_out_while_the_container_runs_is_a_
     assert [d["verdict"] for d in decisions[1:]] == ["wedged"] * 3
     assert decisions[-1]["action"] == "restart" and "no answer in 15 s while the container runs" in decisions[-1]["why"]
     assert decisions[-1]["kill_first"], "a frozen engine is killed, not given docker stop's grace"
+
+
+def test_the_probes_own_tokens_are_no_progress_of_the_next_sample():
+    memory = new_memory()
+    answered = {**seen(metrics=metrics(120.0), probe=OK), "after_probe": metrics(124.0)}
+    assert samples(memory, [answered])[0]["verdict"] == "answers"
+    assert needs_probe(memory, metrics(124.0)), "an engine that froze after answering its probe is probed, not taken for busy"
+    assert not needs_probe(memory, metrics(125.0)), "a token beyond the probe's own is progress"
+    frozen = seen(metrics=metrics(124.0), probe=TIMEOUT)
+    assert [d["verdict"] for d in samples(memory, [frozen] * 3)] == ["wedged"] * 3
+
+
+def test_a_failing_unit_is_sampled_again_after_the_probe_timeout_until_it_is_acted_on():
+    settings = {**SETTINGS_DEFAULT, "interval": 30, "probe_timeout": 15, "failures": 3}
+    healthy, failing_once, acted_on = new_memory(), {**new_memory(), "failures": 1}, {**new_memory(), "failures": 0}
+    assert next_sample_in({"a": healthy, "b": acted_on}, settings) == 30
+    assert next_sample_in({"a": healthy, "b": failing_once}, settings) == 15
+    assert next_sample_in({"b": {**failing_once, "failures": 2}}, settings) == 15
+    assert next_sample_in({"b": failing_once}, {**settings, "interval": 5}) == 5, "never slower than the interval"
+    assert next_sample_in({}, settings) == 30
 
 
 def test_moving_counters_are_progress_without_a_probe():

@@ -1,0 +1,148 @@
+"""A frozen engine on the built-in lab, at the watchdog role's defaults: seconds from the freeze to the watchdog's first
+failing sample, to its restart and to the instance serving again (issue 38's goal: serving again within 120 s); then a
+saturating load on the same instance, and how many restarts the watchdog made under it (the goal: none).
+
+The lab must be up and converged (scripts/lab) with the inventory's watchdog settings, which are the role's defaults. Run:
+  bash -c 'source scripts/lib/common.sh; ensure_all; ensure_serving_lab; python3 benchmarks/frozen_engine.py'
+The engine is frozen with SIGSTOP: its engine core where vLLM runs one (VLLM::EngineCore), else the server's own process
+(the lab runs the CPU engine inside the server, VLLM_ENABLE_V1_MULTIPROCESSING=0, so /metrics stops answering too and
+each sample waits for it as well as for the probe). Each restart spends one of the watchdog's budget (3 in 6 hours at the
+defaults), so at most two runs. Every process it starts is stopped by its id; it prints a Markdown table.
+"""
+
+import argparse
+import json
+import shlex
+import subprocess
+import time
+
+HOST = "sparkfleet-lab-gx10-1"
+UNIT = "sparkfleet-vllm-tiny.service"
+CONTAINER = "vllm-tiny"
+PORT = 8001
+ENV_FILE = "/etc/sparkfleet/vllm/tiny.env"
+# Longer than the watchdog's interval x (failures + 1) plus a cold start of the CPU engine beside a busy machine.
+SERVE_TIMEOUT = 600
+LOAD_CLIENTS = 4
+
+
+def on_host(command, timeout=60):
+    result = subprocess.run(["docker", "exec", HOST, "sh", "-c", command], capture_output=True, text=True, timeout=timeout, check=False)
+    return result.returncode, result.stdout
+
+
+def api_key():
+    _rc, text = on_host(f"cat {ENV_FILE}")
+    keys = [line.partition("=")[2] for line in text.splitlines() if line.startswith("VLLM_API_KEY=")]
+    if not keys:
+        raise SystemExit(f"{HOST} has no key in {ENV_FILE}: bring the lab up with scripts/lab first")
+    return keys[0]
+
+
+def completion(key, tokens, timeout):
+    body = json.dumps({"model": "tiny", "prompt": "one two three", "max_tokens": tokens})
+    return (f"curl -s -m {timeout} -o /dev/null -w '%{{http_code}}' http://127.0.0.1:{PORT}/v1/completions "
+            f"-H 'Content-Type: application/json' -H {shlex.quote('Authorization: Bearer ' + key)} -d {shlex.quote(body)}")
+
+
+def serves(key):
+    return on_host(completion(key, 2, 10), timeout=30)[1].strip() == "200"
+
+
+def decisions(since):
+    """The watchdog's journal lines about the unit since ``since`` (the lab hosts share this machine's clock)."""
+    _rc, text = on_host(f"journalctl -u sparkfleet-watchdog.service -o cat --no-pager --since @{int(since) - 1}")
+    found = []
+    for line in text.splitlines():
+        try:
+            decision = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(decision, dict) and decision.get("unit") == UNIT and decision.get("time", 0) >= since:
+            found.append(decision)
+    return found
+
+
+def engine_pid():
+    """(pid on the lab host, what it is): the engine core's process, or the server's own where the engine runs in it."""
+    _rc, text = on_host(f"docker top {CONTAINER} -eo pid,args")
+    rows = [line.split(None, 1) for line in text.splitlines()[1:] if line.strip()]
+    for wanted, what in (("VLLM::EngineCore", "engine core"), ("vllm serve", "server with its engine")):
+        found = [int(pid) for pid, args in rows if wanted in args]
+        if found:
+            return found[0], what
+    raise SystemExit(f"no vLLM process in {CONTAINER} on {HOST}: is the lab serving?")
+
+
+def wait_for(check, timeout, what):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = check()
+        if found:
+            return found
+        time.sleep(1)
+    raise SystemExit(f"gave up after {timeout} s waiting for {what}")
+
+
+def settled(key, since):
+    """Serving, and the watchdog's latest word on the unit says so: the next fault starts from a watched, serving unit."""
+    latest = decisions(since)
+    return serves(key) and latest and latest[-1]["verdict"] in ("answers", "progress")
+
+
+def frozen_run(key):
+    pid, what = engine_pid()
+    frozen = time.time()
+    rc, _out = on_host(f"kill -STOP {pid}")
+    if rc != 0:
+        raise SystemExit(f"could not freeze {what} {pid}")
+    try:
+        restart = wait_for(lambda: [d for d in decisions(frozen) if d["action"] != "none"], SERVE_TIMEOUT, "the watchdog's restart")[0]
+    finally:
+        on_host(f"kill -CONT {pid} 2>/dev/null")
+    first = next(d for d in decisions(frozen) if "failing sample" in d.get("why", ""))
+    wait_for(lambda: serves(key), SERVE_TIMEOUT, "the instance to serve again")
+    serving = time.time() - frozen
+    wait_for(lambda: settled(key, restart["time"]), SERVE_TIMEOUT, "the watchdog to see it serve")
+    return {"what": what, "first": first["time"] - frozen, "action": restart["time"] - frozen, "serving": serving,
+            "verdict": f"{restart['verdict']}, {restart['action']}"}
+
+
+def load_run(key, seconds):
+    """LOAD_CLIENTS clients asking for long completions back to back for ``seconds``; the watchdog's decisions meanwhile."""
+    loop = f"end=$(($(date +%s)+{seconds})); while [ $(date +%s) -lt $end ]; do {completion(key, 256, 120)} >/dev/null; done"
+    started = time.time()
+    clients = [subprocess.Popen(["docker", "exec", HOST, "sh", "-c", loop], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+               for _client in range(LOAD_CLIENTS)]
+    try:
+        for client in clients:
+            client.wait(timeout=seconds + 180)
+    finally:
+        for client in clients:
+            if client.poll() is None:
+                client.kill()
+                client.wait()
+    seen = decisions(started)
+    return {"restarts": sum(1 for d in seen if d["action"] != "none"), "verdicts": sorted({d["verdict"] for d in seen}) or ["(no change)"]}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=1, choices=(1, 2), help="frozen-engine runs (default 1; each spends one restart of the budget)")
+    parser.add_argument("--load-seconds", type=int, default=150, help="seconds of saturating load (default 150: five samples at the defaults)")
+    arguments = parser.parse_args()
+    key = api_key()
+    wait_for(lambda: settled(key, 0), SERVE_TIMEOUT, "the lab's instance to serve, watched")
+    runs = [frozen_run(key) for _run in range(arguments.runs)]
+    load = load_run(key, arguments.load_seconds)
+    print("| run | frozen | first failing sample s | watchdog's action s | serving again s | verdict, action |")
+    print("|---:|---|---:|---:|---:|---|")
+    for number, run in enumerate(runs, 1):
+        print(f"| {number} | {run['what']} | {run['first']:.1f} | {run['action']:.1f} | {run['serving']:.1f} | {run['verdict']} |")
+    print(f"\ngoal: serving again within 120 s of the freeze: {'met' if all(run['serving'] <= 120 for run in runs) else 'missed'}")
+    print(f"saturating load ({LOAD_CLIENTS} clients, {arguments.load_seconds} s): {load['restarts']} restarts (goal: none); "
+          f"the watchdog's verdicts: {', '.join(load['verdicts'])}")
+
+
+if __name__ == "__main__":
+    main()
