@@ -26,7 +26,7 @@ import time
 import typing as t
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._files import FileProblem, read_file, sync_files, write_atomically
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_runtime import PAUSED_LEDGER, REFUSALS_DIR, clear_refusal, clear_starts, running
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_runtime import PAUSED_LEDGER, REFUSALS_DIR, clear_refusal, clear_starts, refusal, running
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_runtime import pause as host_pause
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_runtime import release as host_release
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._launch_checks import memory_probe_argv, paused_containers_problems
@@ -34,7 +34,7 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._settings import p
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._systemd import parse_show_states, show_states_args
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_client import cold_start, read_endpoint
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_gate import Endpoint, gate
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_health import is_warm, mark_warm, parse_env_file
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_health import POLL_INTERVAL, is_warm, mark_warm, parse_env_file
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_instance import PLAN_SCHEMA_VERSION, unjudged_mark
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_plan import STAMP_PATH, drift_reasons, is_share
 
@@ -52,6 +52,9 @@ HIDDEN = "(the env file holds the API key; its content is not shown)\n"
 STEPS = ("prepare", "stop", "start", "restore", "keep", "last_good", "hold", "remove", "relaunch", "roll_back", "raise_flag",
          "clear_flag", "pause", "resume")
 GATEWAY = "gateway"
+# The longest a worker rank's door may take before its container runs: the fabric wait (120 s), the memory probe's own
+# bound (130 s), the listed containers stopped (30 s each), then docker creating the container of an image it holds.
+DOOR_TIMEOUT = 600
 
 Runner = t.Callable[[list[str]], tuple[int, str, str]]
 
@@ -226,9 +229,9 @@ def stop(plan: t.Mapping[str, t.Any], check_mode: bool, run: Runner) -> dict[str
 
 def start(plan: t.Mapping[str, t.Any], check_mode: bool, run: Runner, refusals_dir: str = REFUSALS_DIR) -> dict[str, t.Any]:
     """Clear the start limit and the host runtime's count of starts (a deliberate relaunch is a person acting, not a crash
-    loop) and the last start's refusal,
-    and start the unit without waiting: the gate waits. An instance's or a rank's unit admits its own start (the host
-    runtime drops the page cache, stops the GPU holders the plan names and checks the memory, at every start)."""
+    loop) and the last start's refusal, and start the unit without waiting for it to serve: the gate waits. An instance's
+    or a rank's unit admits its own start (the host runtime drops the page cache, stops the GPU holders the plan names and
+    checks the memory, at every start); a worker rank's start returns once its door passed (door_passed)."""
     if check_mode:
         return {"changed": True}
     clear_refusal(plan["container"], refusals_dir)
@@ -238,7 +241,32 @@ def start(plan: t.Mapping[str, t.Any], check_mode: bool, run: Runner, refusals_d
     if rc != 0 and "not loaded" not in err + out:
         raise UnitError(f"systemctl reset-failed {plan['unit']} exited {rc}: {err.strip() or out.strip()}")
     checked(run, ["systemctl", "start", "--no-block", plan["unit"]])
+    if (plan.get("cluster") or {}).get("head") is False:
+        door_passed(plan, run, refusals_dir)
     return {"changed": True}
+
+
+def door_passed(plan: t.Mapping[str, t.Any], run: Runner, refusals_dir: str = REFUSALS_DIR, timeout: float = DOOR_TIMEOUT,
+                clock: t.Callable[[], float] = time.monotonic, sleep: t.Callable[[float], None] = time.sleep) -> None:
+    """Return once a worker rank's unit passed its door (its container started: the stop step removed the one before, and
+    how it serves is the head's gate's to judge); UnitError with the admission's refusal, the unit failing before its
+    container started, or no verdict within ``timeout``. A worker has no readiness wait of its own: without this the head's
+    gate waits its whole timeout for a rank that never started, and never says why."""
+    deadline = clock() + timeout
+    where = f"rank {plan['cluster'].get('rank')} of cluster {plan['name']} ({plan['unit']})"
+    while True:
+        refused = refusal(plan["container"], folder=refusals_dir)
+        if refused:
+            raise UnitError(f"{where}: {refused}")
+        container = container_state(run, plan["container"])
+        if container and started_at((container.get("State") or {}).get("StartedAt")) is not None:
+            return
+        if unit_state(run, plan["unit"])["ActiveState"] == "failed":
+            raise UnitError(f"{where} failed before its container started: `journalctl -u {plan['unit']}` on the node says why")
+        if clock() >= deadline:
+            raise UnitError(f"{where}: its container did not start within {int(timeout)} s of the start (the fabric wait and the "
+                            f"admission come first): `journalctl -u {plan['unit']}` on the node says where it stands")
+        sleep(POLL_INTERVAL)
 
 
 def restore(plan: t.Mapping[str, t.Any], check_mode: bool, run: Runner) -> dict[str, t.Any]:
