@@ -51,7 +51,7 @@ def serves(key):
 
 def decisions(since):
     """The watchdog's journal lines about the unit since ``since`` (the lab hosts share this machine's clock)."""
-    _rc, text = on_host(f"journalctl -u sparkfleet-watchdog.service -o cat --no-pager --since @{int(since) - 1}")
+    _rc, text = on_host(f"journalctl -u sparkfleet-watchdog.service -o cat --no-pager --since @{max(int(since) - 1, 1)}")
     found = []
     for line in text.splitlines():
         try:
@@ -87,7 +87,8 @@ def wait_for(check, timeout, what):
 def settled(key, since):
     """Serving, and the watchdog's latest word on the unit says so: the next fault starts from a watched, serving unit."""
     latest = decisions(since)
-    return serves(key) and latest and latest[-1]["verdict"] in ("answers", "progress")
+    # "serving": the line of the undrain at the gateway that follows a restart's serving verdict.
+    return serves(key) and latest and latest[-1]["verdict"] in ("answers", "progress", "serving")
 
 
 def frozen_run(key):
