@@ -7,14 +7,21 @@ The lab must be up and converged (scripts/lab) with the inventory's watchdog set
 The engine is frozen with SIGSTOP: its engine core where vLLM runs one (VLLM::EngineCore), else the server's own process
 (the lab runs the CPU engine inside the server, VLLM_ENABLE_V1_MULTIPROCESSING=0, so /metrics stops answering too and
 each sample waits for it as well as for the probe). Each restart spends one of the watchdog's budget (3 in 6 hours at the
-defaults), so at most two runs. Every process it starts is stopped by its id; it prints a Markdown table.
+defaults) and a start of the unit's bound on starts (3, the converging relaunch among them), so at most two runs on a
+freshly converged lab. Every process it starts is stopped by its id; it prints a Markdown table.
 """
 
 import argparse
 import json
+import pathlib
 import shlex
 import subprocess
+import sys
 import time
+
+# The lab scenarios' reading of the watchdog's journal and their wait.
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "molecule" / "shared"))
+from watchdog_journal import journal_decisions, wait_for  # noqa: E402
 
 HOST = "sparkfleet-lab-gx10-1"
 UNIT = "sparkfleet-vllm-tiny.service"
@@ -26,8 +33,18 @@ SERVE_TIMEOUT = 600
 LOAD_CLIENTS = 4
 
 
+class LabHost:
+    """The lab host as the scenarios' helpers read it: ``run(command).stdout``."""
+
+    def run(self, command, timeout=60):
+        return subprocess.run(["docker", "exec", HOST, "sh", "-c", command], capture_output=True, text=True, timeout=timeout, check=False)
+
+
+LAB = LabHost()
+
+
 def on_host(command, timeout=60):
-    result = subprocess.run(["docker", "exec", HOST, "sh", "-c", command], capture_output=True, text=True, timeout=timeout, check=False)
+    result = LAB.run(command, timeout)
     return result.returncode, result.stdout
 
 
@@ -51,16 +68,7 @@ def serves(key):
 
 def decisions(since):
     """The watchdog's journal lines about the unit since ``since`` (the lab hosts share this machine's clock)."""
-    _rc, text = on_host(f"journalctl -u sparkfleet-watchdog.service -o cat --no-pager --since @{max(int(since) - 1, 1)}")
-    found = []
-    for line in text.splitlines():
-        try:
-            decision = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(decision, dict) and decision.get("unit") == UNIT and decision.get("time", 0) >= since:
-            found.append(decision)
-    return found
+    return [decision for decision in journal_decisions(LAB, UNIT, since) if decision.get("unit") == UNIT]
 
 
 def engine_pid():
@@ -72,16 +80,6 @@ def engine_pid():
         if found:
             return found[0], what
     raise SystemExit(f"no vLLM process in {CONTAINER} on {HOST}: is the lab serving?")
-
-
-def wait_for(check, timeout, what):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = check()
-        if found:
-            return found
-        time.sleep(1)
-    raise SystemExit(f"gave up after {timeout} s waiting for {what}")
 
 
 def settled(key, since):
@@ -128,8 +126,16 @@ def load_run(key, seconds):
 
 
 def main():
+    try:
+        measure()
+    except AssertionError as error:
+        raise SystemExit(str(error)) from None
+
+
+def measure():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=1, choices=(1, 2), help="frozen-engine runs (default 1; each spends one restart of the budget)")
+    parser.add_argument("--runs", type=int, default=1, choices=(1, 2),
+                        help="frozen-engine runs (default 1; each spends a start of the unit's bound, 3 with the relaunch that converged the lab)")
     parser.add_argument("--load-seconds", type=int, default=150, help="seconds of saturating load (default 150: five samples at the defaults)")
     arguments = parser.parse_args()
     key = api_key()
