@@ -20,6 +20,7 @@ import os
 import time
 import typing as t
 
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_state import StateUnanswered, show_units
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._systemd import unit_name_problems
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_client import http, instance_endpoint
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_gate import Endpoint, gate
@@ -133,19 +134,20 @@ def serves_api(plan: t.Mapping[str, t.Any]) -> bool:
     return not plan.get("cluster") or bool(plan["cluster"].get("head"))
 
 
-def parse_unit_times(units: t.Sequence[str], out: str) -> dict[str, dict[str, t.Any]]:
-    """``systemctl show`` of UNIT_TIMES for each unit, in the order asked."""
-    blocks = out.strip("\n").split("\n\n") if out.strip() else []
-    if len(blocks) != len(units):
-        raise ValueError(f"systemctl show answered {len(blocks)} blocks for {len(units)} units")
+def unit_times(run_command: RunCommand, units: t.Sequence[str]) -> dict[str, dict[str, t.Any]]:
+    """Each unit's state, restarts and the monotonic times it left inactive and became active (None: never since boot)."""
+    if not units:
+        return {}
+    try:
+        shown = show_units(run_command, units, UNIT_TIMES)
+    except StateUnanswered as error:
+        raise ValueError(str(error)) from error
     found = {}
-    for unit, block in zip(units, blocks, strict=True):
-        values = dict(line.split("=", 1) for line in block.splitlines() if "=" in line)
-        numbers = {name: int(values[name]) if values.get(name, "").isdigit() else None
+    for unit, values in shown.items():
+        numbers = {name: int(values[name]) if values[name].isdigit() else None
                    for name in ("NRestarts", "InactiveExitTimestampMonotonic", "ActiveEnterTimestampMonotonic")}
-        found[unit] = {"load_state": values.get("LoadState", ""), "active_state": values.get("ActiveState", ""),
-                       "n_restarts": numbers["NRestarts"], "began": numbers["InactiveExitTimestampMonotonic"],
-                       "active_since": numbers["ActiveEnterTimestampMonotonic"]}
+        found[unit] = {"load_state": values["LoadState"], "active_state": values["ActiveState"], "n_restarts": numbers["NRestarts"],
+                       "began": numbers["InactiveExitTimestampMonotonic"], "active_since": numbers["ActiveEnterTimestampMonotonic"]}
     return found
 
 
@@ -160,15 +162,6 @@ def settled_unit_times(host: Host, units: t.Sequence[str], deadline: float) -> d
         if host.wall() >= deadline or not any(times[unit]["active_state"] in CHANGING for unit in units):
             return times
         host.pause(2)
-
-
-def unit_times(run_command: RunCommand, units: t.Sequence[str]) -> dict[str, dict[str, t.Any]]:
-    if not units:
-        return {}
-    rc, out, err = run_command(["systemctl", "show", *[f"--property={name}" for name in UNIT_TIMES], "--", *units])
-    if rc:
-        raise ValueError(f"systemctl show failed: {(err or out).strip()[:300]}")
-    return parse_unit_times(units, out)
 
 
 def row(name: str, passed: bool, detail: str) -> dict[str, t.Any]:

@@ -37,6 +37,7 @@ import urllib.parse
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._files import write_atomically
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_paths import PACKAGE, RUNTIME_DIR
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_state import StateUnanswered, inspect_container, show_units, started_at, state_of
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._launch_checks import (
     DEVICE_NODES,
     GIB,
@@ -50,13 +51,11 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._launch_checks imp
 )
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_health import (
     POLL_INTERVAL,
-    DockerUnanswered,
     Reply,
     capacity_check,
     container_snapshot,
     exception_reply,
     mark_warm,
-    missing_container,
     parse_env_file,
     start_timeout,
     wait_until_ready,
@@ -67,8 +66,8 @@ ENTRY = f"{RUNTIME_DIR}/sparkfleet_runtime.py"
 ENTRY_SOURCE = "roles/serving_host/files/sparkfleet_runtime.py"
 # What the host's programs import of the collection (this file, the watchdog's daemon, the ranks' fabric wait): a unit
 # test keeps the list closed under their imports.
-RUNTIME_MODULES = ("_diagnose", "_fabric", "_files", "_gateway_routes", "_host_paths", "_host_runtime", "_launch_checks",
-                   "_settings", "_vllm_health", "_vllm_instance", "_watchdog")
+RUNTIME_MODULES = ("_cluster_sequence", "_diagnose", "_fabric", "_files", "_gateway_routes", "_host_paths", "_host_runtime",
+                   "_host_state", "_launch_checks", "_settings", "_vllm_health", "_vllm_instance", "_watchdog")
 # Which unit stopped which container for its start: kept on disk, because a container stopped before a reboot is started
 # again only by the release of a unit that stopped it.
 PAUSED_LEDGER = "/var/lib/sparkfleet/paused-containers.json"
@@ -76,6 +75,9 @@ PAUSED_LEDGER = "/var/lib/sparkfleet/paused-containers.json"
 START_LEDGER_DIR = "/var/lib/sparkfleet/starts"
 # A refused start's reason, per container, for the readiness wait and the health gate; gone with a reboot.
 REFUSALS_DIR = "/run/sparkfleet/admission"
+# The longest a start's door may take before its container runs: a rank's fabric wait (120 s), the memory probe's own
+# bound (130 s), the listed containers stopped (30 s each), then docker creating the container of an image it holds.
+DOOR_TIMEOUT = 600
 DROP_CACHES = "/proc/sys/vm/drop_caches"
 # An image reference as the plan builder writes run_image: never an option to docker.
 IMAGE_REFERENCE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/:@-]{0,511}")
@@ -183,9 +185,11 @@ def ledger(path: str) -> t.Iterator[dict[str, list[str]]]:
 
 
 def running(name: str, run: Runner) -> bool:
-    """Whether a container runs under exactly that name (docker would also take a name for an ID's prefix)."""
-    rc, out, _err = run([DOCKER_CLIENT, "container", "inspect", "--format", "{{.State.Running}} {{.Name}}", name])
-    return rc == 0 and out.split() == ["true", f"/{name}"]
+    """Whether a container runs under exactly that name."""
+    try:
+        return state_of(inspect_container(run, name, DOCKER_CLIENT)).get("Running") is True
+    except StateUnanswered:
+        return False
 
 
 def pause(unit: str, names: t.Sequence[str], run: Runner, log: Log, ledger_path: str = PAUSED_LEDGER) -> tuple[list[str], list[str]]:
@@ -323,6 +327,39 @@ def refusal(container: str, invocation: str | None = None, folder: str = REFUSAL
     return "the start was refused: " + found["refused"]
 
 
+class DoorNotPassed(Exception):
+    """A unit's start did not get its container started; the message says why, or where to read why."""
+
+
+def await_door(plan: t.Mapping[str, t.Any], run: Runner, since: float, refusals_dir: str = REFUSALS_DIR, timeout: float = DOOR_TIMEOUT,
+               clock: t.Callable[[], float] = time.monotonic, sleep: t.Callable[[float], None] = time.sleep) -> None:
+    """Return once the start asked at ``since`` (seconds since the epoch) passed the unit's door: a container of the unit
+    started after it (how it serves then is the readiness wait's or the cluster head's gate's to judge). DoorNotPassed
+    with the admission's refusal, the unit failing before its container started, or no verdict within ``timeout``. A
+    cluster's worker rank has no readiness wait of its own: whoever starts the cluster's ranks (the cluster role, the
+    head's watchdog) waits here before the next ones, so a refusal is named at once, not by a gate's timeout."""
+    deadline = clock() + timeout
+    cluster = plan.get("cluster") or {}
+    where = f"rank {cluster.get('rank')} of cluster {plan['name']} ({plan['unit']})" if cluster else f"instance {plan['name']} ({plan['unit']})"
+    while True:
+        refused = refusal(plan["container"], folder=refusals_dir)
+        if refused:
+            raise DoorNotPassed(f"{where}: {refused}")
+        try:
+            started = started_at(state_of(inspect_container(run, plan["container"])).get("StartedAt"))
+            if started is not None and started >= since:
+                return
+            active = show_units(run, [plan["unit"]], ("ActiveState",))[plan["unit"]]["ActiveState"]
+        except StateUnanswered as error:
+            raise DoorNotPassed(f"{where}: {error}") from error
+        if active == "failed":
+            raise DoorNotPassed(f"{where} failed before its container started: `journalctl -u {plan['unit']}` on the node says why")
+        if clock() >= deadline:
+            raise DoorNotPassed(f"{where}: its container did not start within {int(timeout)} s of the start (the fabric wait and the "
+                                f"admission come first): `journalctl -u {plan['unit']}` on the node says where it stands")
+        sleep(POLL_INTERVAL)
+
+
 def run_command(argv: list[str]) -> tuple[int, str, str]:
     try:
         completed = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=600)
@@ -406,10 +443,7 @@ def http_get(url: str, api_key: str | None, timeout: float = 5) -> Reply:
 
 
 def inspect(container: str, run: Runner) -> dict[str, t.Any] | None:
-    rc, out, err = run([DOCKER_CLIENT, "inspect", container])
-    if rc != 0 and not missing_container(err):
-        raise DockerUnanswered(err.strip())
-    return container_snapshot(out) if rc == 0 else None
+    return container_snapshot(inspect_container(run, container, DOCKER_CLIENT))
 
 
 def ready(plan: t.Mapping[str, t.Any], run: Runner = run_command, log: Log = say, invocation: str | None = None,

@@ -19,22 +19,30 @@ content never reaches a diff or a result.
 
 from __future__ import annotations
 
-import calendar
 import json
 import os
 import time
 import typing as t
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._files import FileProblem, read_file, sync_files, write_atomically
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_runtime import PAUSED_LEDGER, REFUSALS_DIR, clear_refusal, clear_starts, refusal, running
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_runtime import (
+    PAUSED_LEDGER,
+    REFUSALS_DIR,
+    DoorNotPassed,
+    await_door,
+    clear_refusal,
+    clear_starts,
+    running,
+)
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_runtime import pause as host_pause
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_runtime import release as host_release
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_state import StateUnanswered, inspect_container, show_units, started_at
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._launch_checks import memory_probe_argv, paused_containers_problems
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._settings import path_problem
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._systemd import parse_show_states, show_states_args
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._systemd import UNIT_PROPERTIES
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_client import cold_start, read_endpoint
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_gate import Endpoint, gate
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_health import POLL_INTERVAL, is_warm, mark_warm, parse_env_file
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_health import is_warm, mark_warm, parse_env_file
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_instance import PLAN_SCHEMA_VERSION, unjudged_mark
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_plan import STAMP_PATH, drift_reasons, is_share
 
@@ -52,9 +60,6 @@ HIDDEN = "(the env file holds the API key; its content is not shown)\n"
 STEPS = ("prepare", "stop", "start", "restore", "keep", "last_good", "hold", "remove", "relaunch", "roll_back", "raise_flag",
          "clear_flag", "pause", "resume")
 GATEWAY = "gateway"
-# The longest a worker rank's door may take before its container runs: the fabric wait (120 s), the memory probe's own
-# bound (130 s), the listed containers stopped (30 s each), then docker creating the container of an image it holds.
-DOOR_TIMEOUT = 600
 
 Runner = t.Callable[[list[str]], tuple[int, str, str]]
 
@@ -125,28 +130,18 @@ def unit_file(kind: str, path: str, mode: str, content: bytes) -> dict[str, t.An
 def unit_state(run: Runner, unit: str) -> dict[str, str]:
     """The unit's LoadState, ActiveState and UnitFileState as systemd reports them (not-found, inactive
     and empty for a unit it does not know)."""
-    rc, out, err = run(["systemctl", *show_states_args([unit])])
-    if rc != 0:
-        raise UnitError(f"systemctl show {unit} exited {rc}: {err.strip() or out.strip()}; is systemd running on the host?")
     try:
-        states = parse_show_states([unit], out)[unit]
-    except ValueError as error:
-        raise UnitError(f"{error}; is systemd running on the host?") from error
-    return dict(states)
+        return show_units(run, [unit], UNIT_PROPERTIES)[unit]
+    except StateUnanswered as error:
+        raise UnitError(str(error)) from error
 
 
 def container_state(run: Runner, container: str) -> dict[str, t.Any] | None:
     """Docker's inspect data of the container, None when there is no such container."""
-    rc, out, err = run(["docker", "container", "inspect", container])
-    if rc != 0:
-        if "no such container" in (err + out).lower():
-            return None
-        raise UnitError(f"docker container inspect {container} exited {rc}: {err.strip() or out.strip()}; is Docker running on the host?")
     try:
-        found = json.loads(out)
-    except ValueError as error:
-        raise UnitError(f"docker container inspect {container} did not answer JSON ({error})") from error
-    return found[0] if isinstance(found, list) and found and isinstance(found[0], dict) else None
+        return inspect_container(run, container)
+    except StateUnanswered as error:
+        raise UnitError(str(error)) from error
 
 
 def prepare(plan: t.Mapping[str, t.Any], env_text: str, check_mode: bool, run: Runner) -> dict[str, t.Any]:
@@ -192,17 +187,6 @@ def routing_drift(plan: t.Mapping[str, t.Any], container: t.Mapping[str, t.Any] 
     return [f"its routing ({routing}) changed after its container started"] if written is not None and written > started else []
 
 
-def started_at(text: t.Any) -> float | None:
-    """Docker's StartedAt (RFC 3339 with nanoseconds, UTC) in seconds since the epoch; None when unreadable."""
-    if not isinstance(text, str) or not text.endswith("Z") or text.startswith("0001-"):
-        return None
-    whole, _dot, fraction = text[:-1].partition(".")
-    try:
-        return calendar.timegm(time.strptime(whole, "%Y-%m-%dT%H:%M:%S")) + (float(f"0.{fraction}") if fraction.isdigit() else 0.0)
-    except ValueError:
-        return None
-
-
 def enable(unit: str, run: Runner) -> None:
     """Enable the unit so it starts at boot (a no-op for one already enabled)."""
     rc, out, err = run(["systemctl", "enable", "--", unit])
@@ -231,7 +215,8 @@ def start(plan: t.Mapping[str, t.Any], check_mode: bool, run: Runner, refusals_d
     """Clear the start limit and the host runtime's count of starts (a deliberate relaunch is a person acting, not a crash
     loop) and the last start's refusal, and start the unit without waiting for it to serve: the gate waits. An instance's
     or a rank's unit admits its own start (the host runtime drops the page cache, stops the GPU holders the plan names and
-    checks the memory, at every start); a worker rank's start returns once its door passed (door_passed)."""
+    checks the memory, at every start); a cluster rank's start returns once its door passed (the host runtime's
+    await_door), as the head's watchdog's restart of the cluster does, so the ranks after a refused one are not started."""
     if check_mode:
         return {"changed": True}
     clear_refusal(plan["container"], refusals_dir)
@@ -240,33 +225,14 @@ def start(plan: t.Mapping[str, t.Any], check_mode: bool, run: Runner, refusals_d
     rc, out, err = run(["systemctl", "reset-failed", plan["unit"]])
     if rc != 0 and "not loaded" not in err + out:
         raise UnitError(f"systemctl reset-failed {plan['unit']} exited {rc}: {err.strip() or out.strip()}")
+    asked = time.time()
     checked(run, ["systemctl", "start", "--no-block", plan["unit"]])
-    if (plan.get("cluster") or {}).get("head") is False:
-        door_passed(plan, run, refusals_dir)
+    if plan.get("cluster"):
+        try:
+            await_door(plan, run, asked, refusals_dir)
+        except DoorNotPassed as error:
+            raise UnitError(str(error)) from error
     return {"changed": True}
-
-
-def door_passed(plan: t.Mapping[str, t.Any], run: Runner, refusals_dir: str = REFUSALS_DIR, timeout: float = DOOR_TIMEOUT,
-                clock: t.Callable[[], float] = time.monotonic, sleep: t.Callable[[float], None] = time.sleep) -> None:
-    """Return once a worker rank's unit passed its door (its container started: the stop step removed the one before, and
-    how it serves is the head's gate's to judge); UnitError with the admission's refusal, the unit failing before its
-    container started, or no verdict within ``timeout``. A worker has no readiness wait of its own: without this the head's
-    gate waits its whole timeout for a rank that never started, and never says why."""
-    deadline = clock() + timeout
-    where = f"rank {plan['cluster'].get('rank')} of cluster {plan['name']} ({plan['unit']})"
-    while True:
-        refused = refusal(plan["container"], folder=refusals_dir)
-        if refused:
-            raise UnitError(f"{where}: {refused}")
-        container = container_state(run, plan["container"])
-        if container and started_at((container.get("State") or {}).get("StartedAt")) is not None:
-            return
-        if unit_state(run, plan["unit"])["ActiveState"] == "failed":
-            raise UnitError(f"{where} failed before its container started: `journalctl -u {plan['unit']}` on the node says why")
-        if clock() >= deadline:
-            raise UnitError(f"{where}: its container did not start within {int(timeout)} s of the start (the fabric wait and the "
-                            f"admission come first): `journalctl -u {plan['unit']}` on the node says where it stands")
-        sleep(POLL_INTERVAL)
 
 
 def restore(plan: t.Mapping[str, t.Any], check_mode: bool, run: Runner) -> dict[str, t.Any]:

@@ -30,6 +30,7 @@ import time
 import typing as t
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._files import write_atomically
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_state import StateUnanswered, inspect_container, show_units, state_of
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._model_catalog import Range
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_bench import (
     BENCH_RANGES,
@@ -208,39 +209,31 @@ def instance_unit(config_dir: str, name: str) -> str:
 
 # --- the state before and after -------------------------------------------------------------------------------
 
-def parse_show(text: str) -> dict[str, str]:
-    """``systemctl show`` output, property -> value."""
-    return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
-
-
 def unit_state(run_command: RunCommand, systemctl: str, unit: str) -> dict[str, t.Any]:
     """Load and active state, NRestarts (systemd's automatic restarts) and the invocation id (new at every start)."""
-    rc, out, err = run_command([systemctl, "show", "--property=LoadState,ActiveState,NRestarts,InvocationID", "--", unit])
-    if rc:
-        return {"unit": unit, "error": (err or out).strip() or f"systemctl show exited {rc}"}
-    shown = parse_show(out)
-    restarts = shown.get("NRestarts", "")
-    return {"unit": unit, "load_state": shown.get("LoadState"), "active_state": shown.get("ActiveState"),
-            "n_restarts": int(restarts) if restarts.isdigit() else None, "invocation": shown.get("InvocationID") or None}
-
-
-def parse_inspect(name: str, text: str) -> dict[str, t.Any]:
-    """Id, StartedAt, RestartCount and Running of one container from ``docker inspect``."""
     try:
-        found = json.loads(text)
-        data = found[0]
-        state = data["State"]
-        return {"container": name, "id": data["Id"], "started_at": state.get("StartedAt"), "restart_count": data.get("RestartCount"),
-                "running": state.get("Running") is True}
-    except (ValueError, LookupError, TypeError, AttributeError):
-        return {"container": name, "missing": True, "error": f"docker inspect answered no container record: {text[:200]!r}"}
+        shown = show_units(run_command, [unit], ("LoadState", "ActiveState", "NRestarts", "InvocationID"), systemctl)[unit]
+    except StateUnanswered as error:
+        return {"unit": unit, "error": str(error)}
+    restarts = shown["NRestarts"]
+    return {"unit": unit, "load_state": shown["LoadState"], "active_state": shown["ActiveState"],
+            "n_restarts": int(restarts) if restarts.isdigit() else None, "invocation": shown["InvocationID"] or None}
+
+
+def container_summary(name: str, record: t.Mapping[str, t.Any] | None) -> dict[str, t.Any]:
+    """Id, StartedAt, RestartCount and Running of one container's record."""
+    state = state_of(record)
+    if not record or not isinstance(record.get("Id"), str) or not state:
+        return {"container": name, "missing": True, "error": f"No such container: {name}" if record is None else "docker answered no container record"}
+    return {"container": name, "id": record["Id"], "started_at": state.get("StartedAt"), "restart_count": record.get("RestartCount"),
+            "running": state.get("Running") is True}
 
 
 def container_state(run_command: RunCommand, docker: str, name: str) -> dict[str, t.Any]:
-    rc, out, err = run_command([docker, "inspect", "--type", "container", name])
-    if rc:
-        return {"container": name, "missing": True, "error": (err or out).strip()[:300]}
-    return parse_inspect(name, out)
+    try:
+        return container_summary(name, inspect_container(run_command, name, docker))
+    except StateUnanswered as error:
+        return {"container": name, "missing": True, "error": str(error)}
 
 
 def host_state(run_command: RunCommand, systemctl: str, docker: str, units: t.Sequence[str], containers: t.Sequence[str]) -> dict[str, t.Any]:
@@ -313,8 +306,10 @@ def earlyoom_kills(lines: t.Sequence[str]) -> list[str]:
 
 
 def unit_known(run_command: RunCommand, systemctl: str, unit: str) -> bool:
-    rc, out, _err = run_command([systemctl, "show", "--property=LoadState", "--value", "--", unit])
-    return rc == 0 and out.strip() not in ("", "not-found")
+    try:
+        return show_units(run_command, [unit], ("LoadState",), systemctl)[unit]["LoadState"] not in ("", "not-found")
+    except StateUnanswered:
+        return False
 
 
 def journal_counts(job: Job, host: Host, since: float) -> tuple[dict[str, t.Any], list[str]]:

@@ -19,6 +19,7 @@ import json
 import os
 import typing as t
 
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_state import StateUnanswered, inspect_container, state_of
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._model_catalog import Range
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_client import (
     discover_model,
@@ -435,9 +436,11 @@ def pick_runner(runner: str, container: str | None, docker: str | None, vllm: st
     if runner != "auto":
         return runner
     if docker and container:
-        rc, out, _err = run_command([docker, "inspect", "--format", "{{.State.Running}}", container])
-        if rc == 0 and out.strip() == "true":
-            return "exec"
+        try:
+            if state_of(inspect_container(run_command, container, docker)).get("Running") is True:
+                return "exec"
+        except StateUnanswered:
+            pass
     return "local" if vllm else "container"
 
 

@@ -14,14 +14,13 @@ import json
 import typing as t
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_runtime import refusal
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_state import inspect_container
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_client import answered, http
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_health import (
     POLL_INTERVAL,
-    DockerUnanswered,
     capacity_check,
     container_snapshot,
     error_lines,
-    missing_container,
     start_timeout,
     wait_until_ready,
 )
@@ -67,10 +66,7 @@ def gate(endpoint: Endpoint, run: Runner | None, interval: float = POLL_INTERVAL
     watched = endpoint.container if run is not None else None
 
     def inspect() -> dict[str, t.Any] | None:
-        rc, out, err = run(["docker", "inspect", watched])
-        if rc != 0 and not missing_container(err):
-            raise DockerUnanswered(err.strip())
-        return container_snapshot(out) if rc == 0 else None
+        return container_snapshot(inspect_container(run, watched))
 
     result = wait_until_ready(lambda: http("GET", base + "/v1/models", endpoint.api_key, timeout=5),
                               inspect if watched else None, endpoint.served_names, endpoint.timeout, interval,

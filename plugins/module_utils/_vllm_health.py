@@ -23,6 +23,7 @@ import typing as t
 import urllib.error
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._files import write_atomically
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_state import StateUnanswered
 
 # Seconds between the polls of the gate and of the units' readiness wait, alike: a served endpoint is passed within one
 # interval and one poll of its first good answer (benchmarks/gate_latency.py: 0.97 s median at 2 s, 0.31 s at 0.5 s, against
@@ -87,16 +88,8 @@ def models_verdict(reply: Reply, expected_names: t.Sequence[str]) -> tuple[str, 
     return READY, "ready", served
 
 
-def container_snapshot(inspect_output: str) -> dict[str, t.Any] | None:
-    """The fields the gate watches, from ``docker inspect`` JSON (a list or one object)."""
-    try:
-        data = json.loads(inspect_output)
-    except ValueError:
-        return None
-    if isinstance(data, list):
-        if not data:
-            return None
-        data = data[0]
+def container_snapshot(data: t.Mapping[str, t.Any] | None) -> dict[str, t.Any] | None:
+    """The fields the gate watches, from a container's record (_host_state.inspect_container); None for no container."""
     if not isinstance(data, dict) or not isinstance(data.get("State") or {}, dict):
         return None
     state = data.get("State") or {}
@@ -229,15 +222,6 @@ def restartable(current: t.Mapping[str, t.Any] | None) -> bool:
     return current is None or not (current.get("oom_killed") or current.get("start_error"))
 
 
-class DockerUnanswered(Exception):
-    """docker inspect failed for another reason than a missing container: this poll says nothing of the container."""
-
-
-def missing_container(stderr: str) -> bool:
-    """Whether docker inspect's error says the container does not exist (not that docker did not answer)."""
-    return "No such object" in stderr or "No such container" in stderr
-
-
 def wait_until_ready(
     fetch_models: t.Callable[[], Reply],
     inspect: t.Callable[[], dict[str, t.Any] | None] | None,
@@ -256,7 +240,7 @@ def wait_until_ready(
     cold start may get past once). A cold start passes ``restarts_allowed`` 1: the first
     exit of the container is waited past for ``restart_window`` seconds, in which its unit starts
     a new one (the old one, still there, is no failure meanwhile), and the new start gets its own
-    ``timeout``, as each start of the unit does at boot. ``inspect`` raises DockerUnanswered for a
+    ``timeout``, as each start of the unit does at boot. ``inspect`` raises StateUnanswered for a
     poll that cannot see the container. ``refusal`` says why the unit's admission refused the start (it ends the wait
     at once: no container comes)."""
     started = clock()
@@ -265,7 +249,7 @@ def wait_until_ready(
     def look() -> tuple[bool, dict[str, t.Any] | None]:
         try:
             return True, inspect() if inspect else None
-        except DockerUnanswered:
+        except StateUnanswered:
             return False, None
 
     seen, baseline = look()

@@ -27,6 +27,7 @@ import re
 import typing as t
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._cluster import NETWORK_ENV, ray_start_args, serve_cluster_args
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._cluster_sequence import start_wave
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._hardware_classes import resolve_class
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_runtime import ENTRY as RUNTIME_ENTRY
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_runtime import REFUSED, RUNTIME_DIR, START_LEDGER_DIR
@@ -836,7 +837,7 @@ def instance_plan(instance: t.Mapping[str, t.Any], start_after: list[str], optio
     plan["cluster"] = None if not cluster else {
         "rank": cluster["rank"], "head": cluster["rank"] == 0, "nnodes": cluster["nnodes"], "backend": cluster["backend"],
         "master_addr": cluster["master_addr"], "master_port": cluster["master_port"], "host_ip": cluster["host_ip"],
-        "nodes": list(cluster.get("nodes") or []),
+        "nodes": list(cluster.get("nodes") or []), "start_wave": start_wave(cluster["backend"], cluster["rank"]),
     }
     plan["unit_file"] = unit_file(plan, options)
     return plan, env_text

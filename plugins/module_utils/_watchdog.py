@@ -140,14 +140,6 @@ def is_worker(plan: t.Mapping[str, t.Any]) -> bool:
     return isinstance(plan.get("cluster"), dict) and not plan["cluster"].get("head")
 
 
-def cluster_order(plan: t.Mapping[str, t.Any]) -> tuple[list[dict[str, t.Any]], list[dict[str, t.Any]]]:
-    """(stop order, start order) of every rank of the plan's cluster: all stopped, then started as the cluster role
-    starts them (native: the workers, then the head they wait for; Ray: the head, which the workers join)."""
-    nodes = sorted(plan["cluster"]["nodes"], key=lambda node: node["rank"])
-    head, workers = [node for node in nodes if node["rank"] == 0], [node for node in nodes if node["rank"] > 0]
-    return nodes, (workers + head if plan["cluster"].get("backend") == "native" else head + workers)
-
-
 def peer_request(text: t.Any, plans: t.Sequence[t.Mapping[str, t.Any]], requester: str = "", may: t.Collection[str] = ("cluster",)
                  ) -> tuple[str, t.Any]:
     """The verb and its object of a peer's request (SSH's original command), as the key's forced command lets the

@@ -49,7 +49,8 @@ units:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._systemd import parse_show_states, show_states_args, unit_name_problems
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_state import StateUnanswered, show_units
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._systemd import UNIT_PROPERTIES, unit_name_problems
 
 
 def main():
@@ -63,12 +64,9 @@ def main():
     systemctl = module.get_bin_path("systemctl")
     if systemctl is None:
         module.fail_json(msg="systemctl is not installed on the host (not on its PATH); these units need systemd")
-    rc, out, err = module.run_command([systemctl, *show_states_args(units)])
-    if rc != 0:
-        module.fail_json(msg=f"systemctl show exited {rc}: {err.strip() or out.strip()}; is systemd running on the host?")
     try:
-        states = parse_show_states(units, out)
-    except ValueError as error:
+        states = show_units(module.run_command, units, UNIT_PROPERTIES, systemctl)
+    except StateUnanswered as error:
         module.fail_json(msg=str(error))
     module.exit_json(changed=False, units=states)
 

@@ -31,6 +31,7 @@ import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._cluster_sequence import restart as cluster_restart  # noqa: E402
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._diagnose import CONFIG_DIRS, collect_host_bundle, run_command  # noqa: E402
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._files import write_atomically  # noqa: E402
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._gateway_routes import (  # noqa: E402
@@ -45,6 +46,8 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._gateway_routes im
     watchdog_route,
 )
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._gateway_routes import UNIT as GATEWAY_UNIT  # noqa: E402
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_runtime import DOOR_TIMEOUT, DoorNotPassed, await_door, clear_refusal  # noqa: E402
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_state import StateUnanswered, inspect_container, show_units, state_of  # noqa: E402
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_health import parse_env_file  # noqa: E402
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._watchdog import (  # noqa: E402
     CONFIG_PATH,
@@ -61,7 +64,6 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._watchdog import (
     STATE_DIR,
     WatchdogError,
     assess,
-    cluster_order,
     deployed_ranks,
     drained_names,
     head_address,
@@ -87,6 +89,8 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._watchdog import (
 COMMAND_TIMEOUT = 30
 # Stopping a rank waits for its container to stop (the unit's own stop timeout is 90 s by default).
 STOP_TIMEOUT = 150
+# Starting a rank waits until its door passed (the host runtime's await_door): its systemctl calls, then the door's bound.
+START_TIMEOUT = 2 * COMMAND_TIMEOUT + DOOR_TIMEOUT
 # A gateway's restart after a drain: the old LiteLLM stops (30 s), the new one starts.
 GATEWAY_RESTART_TIMEOUT = 120
 # No proxy from the service's environment: a probe carries the instance's key, and every URL is the host's own.
@@ -143,21 +147,22 @@ def api_key(plan):
     return parse_env_file(text or "").get("VLLM_API_KEY", "")
 
 
-def container_state(container):
-    """Docker's state of the container; missing only when docker says there is none, unknown when it did not answer."""
-    rc, out, err = run_command(["docker", "inspect", "--type", "container", "--format", "{{json .State.Status}}", container], COMMAND_TIMEOUT)
-    if rc != 0:
-        return "missing" if rc == 1 and "no such" in (err + out).lower() else "unknown"
+def container_status(container):
+    """Docker's status of the container; missing only when docker says there is none, unknown when it did not answer."""
     try:
-        return json.loads(out)
-    except ValueError:
+        record = inspect_container(read_host, container)
+    except StateUnanswered:
         return "unknown"
+    return "missing" if record is None else state_of(record).get("Status") or "unknown"
 
 
 def unit_state(unit):
-    _rc, out, _err = run_command(["systemctl", "show", "--property=ActiveState,SubState,Job", "--", unit], COMMAND_TIMEOUT)
-    values = dict(line.partition("=")[::2] for line in out.splitlines() if "=" in line)
-    return values.get("ActiveState", "unknown"), values.get("SubState", "unknown"), values.get("Job", "") not in ("", "0")
+    """(ActiveState, SubState, whether a job is queued); unknown when systemd did not answer."""
+    try:
+        values = show_units(read_host, [unit], ("ActiveState", "SubState", "Job"))[unit]
+    except StateUnanswered:
+        return "unknown", "unknown", False
+    return values["ActiveState"] or "unknown", values["SubState"] or "unknown", values["Job"] not in ("", "0")
 
 
 def call(url, timeout, key=None, body=None):
@@ -264,7 +269,8 @@ def coordinate(plan, settings):
 
 def ask_head(plan, settings):
     """A worker's failure: the head drains the cluster and restarts every rank (its reply lists what it did)."""
-    rc, out = peer_call(head_address(plan), f"restart {plan['unit']}", settings["peer_dir"], 2 * STOP_TIMEOUT + GATEWAY_RESTART_TIMEOUT + 60)
+    every_rank = len(plan["cluster"]["nodes"]) * (STOP_TIMEOUT + START_TIMEOUT + 60)
+    rc, out = peer_call(head_address(plan), f"restart {plan['unit']}", settings["peer_dir"], every_rank + GATEWAY_RESTART_TIMEOUT + 60)
     try:
         reply = json.loads(out)
         return {"ranks": reply["ranks"], "gateway": reply.get("gateway") or []}
@@ -273,27 +279,49 @@ def ask_head(plan, settings):
 
 
 def restart_cluster(plan, peer_dir):
-    """Every rank stopped, then started in the cluster's order, this node's through systemctl and the others' through
-    their watchdog's peer command. This node's flag keeps its own watchdog quiet meanwhile; each peer raises its own."""
-    stops, starts = cluster_order(plan)
-    own, flag, steps = plan["cluster"]["host_ip"], plan.get("maintenance_flag"), []
+    """Every rank stopped, then started in the cluster's waves (the cluster role's order), this node's through systemctl
+    and the others' through their watchdog's peer command, each start done once its door passed. This node's flag keeps
+    its own watchdog quiet meanwhile; each peer raises its own."""
+    own, flag = plan["cluster"]["host_ip"], plan.get("maintenance_flag")
+
+    def step(verb, node):
+        if node["address"] == own:
+            return rank_step(verb, plan)
+        rc, out = peer_call(node["address"], f"{verb} {plan['unit']}", peer_dir, STOP_TIMEOUT + 30 if verb == "stop" else START_TIMEOUT + 30)
+        try:
+            reply = json.loads(out) if rc else {}
+        except ValueError:
+            reply = {}
+        return rc, str(reply.get("why", ""))[:300] if isinstance(reply, dict) else ""
+
     raise_flag(flag, plan["unit"])
     try:
-        for verb, nodes in (("stop", stops), ("start", starts)):
-            for node in nodes:
-                rc = rank_step(verb, plan) if node["address"] == own else peer_call(node["address"], f"{verb} {plan['unit']}", peer_dir)[0]
-                steps.append({"rank": node["rank"], "address": node["address"], "step": verb, "result": rc})
+        return cluster_restart(plan["cluster"]["nodes"], plan["cluster"]["backend"], step)
     finally:
         lower_flag(flag, plan["unit"])
-    return steps
 
 
 def rank_step(verb, plan):
+    """(0 when done, why not): the rank's unit stopped, or started and its door passed (the host runtime's await_door)."""
     unit = plan["unit"]
     if verb == "stop":
-        return run_command(["systemctl", "stop", "--", unit], STOP_TIMEOUT)[0]
+        return run_command(["systemctl", "stop", "--", unit], STOP_TIMEOUT)[0], ""
+    clear_refusal(plan["container"])
     run_command(["systemctl", "reset-failed", "--", unit], COMMAND_TIMEOUT)
-    return run_command(["systemctl", "start", "--no-block", "--", unit], COMMAND_TIMEOUT)[0]
+    asked = time.time()
+    rc, out, err = run_command(["systemctl", "start", "--no-block", "--", unit], COMMAND_TIMEOUT)
+    if rc != 0:
+        return rc, f"systemctl start {unit} exited {rc}: {(err.strip() or out.strip())[:300]}"
+    try:
+        await_door(plan, read_host, asked)
+    except DoorNotPassed as error:
+        return 1, str(error)
+    return 0, ""
+
+
+def read_host(argv):
+    """systemctl and docker as the host runtime's readers ask them, within the daemon's bound on a command."""
+    return run_command(argv, COMMAND_TIMEOUT)
 
 
 def peer_call(address, command, peer_dir, timeout=STOP_TIMEOUT + 30):
@@ -462,10 +490,10 @@ def peer(arguments):
     flag = plan.get("maintenance_flag")
     if verb == "stop":
         raise_flag(flag, plan["unit"])
-    rc = rank_step(verb, plan)
+    rc, why = rank_step(verb, plan)
     if verb == "start":
         lower_flag(flag, plan["unit"])
-    print(json.dumps({"unit": plan["unit"], "step": verb, "result": rc}, sort_keys=True), flush=True)
+    print(json.dumps({"unit": plan["unit"], "step": verb, "result": rc, **({"why": why} if why else {})}, sort_keys=True), flush=True)
     return 0 if rc == 0 else 1
 
 
@@ -512,7 +540,7 @@ def sample(settings, state, now):
 def watch(plan, settings, memories, now):
     """One sample of one unit: read it, judge it, act, write the decision when it says something new."""
     memory = {**new_memory(), **memories.get(plan["unit"], {})}
-    container = container_state(plan["container"])
+    container = container_status(plan["container"])
     active, sub, pending = unit_state(plan["unit"])
     # A worker rank serves no API: its container and unit are all there is to read.
     metrics = read_metrics(plan, min(10, settings["probe_timeout"])) if container not in DOWN_STATES and not is_worker(plan) else None

@@ -32,11 +32,12 @@ state = json.loads((here / "host.json").read_text())
 tool, args = pathlib.Path(sys.argv[0]).name, sys.argv[1:]
 with open(here / "calls.log", "a") as log:
     log.write(" ".join([tool, *args]) + "\\n")
-if tool == "docker" and args[0] == "inspect":
+if tool == "docker" and args[:2] == ["container", "inspect"]:
     if state["container"] == "missing":
-        sys.stderr.write("Error: No such object: " + args[-1] + "\\n")
+        sys.stderr.write("Error response from daemon: No such container: " + args[-1] + "\\n")
         sys.exit(1)
-    print(json.dumps(state["container"]))
+    started = "0001-01-01T00:00:00Z" if state["container"] == "created" else state.get("started", "2026-12-06T09:00:00Z")
+    print(json.dumps([{"Name": "/" + args[-1], "State": {"Status": state["container"], "StartedAt": started}}]))
 elif tool == "docker" and args[0] == "kill":
     state.update(container="exited")
     (here / "host.json").write_text(json.dumps(state))
@@ -45,7 +46,10 @@ elif tool == "systemctl" and args[0] == "show":
 elif tool == "systemctl" and args[-1] == "sparkfleet-gateway.service":
     pass
 elif tool == "systemctl" and args[0] in ("start", "restart"):
-    state.update(container="running", active="activating", sub="start-post")
+    import time
+    # Docker stamps the new container's start in nanoseconds: after the start was asked.
+    state.update(container="running", active="activating", sub="start-post",
+                 started=time.strftime("%Y-%m-%dT%H:%M:%S.999999999Z", time.gmtime()))
     (here / "host.json").write_text(json.dumps(state))
 elif tool == "systemctl" and args[0] == "stop":
     state.update(container="exited", active="inactive", sub="dead")
@@ -56,6 +60,10 @@ elif tool == "ssh" and state.get("ssh_replay"):
     # The other host's forced command, run for real on its own files: what sshd would run there.
     import os, subprocess
     sys.exit(subprocess.run(state["ssh_replay"], env={**os.environ, "SSH_ORIGINAL_COMMAND": args[-1]}, check=False).returncode)
+elif tool == "ssh" and state.get("peer_refuses_start") and args[-1].startswith("start "):
+    # The peer's watchdog answers as its rank_step does when the door refused the start.
+    print(json.dumps({"unit": args[-1].split()[1], "step": "start", "result": 1, "why": state["peer_refuses_start"]}))
+    sys.exit(1)
 elif tool == "ssh":
     pass
 else:
@@ -232,6 +240,19 @@ def test_a_cluster_rank_down_restarts_every_rank_stopped_first_then_the_workers_
     assert [(step["rank"], step["step"], step["result"]) for step in decisions[-1]["ranks"]] == [
         (0, "stop", 0), (1, "stop", 0), (1, "start", 0), (0, "start", 0)]
     assert not (host / "run" / "vllm-maintenance").exists(), "the restart's own flag is lowered once every rank is started"
+
+
+def test_a_worker_whose_door_refused_its_start_leaves_the_head_stopped_and_the_reason_in_the_journal(host):
+    """The head's restart runs the cluster role's waves: the worker (native: the first wave) refused, so the head is not
+    started to wait for a rank that never comes."""
+    as_cluster_head(host)
+    refused = "rank 1 of cluster tp2 (sparkfleet-cluster-tp2.service): the start was refused: pid 27079 (sleep) holds /dev/nvidia9"
+    set_host(host, container="exited", active="failed", sub="failed", peer_refuses_start=refused)
+    decision = [line for line in samples(host, 3) if line.get("unit") == RANK_UNIT][-1]
+    assert decision["action"] == "restart_cluster"
+    assert actions(host) == [f"systemctl stop -- {RANK_UNIT}", ssh_to(host, "stop"), ssh_to(host, "start")], "the head is not started"
+    assert decision["ranks"][2:] == [{"rank": 1, "address": "10.0.0.2", "step": "start", "result": 1, "why": refused},
+                                     {"step": "start", "skipped": "rank 1 did not start, so rank 0 was not started"}]
 
 
 def test_a_cluster_rank_is_not_watched_without_ssh_access_to_its_peers(host):

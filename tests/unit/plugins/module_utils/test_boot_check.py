@@ -192,7 +192,7 @@ def test_a_damaged_plan_file_fails_the_serving_check_naming_what_is_wrong(tmp_pa
 
 def test_systemd_answering_fewer_blocks_than_units_is_an_error_not_a_guess():
     with pytest.raises(ValueError, match="1 blocks for 2 units"):
-        _boot_check.parse_unit_times(["a", "b"], show_block(1, 2))
+        _boot_check.unit_times(lambda argv: (0, show_block(1, 2), ""), ["a", "b"])
 
 
 def test_swap_failed_units_and_oom_kills_since_the_boot():

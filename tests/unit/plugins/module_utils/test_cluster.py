@@ -19,6 +19,7 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._cluster import (
     nccl_verdict,
     stale_ranks,
 )
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._cluster_sequence import restart
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._fabric import parse_ibdev2netdev
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._settings import bounds_table
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_plan import build_plan
@@ -114,7 +115,7 @@ def test_the_worker_runs_headless_on_the_host_network_and_the_head_serves():
     assert w["cluster"] == {"rank": 1, "head": False, "nnodes": 2, "backend": "native", "master_addr": "192.168.100.11",
                             "master_port": 29501, "host_ip": "192.168.100.12",
                             "nodes": [{"name": "spark-1", "rank": 0, "address": "192.168.100.11"},
-                                      {"name": "spark-2", "rank": 1, "address": "192.168.100.12"}]}
+                                      {"name": "spark-2", "rank": 1, "address": "192.168.100.12"}], "start_wave": 0}
     env = worker["env_files"]["qwen"]
     assert "VLLM_HOST_IP=192.168.100.12\n" in env and "VLLM_CPU_OMP_THREADS_BIND=1\n" in env and f"VLLM_API_KEY={KEY}\n" in env
     assert h["config_hash"] != w["config_hash"]
@@ -557,3 +558,15 @@ def test_the_nccl_probe_runs_the_pulled_image_without_network_and_reads_what_it_
     assert argv[:8] == ["/usr/bin/docker", "run", "--rm", "--pull", "never", "--network", "none", "--entrypoint"] and argv[9] == "r/vllm@sha256:ab"
     completed = subprocess.run([sys.executable, "-c", argv[-1]], capture_output=True, text=True, env={"NCCL_VERSION": "2.30.4-1"}, check=True)
     assert json.loads(completed.stdout)["system"] == "2.30.4-1"
+
+
+@pytest.mark.parametrize("backend", ["native", "ray"])
+def test_each_ranks_plan_carries_the_wave_the_heads_watchdog_restarts_it_in(backend):
+    cluster = declaration(nodes=("spark-1", "spark-2", "spark-3"), backend=backend)
+    nodes = planned(cluster)["nodes"]
+    plans = {host: node_plan(cluster, node)["instances"][0] for host, node in nodes.items()}
+    recorded = []
+    restart(plans["spark-1"]["cluster"]["nodes"], backend, lambda verb, node: recorded.append((verb, node["name"])) or (0, ""))
+    started = [host for verb, host in recorded if verb == "start"]
+    assert sorted(started, key=lambda host: plans[host]["cluster"]["start_wave"]) == started, "the role's waves are the watchdog's order"
+    assert {plans[host]["cluster"]["start_wave"] for host in ("spark-2", "spark-3")} == {int(backend == "ray")}

@@ -105,7 +105,7 @@ class Host:
         if argv[1:3] == ["container", "inspect"]:
             if name not in self.running:
                 return 1, "", f"Error: No such container: {name}"
-            return 0, f"{str(self.running[name]).lower()} /{name}\n", ""
+            return 0, json.dumps([{"Name": f"/{name}", "State": {"Running": self.running[name]}}]), ""
         if name in self.stuck:
             return 1, "", f"Error response from daemon: cannot {argv[1]} container {name}"
         self.running[name] = argv[1] == "start"

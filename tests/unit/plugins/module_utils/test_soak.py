@@ -21,10 +21,11 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._soak import (
     Host,
     Job,
     bounded,
+    container_state,
+    container_summary,
     earlyoom_kills,
     kernel_findings,
     markdown_report,
-    parse_inspect,
     report_problems,
     restart_changes,
     round_counts,
@@ -97,13 +98,11 @@ class Machine:
     def run_command(self, argv, environ_update=None):
         self.commands.append(list(argv))
         name = os.path.basename(argv[0])
-        if name == "systemctl" and "--value" in argv:
-            return 0, ("loaded" if argv[-1] in self.units else "not-found") + "\n", ""
         if name == "systemctl":
             loaded = argv[-1] in self.units
             return 0, (f"LoadState={'loaded' if loaded else 'not-found'}\nActiveState={'active' if loaded else 'inactive'}\n"
                        f"NRestarts={self.restarts if loaded else 0}\nInvocationID={self.invocation if loaded else ''}\n"), ""
-        if name == "docker" and argv[1] == "inspect":
+        if name == "docker" and argv[1:3] == ["container", "inspect"]:
             return 0, json.dumps(self.inspect), ""
         if name == "journalctl":
             if self.journal_rc:
@@ -471,9 +470,10 @@ def test_the_states_are_read_from_systemctl_and_docker_inspect():
     machine = Machine()
     assert unit_state(machine.run_command, "/usr/bin/systemctl", "sparkfleet-vllm-llm.service") == {
         "unit": "sparkfleet-vllm-llm.service", "load_state": "loaded", "active_state": "active", "n_restarts": 0, "invocation": "1" * 32}
-    assert parse_inspect("vllm-llm", json.dumps(INSPECT)) == {
+    assert container_state(machine.run_command, "/usr/bin/docker", "vllm-llm") == {
         "container": "vllm-llm", "id": "a" * 64, "started_at": "2026-12-01T10:00:00Z", "restart_count": 0, "running": True}
-    assert parse_inspect("vllm-llm", "[]")["missing"] is True
+    assert container_summary("vllm-llm", None)["missing"] is True
+    assert container_summary("vllm-llm", {"Name": "/vllm-llm", "State": "running"})["missing"] is True
 
 
 # --- the gate: every reason ---------------------------------------------------------------------------------------

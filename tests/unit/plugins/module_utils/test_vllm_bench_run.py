@@ -72,8 +72,8 @@ ROOT, VLLM = {root!r}, {vllm!r}
 args = sys.argv[1:]
 with open(os.path.join(ROOT, "docker-calls.jsonl"), "a", encoding="utf-8") as log:
     log.write(repr(args) + "\\n")
-if args[0] == "inspect":
-    print("true")
+if args[:2] == ["container", "inspect"]:
+    print('[{{"Name": "/' + args[2] + '", "State": {{"Running": true}}}}]')
 elif args[0] == "cp" and ":" in args[2]:
     shutil.copytree(args[1], ROOT + args[2].split(":", 1)[1], dirs_exist_ok=True)
 elif args[0] == "cp":
@@ -361,5 +361,5 @@ def test_exec_runs_in_the_serving_container_and_leaves_nothing_there(tmp_path, v
     assert argv[argv.index("--result-dir") + 1] == str(root) + "/tmp/sparkfleet-bench"
     assert not (root / "tmp" / "sparkfleet-bench").exists(), "the datasets and results copied in are removed"
     docker = str(host.bin_dir / "docker")
-    assert host.commands[0] == [docker, "inspect", "--format", "{{.State.Running}}", "vllm-llm"]
+    assert host.commands[0] == [docker, "container", "inspect", "vllm-llm"]
     assert host.commands[-1] == [docker, "exec", "vllm-llm", "rm", "-rf", "/tmp/sparkfleet-bench"]

@@ -6,11 +6,11 @@ import urllib.error
 
 import pytest
 
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_state import StateUnanswered, inspect_container
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_health import (
     FAIL,
     READY,
     WAIT,
-    DockerUnanswered,
     Reply,
     capacity_warning,
     container_failure,
@@ -29,16 +29,14 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_health impor
 MODELS = json.dumps({"object": "list", "data": [{"id": "tiny", "object": "model", "owned_by": "vllm"}]})
 
 
-def inspect_json(status="running", restart_count=0, container_id="abc", started_at="2026-11-29T09:00:00Z", exit_code=0, oom=False, error=""):
-    return json.dumps(
-        [
-            {
-                "Id": container_id,
-                "RestartCount": restart_count,
-                "State": {"Status": status, "ExitCode": exit_code, "OOMKilled": oom, "StartedAt": started_at, "Error": error},
-            }
-        ]
-    )
+def record(status="running", restart_count=0, container_id="abc", started_at="2026-11-29T09:00:00Z", exit_code=0, oom=False, error=""):
+    """A container's record as docker container inspect gives it (one element of its list)."""
+    return {
+        "Id": container_id,
+        "Name": "/vllm-tiny",
+        "RestartCount": restart_count,
+        "State": {"Status": status, "ExitCode": exit_code, "OOMKilled": oom, "StartedAt": started_at, "Error": error},
+    }
 
 
 def test_models_ready_when_every_name_is_served():
@@ -112,7 +110,7 @@ def test_wait_stops_at_once_on_a_fatal_reply():
 
 
 def test_wait_stops_when_the_container_dies_and_at_the_timeout():
-    states = iter([None, container_snapshot(inspect_json(status="created")), container_snapshot(inspect_json(status="exited", exit_code=2))])
+    states = iter([None, container_snapshot(record(status="created")), container_snapshot(record(status="exited", exit_code=2))])
     clock = Clock()
     result = wait_until_ready(lambda: Reply(None, "", "refused", True), lambda: next(states), ["tiny"], timeout=300,
                               clock=clock, sleep=clock.sleep)
@@ -127,20 +125,20 @@ def test_env_file_parsing_keeps_equals_signs_in_values():
 
 
 def test_snapshot_reads_docker_inspect():
-    snapshot = container_snapshot(inspect_json(restart_count=2))
+    snapshot = container_snapshot(inspect_container(lambda argv: (0, json.dumps([record(restart_count=2)]), ""), "vllm-tiny"))
     assert snapshot["status"] == "running" and snapshot["restart_count"] == 2 and snapshot["id"] == "abc"
-    assert container_snapshot("[]") is None
-    assert container_snapshot("Error: No such object: x") is None
+    assert container_snapshot(inspect_container(lambda argv: (1, "[]", "Error: No such object: vllm-tiny"), "vllm-tiny")) is None
+    assert container_snapshot(None) is None
 
 
 def test_failure_when_the_container_exits_restarts_or_is_replaced():
-    baseline = container_snapshot(inspect_json())
+    baseline = container_snapshot(record())
     assert container_failure(baseline, baseline) is None
-    assert "exited (exit code 2)" in container_failure(baseline, container_snapshot(inspect_json(status="exited", exit_code=2)))
-    assert "OOM" in container_failure(baseline, container_snapshot(inspect_json(status="exited", exit_code=137, oom=True)))
-    assert "0 -> 1" in container_failure(baseline, container_snapshot(inspect_json(restart_count=1)))
-    assert "replaced" in container_failure(baseline, container_snapshot(inspect_json(container_id="def")))
-    assert "start time" in container_failure(baseline, container_snapshot(inspect_json(started_at="2026-11-29T09:01:00Z")))
+    assert "exited (exit code 2)" in container_failure(baseline, container_snapshot(record(status="exited", exit_code=2)))
+    assert "OOM" in container_failure(baseline, container_snapshot(record(status="exited", exit_code=137, oom=True)))
+    assert "0 -> 1" in container_failure(baseline, container_snapshot(record(restart_count=1)))
+    assert "replaced" in container_failure(baseline, container_snapshot(record(container_id="def")))
+    assert "start time" in container_failure(baseline, container_snapshot(record(started_at="2026-11-29T09:01:00Z")))
     assert container_failure(baseline, None) == "the container is gone"
 
 
@@ -152,7 +150,7 @@ BIND_FAILED = ("driver failed programming external connectivity on endpoint vllm
 def test_a_container_docker_could_not_start_fails_the_wait_at_once():
     """docker run exits 125 and leaves the container created with State.Error: without this the unit sat activating for
     its whole timeout (seen on the lab: 13 minutes of a boot waiting on it)."""
-    failed = container_snapshot(inspect_json(status="created", exit_code=128, started_at="0001-01-01T00:00:00Z", error=BIND_FAILED))
+    failed = container_snapshot(record(status="created", exit_code=128, started_at="0001-01-01T00:00:00Z", error=BIND_FAILED))
     assert container_failure(None, failed) == f"docker could not start the container: {BIND_FAILED}"
     clock = Clock()
     result = wait_until_ready(lambda: Reply(None, "", "refused", True), lambda: failed, ["tiny"], timeout=900, clock=clock, sleep=clock.sleep)
@@ -161,8 +159,8 @@ def test_a_container_docker_could_not_start_fails_the_wait_at_once():
 
 def test_no_baseline_only_dead_states_fail():
     assert container_failure(None, None) is None
-    assert container_failure(None, container_snapshot(inspect_json(status="created"))) is None
-    assert container_failure(None, container_snapshot(inspect_json(status="dead"))) is not None
+    assert container_failure(None, container_snapshot(record(status="created"))) is None
+    assert container_failure(None, container_snapshot(record(status="dead"))) is not None
 
 
 def test_error_lines_find_the_root_cause_above_the_traceback_end():
@@ -212,10 +210,10 @@ def test_error_lines_take_the_markers_the_caller_looks_for():
 
 def test_a_container_seen_created_then_started_is_no_restart():
     """The units' readiness wait starts right after docker run forks: it often sees the container only created."""
-    created = container_snapshot(inspect_json(status="created", started_at="0001-01-01T00:00:00Z"))
-    started = container_snapshot(inspect_json(status="running", started_at="2026-11-29T09:00:05Z"))
+    created = container_snapshot(record(status="created", started_at="0001-01-01T00:00:00Z"))
+    started = container_snapshot(record(status="running", started_at="2026-11-29T09:00:05Z"))
     assert container_failure(created, started) is None
-    states = iter([created, created, started, started, container_snapshot(inspect_json(status="running", started_at="2026-11-29T09:03:00Z"))])
+    states = iter([created, created, started, started, container_snapshot(record(status="running", started_at="2026-11-29T09:03:00Z"))])
     replies = iter([Reply(None, "", "refused", True)] * 4 + [Reply(200, MODELS)])
     clock = Clock()
     result = wait_until_ready(lambda: next(replies), lambda: next(states), ["tiny"], timeout=60, clock=clock, sleep=clock.sleep)
@@ -237,13 +235,13 @@ def test_a_model_list_whose_ids_are_not_names_is_another_server():
 
 
 def test_snapshot_of_inspect_output_of_another_shape_is_none():
-    assert container_snapshot(json.dumps([{"Id": "abc", "State": "running"}])) is None
-    assert container_snapshot(json.dumps({"Id": "abc", "RestartCount": "2", "State": {}}))["restart_count"] == 0
+    assert container_snapshot({"Id": "abc", "State": "running"}) is None
+    assert container_snapshot({"Id": "abc", "RestartCount": "2", "State": {}})["restart_count"] == 0
 
 
 def snapshots(*specs):
     """The inspect answers of a scripted container history, one per poll; the last repeats."""
-    states = [None if spec is None else container_snapshot(inspect_json(**spec)) for spec in specs]
+    states = [None if spec is None else container_snapshot(record(**spec)) for spec in specs]
     return lambda: states.pop(0) if len(states) > 1 else states[0]
 
 
@@ -367,8 +365,8 @@ def test_docker_not_answering_is_no_exit_and_spends_no_restart():
     def inspect():
         answer = next(answers, {})
         if answer == "unanswered":
-            raise DockerUnanswered("Cannot connect to the Docker daemon")
-        return container_snapshot(inspect_json(**answer))
+            raise StateUnanswered("Cannot connect to the Docker daemon")
+        return container_snapshot(record(**answer))
 
     replies = iter([Reply(None, "", "refused", True)] * 4 + [Reply(200, MODELS)])
     clock = Clock()

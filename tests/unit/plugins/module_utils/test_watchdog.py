@@ -15,7 +15,6 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._watchdog import (
     WatchdogError,
     acted,
     assess,
-    cluster_order,
     counters_moved,
     deployed_ranks,
     has_peers,
@@ -413,12 +412,6 @@ NODES = [{"name": "spark-1", "rank": 0, "address": "10.0.0.1"}, {"name": "spark-
 def rank_plan(rank, backend="native"):
     return {**PLAN, "unit": "sparkfleet-cluster-tp.service", "url": "http://127.0.0.1:8000", "env_path": "/etc/sparkfleet/cluster/tp.env",
             "cluster": {"rank": rank, "head": rank == 0, "backend": backend, "host_ip": next(n["address"] for n in NODES if n["rank"] == rank), "nodes": NODES}}
-
-
-@pytest.mark.parametrize(("backend", "starts"), [("native", [1, 2, 0]), ("ray", [0, 1, 2])])
-def test_every_rank_stops_then_starts_in_the_order_the_cluster_role_uses(backend, starts):
-    stops, started = cluster_order(rank_plan(0, backend))
-    assert [node["rank"] for node in stops] == [0, 1, 2] and [node["rank"] for node in started] == starts
 
 
 def test_a_worker_rank_is_judged_by_its_container_and_its_failure_restarts_every_rank():

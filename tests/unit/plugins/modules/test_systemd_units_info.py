@@ -8,7 +8,8 @@ import pathlib
 import pytest
 from test_modules_as_ansible_runs_them import refused, run
 
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._systemd import parse_show_states
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_state import StateUnanswered, parse_show
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._systemd import UNIT_PROPERTIES
 
 FIXTURE = pathlib.Path(__file__).resolve().parents[2] / "fixtures" / "systemd" / "show-states-debian12-systemd252.txt"
 UNITS = ["NetworkManager.service", "systemd-networkd.service", "networking.service", "prometheus-node-exporter.service",
@@ -16,7 +17,7 @@ UNITS = ["NetworkManager.service", "systemd-networkd.service", "networking.servi
 
 
 def test_each_unit_reads_its_own_block_and_an_alias_reads_its_units_state():
-    states = parse_show_states(UNITS, FIXTURE.read_text())
+    states = parse_show(UNITS, UNIT_PROPERTIES, FIXTURE.read_text())
     assert states["systemd-networkd.service"] == {"LoadState": "loaded", "ActiveState": "active", "UnitFileState": "enabled"}
     assert states["dbus-org.freedesktop.network1.service"]["UnitFileState"] == "enabled"
     assert [unit for unit, state in states.items() if state["LoadState"] == "not-found"] == [
@@ -25,8 +26,8 @@ def test_each_unit_reads_its_own_block_and_an_alias_reads_its_units_state():
 
 
 def test_an_answer_that_does_not_match_the_units_asked_is_an_error():
-    with pytest.raises(ValueError, match="answered 5 blocks for 4 units"):
-        parse_show_states(UNITS[:4], FIXTURE.read_text())
+    with pytest.raises(StateUnanswered, match="answered 5 blocks for 4 units"):
+        parse_show(UNITS[:4], UNIT_PROPERTIES, FIXTURE.read_text())
 
 
 @pytest.fixture
