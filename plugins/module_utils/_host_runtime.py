@@ -194,28 +194,33 @@ def running(name: str, run: Runner) -> bool:
 
 def pause(unit: str, names: t.Sequence[str], run: Runner, log: Log, ledger_path: str = PAUSED_LEDGER) -> tuple[list[str], list[str]]:
     """Stop those of ``names`` that run, for ``unit``'s start; one another unit's start stopped stays stopped for this one
-    too. Each is recorded before it is stopped (OSError when the ledger cannot be written: then nothing is stopped).
-    Returns (the ones stopped now, the problems); nothing more is stopped after the first problem."""
+    too. Each is recorded before it is stopped, so one the ledger cannot record is not stopped. Returns (the ones stopped
+    now, the problems); nothing more is stopped after the first problem, which names what was stopped before it."""
     stopped: list[str] = []
-    with ledger(ledger_path) as entries:
-        for name in names:
-            held = entries.get(name, [])
-            # Recorded as stopped for another start, it may have been started again since (by hand, by its restart policy).
-            if running(name, run):
-                entries[name] = sorted({*held, unit})
-                write_atomically(ledger_path, json.dumps(entries, sort_keys=True) + "\n", RECORD_MODE)
-                rc, out, err = run([DOCKER_CLIENT, "stop", "--time", "30", name])
-                if rc != 0:
-                    if held:
-                        entries[name] = held
-                    else:
-                        del entries[name]
-                    return stopped, [f"{name} could not be stopped for the start: {(err or out).strip()[-200:]}"]
-                stopped.append(name)
-                log(f"{name} stopped for the start")
-            elif held:
-                entries[name] = sorted({*held, unit})
-                log(f"{name} stays stopped for this start (stopped for {', '.join(entries[name])})")
+    try:
+        with ledger(ledger_path) as entries:
+            for name in names:
+                held = entries.get(name, [])
+                # Recorded as stopped for another start, it may have been started again since (by hand, by its restart policy).
+                if running(name, run):
+                    entries[name] = sorted({*held, unit})
+                    write_atomically(ledger_path, json.dumps(entries, sort_keys=True) + "\n", RECORD_MODE)
+                    rc, out, err = run([DOCKER_CLIENT, "stop", "--time", "30", name])
+                    if rc != 0:
+                        if held:
+                            entries[name] = held
+                        else:
+                            del entries[name]
+                        return stopped, [f"{name} could not be stopped for the start: {(err or out).strip()[-200:]}"]
+                    stopped.append(name)
+                    log(f"{name} stopped for the start")
+                elif held:
+                    entries[name] = sorted({*held, unit})
+                    log(f"{name} stays stopped for this start (stopped for {', '.join(entries[name])})")
+    except OSError as error:
+        done = f"{', '.join(stopped)} stopped for the start before it failed" if stopped else "nothing was stopped"
+        return stopped, [f"{ledger_path}: the ledger of the containers stopped for starts cannot be written ({error.strerror}), so {done}; "
+                         "free the disk"]
     return stopped, []
 
 
@@ -267,11 +272,7 @@ def admit(plan: t.Mapping[str, t.Any], run: Runner, log: Log, ledger_path: str =
     else:
         log("page cache kept (vllm_drop_caches is off for this host)")
     if not problems and plan["paused_containers"] and not plan.get("cluster"):
-        try:
-            problems += pause(plan["unit"], plan["paused_containers"], run, log, ledger_path)[1]
-        except OSError as error:
-            problems.append(f"{ledger_path}: the ledger of the containers stopped for starts cannot be written ({error.strerror}), "
-                            "so nothing was stopped; free the disk")
+        problems += pause(plan["unit"], plan["paused_containers"], run, log, ledger_path)[1]
     if not problems and plan["memory_admission"]:
         rc, out, err = run([DOCKER_CLIENT, "ps", "--quiet", "--no-trunc", "--filter", f"label={INSTANCE_LABEL}"])
         holders = holders_problem(plan["name"], device_holders(processes(), device_nodes), out.split(), cgroup_of) if rc == 0 else (

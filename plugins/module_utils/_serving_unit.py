@@ -501,11 +501,12 @@ def pause(plan: t.Mapping[str, t.Any], run: Runner, check_mode: bool = False, le
         stopping = [name for name in names if running(name, run)]
         return {"changed": bool(stopping), "paused": stopping}
     lines: list[str] = []
-    try:
-        stopped, problems = host_pause(plan["unit"], names, run, lines.append, ledger_path)
-        problems += host_release(plan["unit"], run, lines.append, ledger_path) if problems else []
-    except OSError as error:
-        stopped, problems = [], [f"{ledger_path}: the ledger of stopped containers cannot be kept ({error.strerror}), so nothing was stopped"]
+    stopped, problems = host_pause(plan["unit"], names, run, lines.append, ledger_path)
+    if problems:
+        try:
+            problems += host_release(plan["unit"], run, lines.append, ledger_path)
+        except OSError as error:
+            problems += [f"{', '.join(stopped)} could not be started again ({ledger_path}: {error.strerror}); start them by hand"] if stopped else []
     if problems:
         return {"changed": bool(lines), "failed": True, "paused": [],
                 "msg": f"{plan['name']} was not relaunched, nothing of it was stopped: " + "; ".join(problems)}

@@ -193,6 +193,26 @@ def test_a_full_disk_under_the_ledger_stops_nothing(tmp_path, monkeypatch):
     assert host.running["nvidia_gpu_exporter"] and "stop" not in host.kinds()
 
 
+@pytest.mark.parametrize("fails_at", [2, 3], ids=["recording the second", "closing the ledger"])
+def test_a_disk_that_fills_after_one_stop_names_what_was_stopped_and_keeps_its_record(tmp_path, monkeypatch, fails_at):
+    host, writes, ledger = Host({"nvidia_gpu_exporter": True, "dcgm_exporter": True}), [], str(tmp_path / "paused.json")
+    written = runtime.write_atomically
+
+    def filling(path, text, mode):
+        writes.append(text)
+        if len(writes) >= fails_at:
+            raise OSError(28, "No space left on device")
+        written(path, text, mode)
+
+    monkeypatch.setattr(runtime, "write_atomically", filling)
+    stopped, problems = runtime.pause("a.service", ["nvidia_gpu_exporter", "dcgm_exporter"], host, print, ledger)
+    stopped_now = ["nvidia_gpu_exporter"] if fails_at == 2 else ["nvidia_gpu_exporter", "dcgm_exporter"]
+    assert stopped == stopped_now and problems == [
+        f"{ledger}: the ledger of the containers stopped for starts cannot be written (No space left on device), so "
+        f"{', '.join(stopped_now)} stopped for the start before it failed; free the disk"]
+    assert json.loads(pathlib.Path(ledger).read_text())["nvidia_gpu_exporter"] == ["a.service"], "its release starts it again"
+
+
 def test_a_refused_start_is_recorded_for_its_own_invocation_and_an_admitted_one_becomes_the_docker_run(tmp_path, monkeypatch):
     lines = []
     monkeypatch.setattr(runtime, "admit", lambda plan, run, log: ["llm: too little memory"])
