@@ -57,8 +57,7 @@ def read_plan(path: str, read: t.Callable[[str], str] = read_text) -> dict[str, 
     except FileNotFoundError as error:
         raise PlanFileError(f"{path}: no such plan file; {FIX}") from error
     except OSError as error:
-        raise PlanFileError(f"{path}: cannot be read ({error.strerror}); read it as root (become: true), then if it stays "
-                            f"unreadable {FIX}") from error
+        raise PlanFileError(f"{path}: cannot be read ({error.strerror}); read it as root (become: true), or {FIX}") from error
     return parsed_plan(path, text)
 
 
