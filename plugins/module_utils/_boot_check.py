@@ -15,18 +15,18 @@ from __future__ import annotations
 
 import dataclasses
 import glob
-import json
 import os
 import time
 import typing as t
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_state import StateUnanswered, show_units
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._plan_file import PlanFileError, read_plan
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._systemd import unit_name_problems
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_client import http, instance_endpoint
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_gate import Endpoint, gate
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_health import parse_env_file
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_plan import WILDCARDS, endpoint_url, is_loopback_address
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._watchdog import PLAN_NAME, SERVICE, acted
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._watchdog import SERVICE, acted
 
 RunCommand = t.Callable[[list[str]], tuple[int, str, str]]
 
@@ -92,40 +92,16 @@ def booted_at(proc_stat: str, pid1_stat: str, ticks_per_second: int) -> float:
     return btime + int(fields[19]) / ticks_per_second
 
 
-def plan_problems(plan: t.Any) -> list[str]:
-    """What in a plan file the checks could not rely on: the names they pass to systemctl, the addresses they call."""
-    if not isinstance(plan, dict):
-        return ["not a plan object"]
-    problems = [f"{key} {plan.get(key)!r}" for key in ("unit", "container")
-                if not isinstance(plan.get(key), str) or not PLAN_NAME.fullmatch(plan[key])]
-    problems += [f"{key} {plan.get(key)!r}" for key in ("url", "env_path") if not isinstance(plan.get(key), str)]
-    if isinstance(plan.get("port"), bool) or not isinstance(plan.get("port"), int):
-        problems.append(f"port {plan.get('port')!r}")
-    for key in ("bind_addresses", "start_after"):
-        if not isinstance(plan.get(key, []), list) or not all(isinstance(item, str) for item in plan.get(key, [])):
-            problems.append(f"{key} {plan.get(key)!r}")
-    for key in ("cluster", "launch_check"):
-        if plan.get(key) is not None and not isinstance(plan[key], dict):
-            problems.append(f"{key} {plan.get(key)!r}")
-    return problems
-
-
 def deployed_plans(plan_dirs: t.Sequence[str], read: t.Callable[[str], str]) -> tuple[list[dict[str, t.Any]], list[str]]:
     """The plan files of the instances and cluster ranks the host runs, in each folder's order; and each file that is
-    no usable plan, with why."""
+    no usable plan, with why (_plan_file.read_plan's message)."""
     plans, damaged = [], []
     for folder in plan_dirs:
         for path in sorted(glob.glob(os.path.join(folder, "*.json"))):
             try:
-                plan = json.loads(read(path))
-            except (OSError, ValueError) as error:
-                damaged.append(f"{path}: {error}")
-                continue
-            problems = plan_problems(plan)
-            if problems:
-                damaged.append(f"{path}: no usable {', '.join(problems)}")
-            else:
-                plans.append(plan)
+                plans.append(read_plan(path, read))
+            except PlanFileError as error:
+                damaged.append(str(error))
     return plans, damaged
 
 

@@ -23,12 +23,13 @@ import json
 import re
 import typing as t
 
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._cluster_sequence import BACKENDS
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._fabric import MTU_MAX, MTU_MIN, MTU_WHY, interface_named, interface_on, rocev2_gid_index
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_paths import DOCKER_CLIENT
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._model_catalog import VERSION, version_tuple
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._settings import Setting, coerced, dropin_problem, setting_problems
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_instance import DOCKER_CLIENT, UNIT_NAME, removal
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_instance import UNIT_NAME, removal
 
-BACKENDS = ("native", "ray")
 FIRST_MULTI_NODE_VERSION = "0.27.0"
 RAY_PORT = 6379
 # Set from each node's facts: an entry of cluster_node_env or the instance's env may not replace them.

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import typing as t
 
+# How the ranks find each other: torch's multi-node executor (native) or a Ray cluster the head starts.
+BACKENDS = ("native", "ray")
 # A rank's step: ("stop" or "start", the node {rank, address, ...}) -> (0 when it was done (a start: its door passed), why not).
 Step = t.Callable[[str, t.Mapping[str, t.Any]], tuple[int, str]]
 

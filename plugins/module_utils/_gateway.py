@@ -21,14 +21,11 @@ import socket
 import typing as t
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._gateway_routes import MASTER_KEY_ENV, ROUTING_FILES, SCHEMA_VERSION, UNIT, host_of
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_paths import DOCKER_CLIENT
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._plan_file import PLAN_SCHEMA_VERSION
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._settings import Setting, coerced, setting_problems
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._systemd import exec_line
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_instance import (
-    DOCKER_CLIENT,
-    PLAN_SCHEMA_VERSION,
-    UNIT_FOLDER,
-    parse_image_reference,
-)
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_instance import UNIT_FOLDER, parse_image_reference
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_plan import (
     API_KEY,
     CONFIG_HASH_LABEL,

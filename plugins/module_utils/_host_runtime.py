@@ -3,13 +3,13 @@
 """The host runtime: the door every start of a vLLM instance or rank passes, whoever causes it (Ansible's relaunch,
 a boot, systemd's restart, the watchdog's restart), because the unit's own commands run it.
 
-- ``start`` (the unit's ExecStart): reads the unit's plan file, drops the page cache (seed 002: on a unified pool it
-  counts against the memory vLLM finds free), stops the other programs' GPU-holding containers the plan names (seed 002:
-  nvidia_gpu_exporter holds about 9 GiB), refuses a stray holder of the GPU's device nodes and a memory share the
-  pinned image's vLLM would refuse (_launch_checks), logging each figure in the unit's journal; then it becomes the
-  plan's ``docker run``. A refusal is one journal line with the figures and the fix, a record the readiness wait and the
-  health gate read, and exit status REFUSED, which the unit lists in RestartPreventExitStatus: a refused start is not
-  retried in a loop.
+- ``start`` (the unit's ExecStart): reads the unit's plan file (_plan_file, the one reader every program uses), drops
+  the page cache (seed 002: on a unified pool it counts against the memory vLLM finds free), stops the other programs'
+  GPU-holding containers the plan names (seed 002: nvidia_gpu_exporter holds about 9 GiB), refuses a stray holder of
+  the GPU's device nodes and a memory share the pinned image's vLLM would refuse (_launch_checks), logging each figure
+  in the unit's journal; then it becomes the plan's ``docker run``. A refusal is one journal line with the figures and
+  the fix, a record the readiness wait and the health gate read, and exit status REFUSED, which the unit lists in
+  RestartPreventExitStatus: a refused start is not retried in a loop.
 - ``ready`` (ExecStartPost): the readiness wait, judged by _vllm_health as the health gate judges, with the KV cache
   compared with the best good start; the paused containers start again afterwards, whatever its outcome.
 - ``release`` (ExecStopPost): the paused containers start again when the start ended before its readiness wait did.
@@ -28,7 +28,6 @@ import fcntl
 import http.client
 import json
 import os
-import re
 import subprocess
 import sys
 import time
@@ -36,19 +35,19 @@ import typing as t
 import urllib.parse
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._files import write_atomically
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_paths import PACKAGE, RUNTIME_DIR
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_paths import DOCKER_CLIENT, PACKAGE, RUNTIME_DIR
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_state import StateUnanswered, inspect_container, show_units, started_at, state_of
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._launch_checks import (
     DEVICE_NODES,
     GIB,
     device_holders,
     holders_problem,
-    memory_probe_argv,
     memory_problem,
     open_files,
     probe_figures,
     process_cgroup,
 )
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._plan_file import START_LEDGER_DIR, PlanFileError, read_plan, start_record
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_health import (
     POLL_INTERVAL,
     Reply,
@@ -60,27 +59,23 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_health impor
     start_timeout,
     wait_until_ready,
 )
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_instance import DOCKER_CLIENT, INSTANCE_LABEL, PLAN_SCHEMA_VERSION
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_instance import INSTANCE_LABEL
 
 ENTRY = f"{RUNTIME_DIR}/sparkfleet_runtime.py"
 ENTRY_SOURCE = "roles/serving_host/files/sparkfleet_runtime.py"
 # What the host's programs import of the collection (this file, the watchdog's daemon, the ranks' fabric wait): a unit
 # test keeps the list closed under their imports.
 RUNTIME_MODULES = ("_cluster_sequence", "_diagnose", "_fabric", "_files", "_gateway_routes", "_host_paths", "_host_runtime",
-                   "_host_state", "_launch_checks", "_settings", "_vllm_health", "_vllm_instance", "_watchdog")
+                   "_host_state", "_launch_checks", "_plan_file", "_settings", "_vllm_health", "_vllm_instance", "_watchdog")
 # Which unit stopped which container for its start: kept on disk, because a container stopped before a reboot is started
 # again only by the release of a unit that stopped it.
 PAUSED_LEDGER = "/var/lib/sparkfleet/paused-containers.json"
-# The starts of each unit within its bound's window, whoever caused them: kept on disk, across reboots.
-START_LEDGER_DIR = "/var/lib/sparkfleet/starts"
 # A refused start's reason, per container, for the readiness wait and the health gate; gone with a reboot.
 REFUSALS_DIR = "/run/sparkfleet/admission"
 # The longest a start's door may take before its container runs: a rank's fabric wait (120 s), the memory probe's own
 # bound (130 s), the listed containers stopped (30 s each), then docker creating the container of an image it holds.
 DOOR_TIMEOUT = 600
 DROP_CACHES = "/proc/sys/vm/drop_caches"
-# An image reference as the plan builder writes run_image: never an option to docker.
-IMAGE_REFERENCE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/:@-]{0,511}")
 # The runtime's own records (ledger, counted starts, refusals): root's alone, as mkstemp makes them.
 RECORD_MODE = 0o600
 # sysexits' EX_CONFIG: the unit's RestartPreventExitStatus, so systemd does not restart a refused start.
@@ -88,10 +83,6 @@ REFUSED = 78
 
 Runner = t.Callable[[list[str]], tuple[int, str, str]]
 Log = t.Callable[[str], None]
-
-
-class PlanFileError(ValueError):
-    """A plan file the runtime cannot act on: its path, what is wrong and the fix."""
 
 
 def runtime_files() -> tuple[list[dict[str, str]], list[dict[str, str]]]:
@@ -102,69 +93,6 @@ def runtime_files() -> tuple[list[dict[str, str]], list[dict[str, str]]]:
     files = [{"path": ENTRY, "mode": "0644", "source": ENTRY_SOURCE}]
     files += [{"path": f"{folders[-1]}/{name}.py", "mode": "0644", "source": f"plugins/module_utils/{name}.py"} for name in RUNTIME_MODULES]
     return [{"path": folder, "mode": "0755"} for folder in folders], files
-
-
-def read_plan(path: str) -> dict[str, t.Any]:
-    """The plan file of a unit, checked against the schema this runtime reads; PlanFileError says what and the fix."""
-    fix = "re-apply site.yml to this host (the serving roles write the plan files)"
-    try:
-        with open(path, encoding="utf-8") as handle:
-            found = json.load(handle)
-    except FileNotFoundError as error:
-        raise PlanFileError(f"{path}: no such plan file; {fix}") from error
-    except OSError as error:
-        raise PlanFileError(f"{path}: cannot be read ({error.strerror}); the runtime runs as root from the unit") from error
-    except ValueError as error:
-        raise PlanFileError(f"{path}: not valid JSON ({error}); {fix}") from error
-    if not isinstance(found, dict):
-        raise PlanFileError(f"{path}: holds no plan object; {fix}")
-    if found.get("schema_version") != PLAN_SCHEMA_VERSION:
-        raise PlanFileError(f"{path}: schema_version {found.get('schema_version')!r}, this runtime reads {PLAN_SCHEMA_VERSION} "
-                            f"(another release of sparkfleet.vllm wrote it); {fix}")
-    wrong = [key for key in ("name", "unit", "container", "url", "env_path") if not isinstance(found.get(key), str) or not found[key]]
-    wrong += [key for key in ("docker_run", "memory_probe") if not is_argv(found.get(key))]
-    if not isinstance(found.get("paused_containers"), list) or not all(isinstance(name, str) for name in found["paused_containers"]):
-        wrong.append("paused_containers")
-    share = found.get("gpu_memory_utilization")
-    if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share <= 1:
-        wrong.append("gpu_memory_utilization")
-    wrong += [key for key in ("drop_caches", "memory_admission") if not isinstance(found.get(key), bool)]
-    # The only commands a plan file brings to run are the container the plan builder wrote and its memory check.
-    if is_argv(found.get("docker_run")) and found["docker_run"][:2] != [DOCKER_CLIENT, "run"]:
-        wrong.append("docker_run")
-    if not isinstance(found.get("run_image"), str) or not IMAGE_REFERENCE.fullmatch(found["run_image"]):
-        wrong.append("run_image")
-    gpus = is_argv(found.get("docker_run")) and "--gpus" in found["docker_run"]
-    if is_argv(found.get("memory_probe")) and found["memory_probe"] != memory_probe_argv(str(found.get("run_image")), gpus):
-        wrong.append("memory_probe")
-    names = found.get("served_names")
-    if not isinstance(names, list) or not names or not all(isinstance(name, str) and name for name in names):
-        wrong.append("served_names")
-    if isinstance(found.get("health_timeout"), bool) or not isinstance(found.get("health_timeout"), (int, float)):
-        wrong.append("health_timeout")
-    bound = found.get("start_bound")
-    if not isinstance(bound, dict) or not all(is_count(bound.get(key)) for key in ("starts", "window")) \
-            or not is_unit_record(bound.get("path"), found.get("unit")):
-        wrong.append("start_bound")
-    cold_start = found.get("cold_start")
-    if not isinstance(cold_start, dict) or not isinstance(cold_start.get("stamp"), str) or not cold_start["stamp"].startswith("/"):
-        wrong.append("cold_start")
-    if wrong:
-        raise PlanFileError(f"{path}: no usable {', '.join(wrong)}; {fix}")
-    return found
-
-
-def is_unit_record(path: t.Any, unit: t.Any) -> bool:
-    """An absolute path without ``..`` to the unit's own record (START_LEDGER_DIR in a plan the collection wrote)."""
-    return isinstance(path, str) and path.startswith("/") and ".." not in path.split("/") and path.endswith(f"/{unit}.json")
-
-
-def is_count(value: t.Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value > 0
-
-
-def is_argv(value: t.Any) -> bool:
-    return isinstance(value, list) and bool(value) and all(isinstance(part, str) for part in value) and value[0].startswith("/")
 
 
 @contextlib.contextmanager
@@ -374,11 +302,11 @@ def say(line: str) -> None:
     sys.stderr.flush()
 
 
-def counted_start(bound: t.Mapping[str, t.Any], now: float) -> str | None:
+def counted_start(unit: str, bound: t.Mapping[str, t.Any], now: float, ledger_dir: str = START_LEDGER_DIR) -> str | None:
     """Record one more start of the unit before it acts; why it must not start: the bound is reached (the starts within
     the window, each recorded by whichever starter), or the record cannot be kept (a full or read-only disk: a start
     nobody counted could repeat without end)."""
-    path = bound["path"]
+    path = start_record(unit, ledger_dir)
     try:
         try:
             with open(path, encoding="utf-8") as handle:
@@ -398,20 +326,20 @@ def counted_start(bound: t.Mapping[str, t.Any], now: float) -> str | None:
     return None
 
 
-def clear_starts(bound: t.Mapping[str, t.Any]) -> None:
+def clear_starts(unit: str, ledger_dir: str = START_LEDGER_DIR) -> None:
     """Forget the unit's counted starts: a person relaunched it."""
     with contextlib.suppress(FileNotFoundError):
-        os.unlink(bound["path"])
+        os.unlink(start_record(unit, ledger_dir))
 
 
 def start(plan: t.Mapping[str, t.Any], run: Runner = run_command, log: Log = say, invocation: str = "",
-          clock: t.Callable[[], float] = time.time) -> int:
+          clock: t.Callable[[], float] = time.time, ledger_dir: str = START_LEDGER_DIR) -> int:
     """The unit's ExecStart: count the start, admit it, then become the plan's docker run; REFUSED with one line naming
     the figures or the bound."""
     with contextlib.suppress(OSError):
         clear_refusal(plan["container"])
     try:
-        over = counted_start(plan["start_bound"], clock())
+        over = counted_start(plan["unit"], plan["start_bound"], clock(), ledger_dir)
         problems = [over] if over else admit(plan, run, log)
         if not problems:
             sys.stdout.flush()

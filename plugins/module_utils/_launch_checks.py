@@ -23,7 +23,7 @@ import os
 import re
 import typing as t
 
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_instance import DOCKER_CLIENT
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_paths import DOCKER_CLIENT
 
 GIB = 1024**3
 DEVICE_NODES = ("/dev/nvidia*",)

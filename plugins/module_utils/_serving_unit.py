@@ -38,12 +38,13 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_runtime impo
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_runtime import release as host_release
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_state import StateUnanswered, inspect_container, show_units, started_at
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._launch_checks import memory_probe_argv, paused_containers_problems
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._plan_file import PLAN_SCHEMA_VERSION, cold_start_usable
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._settings import path_problem
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._systemd import UNIT_PROPERTIES
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_client import cold_start, read_endpoint
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_client import read_endpoint
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_gate import Endpoint, gate
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_health import is_warm, mark_warm, parse_env_file
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_instance import PLAN_SCHEMA_VERSION, unjudged_mark
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_instance import unjudged_mark
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_plan import STAMP_PATH, drift_reasons, is_share
 
 # What each of the plan's kept_files holds, in their order.
@@ -84,7 +85,7 @@ def plan_problem(plan: t.Any) -> str | None:
     gpus = isinstance(plan.get("docker_run"), list) and "--gpus" in plan["docker_run"]
     if "memory_probe" in needed and plan.get("memory_probe") and plan["memory_probe"] != memory_probe_argv(str(plan.get("run_image")), gpus):
         missing.append("memory_probe (the memory check the plan builder writes for the plan's run_image)")
-    if not is_gateway(plan) and not (cold_start(plan.get("cold_start")) and STAMP_PATH.fullmatch(plan["cold_start"]["stamp"])):
+    if not is_gateway(plan) and not (cold_start_usable(plan.get("cold_start")) and STAMP_PATH.fullmatch(plan["cold_start"]["stamp"])):
         missing.append("cold_start (its timeout, restarts, restart window and the warm stamp under the cache folder's jit/<image>/warm/)")
     if not is_gateway(plan) and paused_containers_problems("paused_containers", plan.get("paused_containers")):
         missing.append("paused_containers (other programs' containers, as vllm_launch_paused_containers lists them)")
@@ -221,7 +222,7 @@ def start(plan: t.Mapping[str, t.Any], check_mode: bool, run: Runner, refusals_d
         return {"changed": True}
     clear_refusal(plan["container"], refusals_dir)
     if plan.get("start_bound"):
-        clear_starts(plan["start_bound"])
+        clear_starts(plan["unit"])
     rc, out, err = run(["systemctl", "reset-failed", plan["unit"]])
     if rc != 0 and "not loaded" not in err + out:
         raise UnitError(f"systemctl reset-failed {plan['unit']} exited {rc}: {err.strip() or out.strip()}")

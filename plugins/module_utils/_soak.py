@@ -32,6 +32,7 @@ import typing as t
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._files import write_atomically
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_state import StateUnanswered, inspect_container, show_units, state_of
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._model_catalog import Range
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._plan_file import read_plan
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_bench import (
     BENCH_RANGES,
     CONCURRENCY,
@@ -199,12 +200,8 @@ def validate(options: t.Mapping[str, t.Any]) -> list[str]:
 
 
 def instance_unit(config_dir: str, name: str) -> str:
-    """The systemd unit of an instance, from its plan file (read and checked by resolve just before)."""
-    with open(settings_paths(config_dir.rstrip("/"), name)[1], encoding="utf-8") as handle:
-        unit = json.load(handle).get("unit")
-    if not isinstance(unit, str) or not unit:
-        raise ValueError(f"the plan file of instance {name} names no unit; re-apply the vllm role")
-    return unit
+    """The systemd unit of an instance, from its plan file (PlanFileError, a ValueError, when it is unusable)."""
+    return read_plan(settings_paths(config_dir.rstrip("/"), name)[1])["unit"]
 
 
 # --- the state before and after -------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ an operator never copies a key into a benchmark command line.
 from __future__ import annotations
 
 import json
+import os
 import re
 import typing as t
 from http.client import HTTPException
@@ -18,8 +19,9 @@ from ansible.module_utils.six.moves.urllib.error import URLError
 from ansible.module_utils.urls import ConnectionError as RequestError
 from ansible.module_utils.urls import open_url
 
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._plan_file import read_plan
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_health import Reply, exception_reply, parse_env_file
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_instance import PLAN_SCHEMA_VERSION, settings_paths
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_instance import settings_paths
 
 ENDPOINT_ARGUMENT_SPEC: dict[str, dict[str, t.Any]] = {
     "instance": {"type": "str"},
@@ -88,56 +90,22 @@ def json_object(reply: Reply, what: str) -> dict[str, t.Any]:
     return data
 
 
-PLAN_TEXT_KEYS = ("url", "model", "weights", "container", "container_url", "run_image")
-
-
-def plan_problems(plan: t.Mapping[str, t.Any]) -> list[str]:
-    """The keys of a plan file the measurement modules read that are missing or of another type."""
-    wrong = [key for key in PLAN_TEXT_KEYS if not isinstance(plan.get(key), str) or not plan[key]]
-    names = plan.get("served_names")
-    if not isinstance(names, list) or not names or not all(isinstance(n, str) and n for n in names):
-        wrong.append("served_names")
-    timeout = plan.get("health_timeout")
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
-        wrong.append("health_timeout")
-    return wrong
-
-
 def instance_endpoint(plan: t.Mapping[str, t.Any], env: t.Mapping[str, str]) -> dict[str, t.Any]:
-    """URL, key, served name, weights path, container and image of a deployed instance, from its plan file."""
-    if plan.get("schema_version") != PLAN_SCHEMA_VERSION:
-        raise ValueError(f"the plan file of instance {plan.get('name', '?')} has schema_version {plan.get('schema_version')!r}, "
-                         f"this collection reads {PLAN_SCHEMA_VERSION}: another release wrote it; re-apply the vllm role")
-    wrong = plan_problems(plan)
-    if wrong:
-        raise ValueError(f"the plan file of instance {plan.get('name', '?')} has no usable {', '.join(wrong)}; "
-                         "re-apply the vllm role (a damaged file, or one of an older release)")
+    """URL, key, served name, weights path, container and image of a deployed instance, from its plan file as
+    _plan_file.read_plan returned it."""
     return {
         "url": plan["url"],
         "api_key": env.get("VLLM_API_KEY"),
         "model": plan["model"],
         "served_names": list(plan["served_names"]),
         "health_timeout": plan["health_timeout"],
-        "cold_start": cold_start(plan.get("cold_start")),
+        "cold_start": {key: plan["cold_start"][key] for key in ("timeout", "stamp", "restarts", "restart_window", "kv_cache_warn_share")},
         "weights": plan["weights"],
         "container": plan["container"],
         "container_url": plan["container_url"],
         "image": plan["run_image"],
         "tool_parser": tool_parser(plan.get("serve_args")),
     }
-
-
-def cold_start(found: t.Any) -> dict[str, t.Any] | None:
-    """The plan file's cold_start when it is whole (None: a damaged or older file, whose starts are judged warm)."""
-    if not isinstance(found, dict) or not isinstance(found.get("stamp"), str) or not found["stamp"].startswith("/"):
-        return None
-    numbers = [found.get(key) for key in ("timeout", "restarts", "restart_window")]
-    if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in numbers):
-        return None
-    share = found.get("kv_cache_warn_share")
-    # A plan of an older release has no share: its starts are not compared.
-    valid_share = isinstance(share, (int, float)) and not isinstance(share, bool) and 0 < share <= 1
-    return {**{key: found[key] for key in ("timeout", "stamp", "restarts", "restart_window")}, "kv_cache_warn_share": share if valid_share else None}
 
 
 def tool_parser(serve_args: t.Any) -> str | None:
@@ -155,10 +123,13 @@ def read_instance(config_dir: str, name: str) -> dict[str, t.Any]:
 
 
 def read_endpoint(env_path: str, settings_path: str, name: str) -> dict[str, t.Any]:
-    """The endpoint an instance's env and plan files describe; ValueError naming what is missing."""
+    """The endpoint an instance's env and plan files describe; ValueError naming what is missing (PlanFileError: the
+    plan file is unusable)."""
+    # A plan file that is not there is most often an instance name the task got wrong, not a damaged host.
+    if not os.path.lexists(settings_path):
+        raise ValueError(f"instance {name}: {settings_path} does not exist; is {name} deployed by the vllm role on this host?")
+    plan = read_plan(settings_path)
     try:
-        with open(settings_path, encoding="utf-8", errors="replace") as handle:
-            text = handle.read()
         with open(env_path, encoding="utf-8", errors="replace") as handle:
             env = parse_env_file(handle.read())
     except FileNotFoundError as error:
@@ -166,13 +137,7 @@ def read_endpoint(env_path: str, settings_path: str, name: str) -> dict[str, t.A
     except OSError as error:
         raise ValueError(f"instance {name}: cannot read {error.filename} ({error.strerror}); the vllm role keeps the env file "
                          "readable by root only, so run the task with become: true") from error
-    try:
-        settings = json.loads(text)
-    except ValueError as error:
-        raise ValueError(f"instance {name}: {settings_path} is not valid JSON ({error}); re-apply the vllm role") from error
-    if not isinstance(settings, dict):
-        raise ValueError(f"instance {name}: {settings_path} does not hold a plan object; re-apply the vllm role")
-    return instance_endpoint(settings, env)
+    return instance_endpoint(plan, env)
 
 
 def resolve(params: t.Mapping[str, t.Any]) -> dict[str, t.Any]:

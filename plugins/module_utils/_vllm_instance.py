@@ -16,14 +16,10 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._watchdog import S
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._watchdog import person_needed_path
 
 DIGEST_REFERENCE = re.compile(r"(?P<repository>[a-z0-9][a-z0-9._/:-]*?)(?::(?P<tag>[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}))?@(?P<digest>sha256:[0-9a-f]{64})")
-# The shape of an instance's plan file (/etc/sparkfleet/vllm/NAME.json): raised when a reader could misread an older one.
-PLAN_SCHEMA_VERSION = 1
 CONTAINER_PORT = 8000
 
 
 UNIT_FOLDER = "/etc/systemd/system"
-# The Docker client every unit runs (spark_facts reports whether a host has it).
-DOCKER_CLIENT = "/usr/bin/docker"
 # The label on every container of the collection's instances and ranks.
 INSTANCE_LABEL = "sparkfleet.vllm.instance"
 # An instance's or a rank's name as the plan allows it (lower-case letters, digits and dashes).

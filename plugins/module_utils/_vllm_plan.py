@@ -29,8 +29,9 @@ import typing as t
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._cluster import NETWORK_ENV, ray_start_args, serve_cluster_args
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._cluster_sequence import start_wave
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._hardware_classes import resolve_class
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_paths import DOCKER_CLIENT
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_runtime import ENTRY as RUNTIME_ENTRY
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_runtime import REFUSED, RUNTIME_DIR, START_LEDGER_DIR
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_runtime import REFUSED, RUNTIME_DIR
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._launch_checks import memory_probe_argv, paused_containers_problems
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._model_catalog import (
     CATALOG,
@@ -40,6 +41,7 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._model_catalog imp
     catalog_problems,
     catalog_reference_problems,
 )
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._plan_file import PLAN_SCHEMA_VERSION, start_record
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._settings import as_bool, as_float, as_int, normal_path, path_problem
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._systemd import exec_line
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_guards import (
@@ -52,9 +54,7 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_guards impor
 )
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_instance import (
     CONTAINER_PORT,
-    DOCKER_CLIENT,
     INSTANCE_LABEL,
-    PLAN_SCHEMA_VERSION,
     instance_files,
     parse_image_reference,
     run_image,
@@ -861,7 +861,7 @@ def start_bound(unit: str, cold_timeout: int, options: t.Mapping[str, t.Any]) ->
     # Each hung start also spends systemd's stop of it and the door's own work before the next: a minute's slack each.
     hung = options["start_limit_burst"] * (start_seconds(cold_timeout) + options["restart_delay"] + STOP_SECONDS + 60)
     return {"starts": options["start_limit_burst"], "window": max(options["start_limit_interval"], hung),
-            "path": f"{START_LEDGER_DIR}/{unit}.json"}
+            "path": start_record(unit)}
 
 
 def unit_file(plan: t.Mapping[str, t.Any], options: t.Mapping[str, t.Any]) -> str:

@@ -29,6 +29,7 @@ import typing as t
 import urllib.parse
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_paths import RUNTIME_DIR
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._plan_file import PLAN_NAME, address
 
 SERVICE = "sparkfleet-watchdog.service"
 DAEMON_FILE = "sparkfleet_watchdog.py"
@@ -47,8 +48,6 @@ GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting", SLEEP_GAUGE)
 FAILING = ("down", "wedged", "unanswered")
 # One state for the journal: a busy engine moves its counters, an idle one answers its probe.
 SERVING = ("progress", "answers")
-# A unit and a container name as the collection writes them: they reach systemctl, docker and file names.
-PLAN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@:-]{0,250}")
 ACTIONS = ("start", "restart", "restart_cluster", "give_up")
 # A cluster's ranks are restarted together from whichever node detects the failure, and a unit behind a gateway is
 # drained there before the watchdog acts on it, over SSH between the hosts: each host's key may only run the daemon's
@@ -103,36 +102,6 @@ def settings_problems(settings: t.Mapping[str, t.Any], variable_prefix: str = "w
                         f"exceeds {variable_prefix}budget_window ({settings['budget_window']} s): the budget would forget "
                         "every restart before the next one could be decided")
     return problems
-
-
-def plan_problems(plan: t.Any) -> list[str]:
-    """Why a plan file cannot be watched: its unit, container, URL and env file are what the daemon acts on."""
-    if not isinstance(plan, dict):
-        return ["not a plan object"]
-    problems = [f"{key}: {plan.get(key)!r} is not a name the collection writes" for key in ("unit", "container")
-                if not isinstance(plan.get(key), str) or not PLAN_NAME.fullmatch(plan[key])]
-    if not isinstance(plan.get("url"), str) or not plan["url"].startswith("http://"):
-        problems.append(f"url: {plan.get('url')!r} is not an http:// URL")
-    if not isinstance(plan.get("env_path"), str) or not plan["env_path"].startswith("/"):
-        problems.append(f"env_path: {plan.get('env_path')!r} is not an absolute path")
-    cluster = plan.get("cluster")
-    if cluster is not None:
-        nodes = cluster.get("nodes") if isinstance(cluster, dict) else None
-        if not isinstance(nodes, list) or not nodes or not all(node_usable(node) for node in nodes) or not address(cluster.get("host_ip")):
-            problems.append("cluster: no nodes with their rank and address (a plan of an older release: re-apply the cluster role)")
-    return problems
-
-
-def address(text: t.Any) -> str | None:
-    try:
-        return str(ipaddress.ip_address(text)) if isinstance(text, str) else None
-    except ValueError:
-        return None
-
-
-def node_usable(node: t.Any) -> bool:
-    return (isinstance(node, dict) and isinstance(node.get("rank"), int) and not isinstance(node["rank"], bool)
-            and address(node.get("address")) is not None)
 
 
 def is_worker(plan: t.Mapping[str, t.Any]) -> bool:

@@ -132,10 +132,11 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_facts import
     package_name_problems,
     summarise,
 )
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_paths import DOCKER_CLIENT
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._launch_checks import device_holders, open_files, process_cgroup
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._launch_checks import read_text as read
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._tools import tool_runner
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_instance import DOCKER_CLIENT, INSTANCE_LABEL
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_instance import INSTANCE_LABEL
 
 DMI_FIELDS = ("sys_vendor", "product_name", "board_vendor", "board_name", "bios_version")
 APT_LISTS = "/var/lib/apt/lists"

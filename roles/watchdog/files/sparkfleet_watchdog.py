@@ -48,6 +48,8 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._gateway_routes im
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._gateway_routes import UNIT as GATEWAY_UNIT  # noqa: E402
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_runtime import DOOR_TIMEOUT, DoorNotPassed, await_door, clear_refusal  # noqa: E402
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_state import StateUnanswered, inspect_container, show_units, state_of  # noqa: E402
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._plan_file import PlanFileError  # noqa: E402
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._plan_file import read_plan as read_unit_plan  # noqa: E402
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_health import parse_env_file  # noqa: E402
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._watchdog import (  # noqa: E402
     CONFIG_PATH,
@@ -76,7 +78,6 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._watchdog import (
     parse_metrics,
     peer_request,
     person_needed_path,
-    plan_problems,
     probe_kind,
     probe_request,
     recently_restarted,
@@ -130,10 +131,10 @@ def watched_plans(plan_dirs, peer_dir):
     plans, skipped, refused = [], [], []
     for folder in plan_dirs:
         for path in sorted(glob.glob(os.path.join(folder, "*.json"))):
-            plan = read_json(path, None)
-            problems = plan_problems(plan)
-            if problems:
-                refused.append(f"{path}: {'; '.join(problems)}")
+            try:
+                plan = read_unit_plan(path)
+            except PlanFileError as error:
+                refused.append(str(error))
                 continue
             (skipped if plan.get("cluster") and not peers_reachable else plans).append(plan)
     return plans, skipped, refused

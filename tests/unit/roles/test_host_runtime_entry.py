@@ -8,12 +8,10 @@ import subprocess
 import threading
 
 import pytest
+from plan_files import unit_plan, write_plan
 from runtime_layout import install_runtime
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_runtime import ENTRY
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._launch_checks import memory_probe_argv
-
-IMAGE = "registry.example/vllm@sha256:" + "a" * 64
 
 
 @pytest.fixture
@@ -42,15 +40,11 @@ def serve(status, body=b"", metrics=b""):
     return server
 
 
-def wait(installed, server, timeout=20, cold_timeout=30, share=None):
-    plan = {"schema_version": 1, "name": "llm", "unit": "sparkfleet-vllm-llm.service", "container": "vllm-absent-in-this-test",
-            "url": f"http://127.0.0.1:{server.server_port}", "env_path": str(installed / "llm.env"),
-            "docker_run": ["/usr/bin/docker", "run", IMAGE], "run_image": IMAGE, "memory_probe": memory_probe_argv(IMAGE, False),
-            "paused_containers": [], "gpu_memory_utilization": 0.5, "drop_caches": False, "memory_admission": False,
-            "served_names": ["tiny"], "health_timeout": timeout,
-            "start_bound": {"starts": 3, "window": 1800, "path": str(installed / "starts" / "sparkfleet-vllm-llm.service.json")},
-            "cold_start": {"timeout": cold_timeout, "stamp": str(installed / "jit" / "warm" / "key"), "kv_cache_warn_share": share}}
-    (installed / "llm.json").write_text(json.dumps(plan))
+def wait(installed, server, timeout=20, cold_timeout=30, share=0.9):
+    plan = unit_plan(container="vllm-absent-in-this-test", url=f"http://127.0.0.1:{server.server_port}", env_path=str(installed / "llm.env"),
+                     paused_containers=[], drop_caches=False, memory_admission=False, health_timeout=timeout)
+    plan["cold_start"].update(timeout=cold_timeout, stamp=str(installed / "jit" / "warm" / "key"), kv_cache_warn_share=share)
+    write_plan(installed, plan)
     entry = installed / ENTRY.lstrip("/")
     return subprocess.run(
         ["/usr/bin/python3", "-I", str(entry), "ready", "--plan", str(installed / "llm.json")], cwd=installed,
@@ -118,13 +112,14 @@ def test_each_start_compares_its_kv_cache_with_the_last_good_start_and_warns_bel
     assert json.loads(stamp.read_text())["kv_cache_tokens"] == 1000, "the best good start stays the reference"
 
 
-def test_a_unit_written_before_the_comparison_still_starts_and_stamps(installed):
+@pytest.mark.parametrize("share", [None, 0, 1.5, "0.9"])
+def test_a_plan_file_without_its_kv_cache_share_is_refused_before_any_wait(installed, share):
     server = serve(200, json.dumps({"data": [{"id": "tiny"}]}).encode(), metrics_page(10))
     try:
-        (installed / "jit" / "warm").mkdir(parents=True)
-        (installed / "jit" / "warm" / "key").write_text('{"time": 1, "kv_cache_tokens": 1000}\n')
-        result = wait(installed, server)
+        result = wait(installed, server, share=share)
     finally:
         server.shutdown()
-    assert result.returncode == 0 and "WARNING" not in result.stderr, result.stderr
-    assert json.loads((installed / "jit" / "warm" / "key").read_text())["kv_cache_tokens"] == 1000, "an uncompared start is no reference"
+    path = installed / "llm.json"
+    assert result.returncode == 1
+    assert result.stderr == f"{path}: no usable cold_start; re-apply site.yml to this host (the serving roles write the plan files)\n"
+    assert server.requests == [], "nothing is waited for on a plan file the reader refuses"

@@ -15,10 +15,12 @@ import threading
 import time
 
 import pytest
+from plan_files import unit_plan, write_plan
 from runtime_layout import install_runtime
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._gateway import backend_reports, gateway_plan
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_runtime import RUNTIME_MODULES
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._plan_file import start_record
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._watchdog import DAEMON, DAEMON_SOURCE
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
@@ -138,10 +140,12 @@ def host(tmp_path, instance):
     plans = tmp_path / "plans"
     plans.mkdir()
     (plans / "llm.env").write_text(f"VLLM_API_KEY={KEY}\n")
-    plan = {"schema_version": 1, "name": "llm", "unit": UNIT, "container": CONTAINER, "url": f"http://127.0.0.1:{instance.server_port}",
-            "env_path": str(plans / "llm.env"), "served_names": ["llm"], "serve_args": ["/models/llm"], "config_hash": "h1",
-            "health_timeout": 5, "maintenance_flag": str(tmp_path / "run" / "vllm-maintenance"), "cluster": None}
-    (plans / "llm.json").write_text(json.dumps(plan))
+    plan = unit_plan(container=CONTAINER, url=f"http://127.0.0.1:{instance.server_port}", env_path=str(plans / "llm.env"), model="llm",
+                     served_names=["llm"], serve_args=["/models/llm"], config_hash="h1", health_timeout=5,
+                     maintenance_flag=str(tmp_path / "run" / "vllm-maintenance"))
+    # No warm stamp: each start the watchdog makes gets the cold grace, as short as the health timeout here.
+    plan["cold_start"].update(timeout=5, stamp=str(tmp_path / "jit" / "warm" / "h1"))
+    write_plan(plans, plan)
     settings = {"interval": 5, "failures": 3, "probe_timeout": 1, "probe_tokens": 4, "budget": 1, "budget_window": 3600, "warm_grace": 30,
                 "maintenance_max_age": 60, "bundle_time_limit": 5, "route_budget": 8, "route_budget_window": 3600, "plan_dirs": [str(plans)],
                 "state_dir": str(tmp_path / "state"),
@@ -192,7 +196,7 @@ def as_cluster_head(host, peers=True, rank=0):
     """The host runs rank 0 of a two-node cluster (native backend); its peer at 10.0.0.2 runs rank 1 (or the other way round)."""
     plan = json.loads((host / "plans" / "llm.json").read_text())
     (host / "plans" / "llm.json").unlink()
-    plan.update(name="tp2", unit=RANK_UNIT, container="vllm-cluster-tp2", cluster={
+    plan.update(name="tp2", unit=RANK_UNIT, container="vllm-cluster-tp2", start_bound={**plan["start_bound"], "path": start_record(RANK_UNIT)}, cluster={
         "rank": rank, "head": rank == 0, "nnodes": 2, "backend": "native", "master_addr": "10.0.0.1", "master_port": 29501,
         "host_ip": "10.0.0.2" if rank else "10.0.0.1",
         "nodes": [{"name": "spark-2", "rank": 1, "address": "10.0.0.2"}, {"name": "spark-1", "rank": 0, "address": "10.0.0.1"}]})
@@ -349,6 +353,26 @@ def test_a_healthy_unit_writes_one_line_and_then_nothing(host):
     decisions = [line for line in sample(host) if line.get("unit") == UNIT]
     assert decisions == [] and actions(host) == []
     assert json.loads((host / "state" / "state.json").read_text())["units"][UNIT]["verdict"] == "progress"
+
+
+@pytest.mark.parametrize(("damage", "named"), [
+    ('{"schema_version": 1}', "schema_version 1, this release reads 2"),
+    ("{damaged", "not valid JSON"),
+    ("[]", "holds no plan object"),
+    (None, "no usable start_bound"),
+])
+def test_a_damaged_plan_file_is_named_and_the_good_ones_are_still_watched(host, damage, named):
+    damaged = host / "plans" / "other.json"
+    if damage is None:
+        write_plan(host / "plans", unit_plan("other", start_bound={"starts": 3, "window": 1800, "path": "/etc/cron.d/job.json"}))
+    else:
+        damaged.write_text(damage)
+    lines = sample(host)
+    assert lines[0]["verdict"] == "started" and lines[0]["why"].startswith(f"watching {UNIT} every 5 s")
+    refused = lines[0]["why"].split("; not plans it can act on: ")[1]
+    assert refused.startswith(f"{damaged}: ") and named in refused and refused.endswith(
+        "; re-apply site.yml to this host (the serving roles write the plan files)")
+    assert [line["verdict"] for line in lines[1:] if line.get("unit") == UNIT] == ["answers"]
 
 
 def test_past_the_budget_it_gives_up_writes_the_evidence_and_is_handed_back_by_clear(host):

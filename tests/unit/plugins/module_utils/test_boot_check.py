@@ -10,9 +10,10 @@ import socket
 import threading
 
 import pytest
+from plan_files import unit_plan
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils import _boot_check
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_instance import PLAN_SCHEMA_VERSION
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._plan_file import FIX
 
 KEY = "boot-check-test-key"
 PROC_STAT = "cpu  1 2 3\nbtime 1764000000\nprocesses 42\n"
@@ -71,12 +72,10 @@ def vllm_routes(address="127.0.0.1", drafts_per_request=3):
 
 
 def plan(config_dir, name, port, start_after=(), speculative=None, bind=("127.0.0.1",)):
-    unit = f"sparkfleet-vllm-{name}.service"
-    return {"schema_version": PLAN_SCHEMA_VERSION, "name": name, "unit": unit, "container": f"vllm-{name}",
-            "url": f"http://127.0.0.1:{port}", "env_path": f"{config_dir}/{name}.env", "port": port, "bind_addresses": list(bind),
-            "model": "tiny", "served_names": ["tiny"], "weights": "/models/tiny", "container_url": "http://127.0.0.1:8000",
-            "run_image": "registry.example/vllm@sha256:" + "0" * 64, "health_timeout": 60, "start_after": list(start_after),
-            "launch_check": {"speculative_method": speculative}, "cluster": None}
+    """The plan file the vllm role writes for instance ``name`` (plan_files.unit_plan), served at ``port`` here."""
+    built = unit_plan(name)
+    return {**built, "url": f"http://127.0.0.1:{port}", "env_path": f"{config_dir}/{name}.env", "port": port, "bind_addresses": list(bind),
+            "start_after": list(start_after), "launch_check": {**built["launch_check"], "speculative_method": speculative}}
 
 
 def write_plans(folder, *plans):
@@ -179,15 +178,19 @@ def test_a_planned_unit_not_installed_or_not_running_fails_a_worker_rank_too():
 
 
 @pytest.mark.parametrize(("change", "named"), [
-    ({"unit": "a.service; rm -rf /"}, "unit"), ({"port": "8000"}, "port"), ({"start_after": "sparkfleet-vllm-a.service"}, "start_after"),
-    ({"cluster": "head"}, "cluster"), ({"bind_addresses": [None]}, "bind_addresses"),
+    ({"unit": "a.service; rm -rf /"}, "no usable unit, start_bound"), ({"port": "8000"}, "no usable port"),
+    ({"start_after": "sparkfleet-vllm-a.service"}, "no usable start_after"), ({"cluster": "head"}, "no usable cluster"),
+    ({"bind_addresses": [None]}, "no usable bind_addresses"), ({"schema_version": 1}, "schema_version 1, this release reads 2"),
 ])
 def test_a_damaged_plan_file_fails_the_serving_check_naming_what_is_wrong(tmp_path, change, named):
-    write_plans(tmp_path, {**plan(tmp_path, "first", 9), **change})
-    result = _boot_check.check({**OPTIONS, "plan_dirs": [str(tmp_path)]}, host_of(Systemd({})))
-    assert result["ok"] and not result["passed"]
-    serving = result["checks"][0]
-    assert serving["check"] == "serving" and not serving["passed"] and f"first.json: no usable {named} " in serving["detail"]
+    """The other plans are still checked: the damaged file is one more reason the serving check fails."""
+    good = plan(tmp_path, "second", 9)
+    write_plans(tmp_path, {**plan(tmp_path, "first", 9), **change}, good)
+    plans, damaged = _boot_check.deployed_plans([str(tmp_path)], _boot_check.read_text)
+    assert plans == [good] and len(damaged) == 1
+    assert damaged[0].startswith(f"{tmp_path / 'first.json'}: {named}") and damaged[0].endswith(f"; {FIX}")
+    result = _boot_check.check({**OPTIONS, "plan_dirs": [str(tmp_path)]}, host_of(Systemd({})), validate_only=True)
+    assert result["ok"] and result["damaged_plan_files"] == damaged
 
 
 def test_systemd_answering_fewer_blocks_than_units_is_an_error_not_a_guess():

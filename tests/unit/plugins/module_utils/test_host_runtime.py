@@ -1,4 +1,4 @@
-"""The host runtime every unit start runs: its plan-file reader, the admission's order and journal lines, the ledger of
+"""The host runtime every unit start runs: its refusal of a plan file the one reader refuses, the admission's order and journal lines, the ledger of
 the containers stopped for starts, a refused start that is recorded and not retried, and the readiness wait."""
 
 import ast
@@ -7,14 +7,15 @@ import os
 import pathlib
 
 import pytest
+from plan_files import rank_plan, unit_plan, write_plan
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils import _host_runtime as runtime
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._launch_checks import memory_probe_argv
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._plan_file import PlanFileError, read_plan, start_record
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_health import Reply
 
 ROOT = pathlib.Path(__file__).resolve().parents[4]
 GIB = 1024**3
-IMAGE = "registry.example/vllm@sha256:" + "a" * 64
 
 
 def test_the_runtime_is_its_listed_files_which_import_only_each_other_and_the_standard_library():
@@ -35,58 +36,21 @@ def test_the_runtime_is_its_listed_files_which_import_only_each_other_and_the_st
 
 
 def plan_of(tmp_path, **changes):
-    plan = {
-        "schema_version": 1, "name": "llm", "unit": "sparkfleet-vllm-llm.service", "container": "vllm-llm",
-        "url": "http://127.0.0.1:8000", "env_path": str(tmp_path / "llm.env"), "plan_path": str(tmp_path / "llm.json"),
-        "docker_run": ["/usr/bin/docker", "run", "--name", "vllm-llm", IMAGE], "run_image": IMAGE,
-        "memory_probe": memory_probe_argv(IMAGE, False), "paused_containers": ["nvidia_gpu_exporter"],
-        "gpu_memory_utilization": 0.5, "drop_caches": True, "memory_admission": True, "cluster": None,
-        "served_names": ["tiny"], "health_timeout": 20,
-        "start_bound": {"starts": 3, "window": 8310, "path": str(tmp_path / "starts" / "sparkfleet-vllm-llm.service.json")},
-        "cold_start": {"timeout": 30, "stamp": str(tmp_path / "jit" / "warm" / "key"), "kv_cache_warn_share": 0.9},
-    }
-    plan.update(changes)
-    return plan
+    """The plan file the vllm role writes (plan_files.unit_plan), its env file and warm stamp under tmp_path."""
+    return unit_plan(**{"env_path": str(tmp_path / "llm.env"), "paused_containers": ["nvidia_gpu_exporter"], "drop_caches": True,
+                        "memory_admission": True, "health_timeout": 20, **changes,
+                        "cold_start": {**unit_plan()["cold_start"], "timeout": 30, "stamp": str(tmp_path / "jit" / "warm" / "key"),
+                                       **changes.get("cold_start", {})}})
 
 
-def written(tmp_path, plan):
-    path = tmp_path / "llm.json"
-    path.write_text(json.dumps(plan))
-    return str(path)
-
-
-@pytest.mark.parametrize(("damage", "fragment"), [
-    ({"schema_version": 2}, "schema_version 2, this runtime reads 1 (another release of sparkfleet.vllm wrote it)"),
-    ({"schema_version": None}, "schema_version None"),
-    ({"docker_run": ["/bin/sh", "-c", "reboot"]}, "no usable docker_run"),
-    ({"docker_run": ["docker", "run"]}, "no usable docker_run"),
-    ({"memory_probe": ["/usr/bin/timeout", "1", "/bin/sh"]}, "no usable memory_probe"),
-    ({"gpu_memory_utilization": 1.5}, "no usable gpu_memory_utilization"),
-    ({"memory_admission": "yes"}, "no usable memory_admission"),
-    ({"run_image": "--privileged"}, "no usable run_image"),
-    ({"paused_containers": "nvidia_gpu_exporter"}, "no usable paused_containers"),
-    ({"served_names": []}, "no usable served_names"),
-    ({"cold_start": {"stamp": "relative"}}, "no usable cold_start"),
-    ({"start_bound": {"starts": 3, "window": 1800, "path": "/var/lib/sparkfleet/starts/../../../etc/sparkfleet-vllm-llm.service.json"}},
-     "no usable start_bound"),
-    ({"start_bound": {"starts": 0, "window": 1800, "path": "/var/lib/sparkfleet/starts/sparkfleet-vllm-llm.service.json"}},
-     "no usable start_bound"),
-])
-def test_a_plan_file_of_another_schema_or_damaged_is_refused_with_its_path_and_the_fix(tmp_path, damage, fragment):
-    path = written(tmp_path, plan_of(tmp_path, **damage))
-    with pytest.raises(runtime.PlanFileError) as refused:
-        runtime.read_plan(path)
-    assert str(refused.value).startswith(f"{path}: ") and fragment in str(refused.value)
-    assert str(refused.value).endswith("re-apply site.yml to this host (the serving roles write the plan files)")
-
-
-def test_a_missing_or_broken_plan_file_is_named(tmp_path):
-    for text, fragment in ((None, "no such plan file"), ("{", "not valid JSON"), ("[]", "holds no plan object")):
-        if text is not None:
-            (tmp_path / "llm.json").write_text(text)
-        with pytest.raises(runtime.PlanFileError, match=fragment):
-            runtime.read_plan(str(tmp_path / "llm.json"))
-    assert runtime.read_plan(written(tmp_path, plan_of(tmp_path)))["name"] == "llm"
+def test_the_entry_refuses_a_plan_file_through_the_one_reader(tmp_path, capsys):
+    plan = plan_of(tmp_path, schema_version=1)
+    path = write_plan(tmp_path, plan)
+    assert runtime.main(["start", "--plan", path]) == runtime.REFUSED and runtime.main(["ready", "--plan", path]) == 1
+    with pytest.raises(PlanFileError) as refused:
+        read_plan(path)
+    assert capsys.readouterr().err.splitlines() == [str(refused.value)] * 2
+    assert runtime.read_plan is read_plan and runtime.PlanFileError is PlanFileError
 
 
 class Host:
@@ -144,7 +108,7 @@ def test_a_refused_start_names_the_figures_and_the_fix_and_starts_the_exporter_a
 
 def test_nothing_is_checked_that_the_plan_switches_off_and_a_rank_stops_no_exporter(tmp_path):
     host, lines = Host({"nvidia_gpu_exporter": True}), []
-    plan = plan_of(tmp_path, drop_caches=False, memory_admission=False, cluster={"rank": 1, "head": False})
+    plan = plan_of(tmp_path, drop_caches=False, memory_admission=False, cluster=rank_plan(1)["cluster"])
     assert admit(tmp_path, plan, host, lines) == [] and host.calls == []
     assert lines == ["page cache kept (vllm_drop_caches is off for this host)"]
 
@@ -218,13 +182,14 @@ def test_a_refused_start_is_recorded_for_its_own_invocation_and_an_admitted_one_
     monkeypatch.setattr(runtime, "admit", lambda plan, run, log: ["llm: too little memory"])
     recorded = []
     monkeypatch.setattr(runtime, "record_refusal", lambda *args: recorded.append(args))
-    assert runtime.start(plan_of(tmp_path), Host(), lines.append, "inv-1") == runtime.REFUSED == 78
+    assert runtime.start(plan_of(tmp_path), Host(), lines.append, "inv-1", ledger_dir=str(tmp_path)) == runtime.REFUSED == 78
     assert lines == ["start of llm refused, not retried: llm: too little memory"] and recorded == [("vllm-llm", "llm: too little memory", "inv-1")]
     monkeypatch.setattr(runtime, "admit", lambda plan, run, log: [])
     monkeypatch.setattr(runtime.os, "execv", became)
+    plan = plan_of(tmp_path)
     with pytest.raises(BecameDockerRun) as executed:
-        runtime.start(plan_of(tmp_path), Host(), lines.append, "inv-2")
-    assert executed.value.args == ("/usr/bin/docker", ["/usr/bin/docker", "run", "--name", "vllm-llm", IMAGE])
+        runtime.start(plan, Host(), lines.append, "inv-2", ledger_dir=str(tmp_path))
+    assert executed.value.args == ("/usr/bin/docker", plan["docker_run"])
 
 
 def test_a_refusal_is_read_only_by_its_own_start(tmp_path):
@@ -264,8 +229,10 @@ def test_a_gb10_start_a_stray_holder_and_the_memory_refuse_is_named_with_seed_00
     persistenced = (1580, "nvidia-persistenced", ["/dev/nvidia0"])
     other_instance = (3131, "VLLM::EngineCore", ["/dev/nvidia0"])
     cgroups = {4242: "0::/system.slice/docker-beef.scope\n", 3131: "0::/system.slice/docker-c0ffee.scope\n"}
+    gpus = unit_plan("tiny", options={"gpus": True})
     plan = plan_of(tmp_path, name="tiny", gpu_memory_utilization=0.85, paused_containers=[], drop_caches=False,
-                   memory_probe=memory_probe_argv(IMAGE, True), docker_run=["/usr/bin/docker", "run", "--gpus", "all", IMAGE])
+                   memory_probe=gpus["memory_probe"], docker_run=gpus["docker_run"])
+    assert plan["memory_probe"] == memory_probe_argv(plan["run_image"], True)
     problems = runtime.admit(plan, tools, print, str(tmp_path / "paused.json"), str(tmp_path / "drop"), ("/dev/nvidia*",),
                              lambda: [exporter, persistenced, other_instance], cgroups.get)
     assert " | ".join(problems) == (
@@ -279,14 +246,15 @@ def test_a_gb10_start_a_stray_holder_and_the_memory_refuse_is_named_with_seed_00
     assert ran[-1] == plan["memory_probe"] and plan["memory_probe"][:7] == bounded and "--network" in plan["memory_probe"]
 
 
-def started(plan, at, monkeypatch, admitted=True):
-    """One start through the door at time ``at``: its exit status (None: it became the docker run)."""
+def started(ledger, plan, at, monkeypatch, admitted=True):
+    """One start through the door at time ``at``, its starts counted in the folder ``ledger``: its exit status (None: it
+    became the docker run)."""
     monkeypatch.setattr(runtime, "admit", lambda plan, run, log: [] if admitted else ["llm: too little memory"])
     monkeypatch.setattr(runtime.os, "execv", became)
     monkeypatch.setattr(runtime, "record_refusal", lambda *args: None)
     lines = []
     try:
-        return runtime.start(plan, Host(), lines.append, "inv", clock=lambda: at), lines
+        return runtime.start(plan, Host(), lines.append, "inv", clock=lambda: at, ledger_dir=str(ledger)), lines
     except BecameDockerRun:
         return None, lines
 
@@ -303,23 +271,25 @@ def test_starts_are_bounded_whoever_causes_them_and_a_start_that_hangs_each_time
     """A boot, systemd's restart and the watchdog's restart all pass the door: the fourth start within the window is refused,
     also when each start hung until systemd gave up (2760 s apart, longer than systemd's former 1800 s window)."""
     plan = plan_of(tmp_path)
+    window = plan["start_bound"]["window"]
+    assert plan["start_bound"]["starts"] == 3 and window > 3 * 2760, "the role's bound holds three starts that each hang"
     hung = 2760 + 10
-    assert [started(plan, 1000 + n * hung, monkeypatch)[0] for n in range(3)] == [None, None, None]
-    status, lines = started(plan, 1000 + 3 * hung - 1, monkeypatch)
+    assert [started(tmp_path, plan, 1000 + n * hung, monkeypatch)[0] for n in range(3)] == [None, None, None]
+    status, lines = started(tmp_path, plan, 1000 + 3 * hung - 1, monkeypatch)
     assert status == runtime.REFUSED and lines == [
-        "start of llm refused, not retried: 3 starts within the last 8310 s already, the bound on its starts whoever causes them "
+        f"start of llm refused, not retried: 3 starts within the last {window} s already, the bound on its starts whoever causes them "
         "(vllm_start_limit_burst); look at its journal, fix the cause, then re-apply site.yml, which relaunches it"]
-    assert started(plan, 1000 + 8310 + 1, monkeypatch)[0] is None, "the first start left the window"
+    assert started(tmp_path, plan, 1000 + window + 1, monkeypatch)[0] is None, "the first start left the window"
 
 
 def test_a_refused_start_counts_and_a_persons_relaunch_clears_the_count(tmp_path, monkeypatch):
     plan = plan_of(tmp_path)
-    assert [started(plan, 10 + n, monkeypatch, admitted=False)[0] for n in range(3)] == [runtime.REFUSED] * 3
-    assert "3 starts within the last" in started(plan, 20, monkeypatch)[1][0], "refusals by the admission are starts too"
-    assert len(json.loads(pathlib.Path(plan["start_bound"]["path"]).read_text())) == 3, "a start refused by the bound is not one"
-    runtime.clear_starts(plan["start_bound"])
-    runtime.clear_starts(plan["start_bound"])
-    assert started(plan, 21, monkeypatch)[0] is None
+    assert [started(tmp_path, plan, 10 + n, monkeypatch, admitted=False)[0] for n in range(3)] == [runtime.REFUSED] * 3
+    assert "3 starts within the last" in started(tmp_path, plan, 20, monkeypatch)[1][0], "refusals by the admission are starts too"
+    assert len(json.loads(pathlib.Path(start_record(plan["unit"], str(tmp_path))).read_text())) == 3, "a start refused by the bound is not one"
+    runtime.clear_starts(plan["unit"], str(tmp_path))
+    runtime.clear_starts(plan["unit"], str(tmp_path))
+    assert started(tmp_path, plan, 21, monkeypatch)[0] is None
 
 
 def test_a_start_that_cannot_be_counted_is_not_made(tmp_path, monkeypatch):
@@ -329,7 +299,7 @@ def test_a_start_that_cannot_be_counted_is_not_made(tmp_path, monkeypatch):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(runtime, "write_atomically", full)
-    status, lines = started(plan, 10, monkeypatch)
+    status, lines = started(tmp_path, plan, 10, monkeypatch)
     assert status == runtime.REFUSED and lines[0].endswith(
         "the start cannot be counted (No space left on device), so it is not made; free the disk")
 
@@ -370,12 +340,12 @@ def test_a_door_that_breaks_is_a_refusal_the_readiness_wait_hears_at_once(tmp_pa
 
     monkeypatch.setattr(runtime.os, "execv", broken)
     plan = plan_of(tmp_path, paused_containers=[])
-    assert runtime.start(plan, Host(), lines.append, "inv-1", clock=lambda: 10) == runtime.REFUSED
+    assert runtime.start(plan, Host(), lines.append, "inv-1", clock=lambda: 10, ledger_dir=str(tmp_path)) == runtime.REFUSED
     assert recorded[0] == ("cleared", "vllm-llm"), "a start forgets the last start's refusal first"
     assert recorded[1][0] == "vllm-llm" and "the start could not run (FileNotFoundError" in recorded[1][1]
 
 
 def test_a_start_recorded_in_the_future_after_the_clock_stepped_back_still_counts(tmp_path, monkeypatch):
     plan = plan_of(tmp_path)
-    assert [started(plan, 5000 + n, monkeypatch)[0] for n in range(3)] == [None, None, None]
-    assert started(plan, 4000, monkeypatch)[0] == runtime.REFUSED
+    assert [started(tmp_path, plan, 5000 + n, monkeypatch)[0] for n in range(3)] == [None, None, None]
+    assert started(tmp_path, plan, 4000, monkeypatch)[0] == runtime.REFUSED

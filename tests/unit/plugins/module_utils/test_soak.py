@@ -13,6 +13,7 @@ import threading
 import time
 
 import pytest
+from plan_files import unit_plan, write_plan
 from threaded_server import serving
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils import _soak
@@ -39,7 +40,6 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._soak import (
     validate,
     verdict,
 )
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_instance import PLAN_SCHEMA_VERSION
 
 KEY = "k" * 40
 ROOT = pathlib.Path(__file__).resolve().parents[4]
@@ -589,10 +589,7 @@ def test_good_options_pass():
 def plan_files(tmp_path, url):
     config = tmp_path / "config"
     config.mkdir()
-    plan = {"schema_version": PLAN_SCHEMA_VERSION, "name": "llm", "unit": "sparkfleet-vllm-llm.service", "container": "vllm-llm",
-            "url": url, "container_url": "http://127.0.0.1:8000", "model": "tiny", "served_names": ["tiny"], "weights": "/models/tiny",
-            "run_image": "registry.example/vllm@sha256:" + "0" * 64, "health_timeout": 600}
-    (config / "llm.json").write_text(json.dumps(plan))
+    write_plan(config, unit_plan(url=url, health_timeout=600))
     (config / "llm.env").write_text(f"VLLM_API_KEY={KEY}\n")
     return str(config)
 

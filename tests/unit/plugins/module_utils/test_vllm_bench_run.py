@@ -12,10 +12,10 @@ import sys
 import threading
 
 import pytest
+from plan_files import unit_plan, write_plan
 from threaded_server import serving
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_bench import benchmark
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_instance import PLAN_SCHEMA_VERSION
 
 KEY = "k" * 40
 OPTIONS = {
@@ -344,12 +344,8 @@ def test_exec_runs_in_the_serving_container_and_leaves_nothing_there(tmp_path, v
     image_vllm = executable(tmp_path / "image" / "vllm", FAKE_VLLM.format(python=sys.executable))
     host = Host(tmp_path / "bin")
     executable(host.bin_dir / "docker", FAKE_DOCKER.format(python=sys.executable, root=str(root), vllm=str(image_vllm)))
-    plan = {"schema_version": PLAN_SCHEMA_VERSION, "name": "llm", "url": vllm.url, "model": "tiny", "served_names": ["tiny"],
-            "health_timeout": 600, "weights": "/models/tiny", "container": "vllm-llm", "container_url": vllm.url,
-            "run_image": "r/vllm@sha256:" + "a" * 64}
     config = tmp_path / "etc"
-    config.mkdir()
-    (config / "llm.json").write_text(json.dumps(plan))
+    write_plan(config, unit_plan(url=vllm.url, container_url=vllm.url, health_timeout=600))
     (config / "llm.env").write_text(f"VLLM_API_KEY={KEY}\n")
     params = dict(OPTIONS, instance="llm", config_dir=str(config), runner="auto", documents_dir=documents,
                   results_dir=str(tmp_path / "results"), concurrencies=[1])

@@ -3,6 +3,7 @@ import json
 import pytest
 from plan_options import plan_options
 
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._plan_file import FIX, PlanFileError
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_client import (
     instance_endpoint,
     json_object,
@@ -49,20 +50,19 @@ def test_an_instance_that_lets_the_model_choose_tools_names_its_parser():
     assert instance_endpoint(plan["instances"][0], parse_env_file(plan["env_files"]["llm"]))["tool_parser"] == "hermes"
 
 
-def test_a_plan_file_of_another_shape_is_a_clear_error(tmp_path):
-    (tmp_path / "llm.json").write_text(json.dumps({"name": "llm", "serve_args": []}))
+@pytest.mark.parametrize(("text", "fragment"), [
+    (json.dumps({"name": "llm", "serve_args": []}), "schema_version None, this release reads 2"),
+    (json.dumps({**planned()[0], "schema_version": 1}), "schema_version 1, this release reads 2"),
+    (json.dumps({**planned()[0], "served_names": "gemma-it", "health_timeout": "1200"}), "no usable served_names, health_timeout"),
+    ("[1]", "holds no plan object"),
+    ("{", "not valid JSON"),
+])
+def test_a_plan_file_the_one_reader_refuses_is_refused_with_its_path_and_the_fix(tmp_path, text, fragment):
+    (tmp_path / "llm.json").write_text(text)
     (tmp_path / "llm.env").write_text("VLLM_API_KEY=secret\n")
-    with pytest.raises(ValueError, match="has schema_version None, this collection reads 1: another release wrote it; re-apply"):
+    with pytest.raises(PlanFileError) as refused:
         resolve({"instance": "llm", "config_dir": str(tmp_path)})
-    (tmp_path / "llm.json").write_text(json.dumps({"schema_version": 1, "name": "llm", "serve_args": []}))
-    with pytest.raises(ValueError, match="of instance llm has no usable url, model, .*; re-apply the vllm role"):
-        resolve({"instance": "llm", "config_dir": str(tmp_path)})
-    (tmp_path / "llm.json").write_text("[1]")
-    with pytest.raises(ValueError, match="does not hold a plan object"):
-        resolve({"instance": "llm", "config_dir": str(tmp_path)})
-    (tmp_path / "llm.json").write_text("{")
-    with pytest.raises(ValueError, match="not valid JSON"):
-        resolve({"instance": "llm", "config_dir": str(tmp_path)})
+    assert str(refused.value).startswith(f"{tmp_path / 'llm.json'}: {fragment}") and str(refused.value).endswith(f"; {FIX}")
 
 
 def test_explicit_options_win_and_an_endpoint_is_required(tmp_path):
@@ -96,12 +96,6 @@ def test_labels_are_plain_names(label):
 @pytest.mark.parametrize("label", ["mtp4-natural", "bf16", "run_2.b", "K3"])
 def test_plain_labels_pass(label):
     assert label_problems("label", label) == []
-
-
-def test_a_plan_file_with_keys_of_another_type_names_them():
-    plan, env = planned()
-    with pytest.raises(ValueError, match="has no usable served_names, health_timeout; re-apply the vllm role"):
-        instance_endpoint(dict(plan, served_names="gemma-it", health_timeout="1200"), parse_env_file(env))
 
 
 def test_an_env_file_that_cannot_be_read_names_become(tmp_path):

@@ -18,6 +18,7 @@ import threading
 import time
 
 import pytest
+from plan_files import unit_plan, write_plan
 from threaded_server import serving
 
 ROOT = pathlib.Path(__file__).resolve().parents[4]
@@ -160,12 +161,14 @@ def test_bench_local_runner_without_vllm_is_refused_with_the_other_problems(serv
 
 
 def test_bench_names_a_plan_file_of_an_older_release(tmp_path):
-    (tmp_path / "llm.json").write_text(json.dumps({"name": "llm", "url": "http://127.0.0.1:1", "served_names": ["gemma"]}))
+    path = write_plan(tmp_path, {"name": "llm", "url": "http://127.0.0.1:1", "served_names": ["gemma"]})
     (tmp_path / "llm.env").write_text(f"VLLM_API_KEY={KEY}\n")
     args = {"instance": "llm", "config_dir": str(tmp_path), "label": "x", "dataset": "random", "runner": "local"}
-    refused("vllm_bench", args, "the plan file of instance llm has schema_version None", "another release wrote it")
-    (tmp_path / "llm.json").write_text(json.dumps({"schema_version": 1, "name": "llm", "url": "http://127.0.0.1:1", "served_names": "gemma"}))
-    refused("vllm_bench", args, "the plan file of instance llm has no usable model", "served_names", "re-apply the vllm role")
+    refused("vllm_bench", args, f"{path}: schema_version None, this release reads 2", "re-apply site.yml to this host")
+    write_plan(tmp_path, unit_plan(schema_version=1))
+    refused("vllm_bench", args, f"{path}: schema_version 1, this release reads 2", "re-apply site.yml to this host")
+    write_plan(tmp_path, unit_plan(served_names="gemma", model=None))
+    refused("vllm_bench", args, f"{path}: no usable model, served_names; re-apply site.yml to this host")
 
 
 @pytest.mark.parametrize("module", ["vllm_bench", "vllm_acceptance", "vllm_metrics_info"])
@@ -205,15 +208,13 @@ def test_health_names_a_model_list_of_another_shape_and_a_plan_file_of_another_t
     server.routes["/v1/models"] = (200, '{"data": [{"id": 1}]}', 0)
     refused("vllm_health", {"url": server.url, "api_key": KEY, "served_model_names": ["gemma"], "timeout": 5},
             "200 with a body that is not a model list")
-    plan = {"schema_version": 1, "name": "llm", "url": server.url,
-            "model": "gemma", "served_names": ["gemma"], "health_timeout": "600", "weights": "/models/g",
-            "container": "vllm-llm", "container_url": "http://127.0.0.1:8000", "run_image": "r/vllm@sha256:" + "a" * 64}
-    (tmp_path / "llm.json").write_text(json.dumps(plan))
+    path = write_plan(tmp_path, unit_plan(url=server.url, served_names=["gemma"], model="gemma"))
     (tmp_path / "llm.env").mkdir()
     refused("vllm_health", {"instance": "llm", "config_dir": str(tmp_path)}, "instance llm: cannot read", "llm.env (Is a directory)")
     (tmp_path / "llm.env").rmdir()
     (tmp_path / "llm.env").write_text(f"VLLM_API_KEY={KEY}\n")
-    refused("vllm_health", {"instance": "llm", "config_dir": str(tmp_path)}, "has no usable health_timeout; re-apply the vllm role")
+    write_plan(tmp_path, unit_plan(url=server.url, health_timeout="600"))
+    refused("vllm_health", {"instance": "llm", "config_dir": str(tmp_path)}, f"{path}: no usable health_timeout; re-apply site.yml to this host")
 
 
 def test_correctness_names_replies_of_another_shape_and_a_damaged_reference(server, tmp_path):

@@ -273,7 +273,7 @@ def test_a_container_changed_by_hand_is_drift(host, container, reason):
 
 
 @pytest.mark.parametrize(("damage", "fragment"), [
-    pytest.param(lambda plan: {**plan, "schema_version": 0}, "plan: schema_version 0, while this release reads 1", id="other-release"),
+    pytest.param(lambda plan: {**plan, "schema_version": 0}, "plan: schema_version 0, while this release reads 2", id="other-release"),
     pytest.param(lambda plan: {**plan, "kept_files": plan["kept_files"][:2]}, "plan: lacks kept_files", id="files-missing"),
     pytest.param(lambda plan: {k: v for k, v in plan.items() if k != "config_hash"}, "plan: lacks config_hash", id="hash-missing"),
     pytest.param(lambda plan: {**plan, "kept_files": [{k: v for k, v in kept.items() if k != "last_good"} for kept in plan["kept_files"]]},
