@@ -278,11 +278,18 @@ def await_door(plan: t.Mapping[str, t.Any], run: Runner, since: float, refusals_
             started = started_at(state_of(inspect_container(run, plan["container"])).get("StartedAt"))
             if started is not None and started >= since:
                 return
-            active = show_units(run, [plan["unit"]], ("ActiveState",))[plan["unit"]]["ActiveState"]
+            unit = show_units(run, [plan["unit"]], ("ActiveState", "Job"))[plan["unit"]]
         except StateUnanswered as error:
             raise DoorNotPassed(f"{where}: {error}") from error
-        if active == "failed":
+        if unit["ActiveState"] == "failed":
             raise DoorNotPassed(f"{where} failed before its container started: `journalctl -u {plan['unit']}` on the node says why")
+        # No start job left: systemd will not start this container any more.
+        if unit["Job"] in ("", "0") and unit["ActiveState"] == "inactive":
+            raise DoorNotPassed(f"{where}: systemd ended the start without running the unit (a dependency failed?): "
+                                f"`systemctl status {plan['unit']}` on the node says why")
+        if unit["Job"] in ("", "0") and unit["ActiveState"] == "active" and started is not None:
+            raise DoorNotPassed(f"{where}: the unit still runs the container of a start before this one (its stop did not end it), "
+                                "so this start did nothing: stop the unit, then start it")
         if clock() >= deadline:
             raise DoorNotPassed(f"{where}: its container did not start within {int(timeout)} s of the start (the fabric wait and the "
                                 f"admission come first): `journalctl -u {plan['unit']}` on the node says where it stands")

@@ -22,7 +22,7 @@ import typing as t
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._cluster_sequence import BACKENDS
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_paths import DOCKER_CLIENT
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._launch_checks import memory_probe_argv
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._launch_checks import memory_probe_argv, paused_containers_problems
 
 # The shape of a unit's plan file, written by the plan builder (_vllm_plan.instance_plan). 2: the start door's keys
 # (start_bound, memory_admission, memory_probe, paused_containers, ...) that plans of release 1 lacked.
@@ -57,6 +57,8 @@ def read_plan(path: str, read: t.Callable[[str], str] = read_text) -> dict[str, 
         text = read(path)
     except FileNotFoundError as error:
         raise PlanFileError(f"{path}: no such plan file; {FIX}") from error
+    except UnicodeDecodeError as error:
+        raise PlanFileError(f"{path}: not UTF-8 text ({error.reason} at byte {error.start}); {FIX}") from error
     except OSError as error:
         raise PlanFileError(f"{path}: cannot be read ({error.strerror}); read it as root (become: true), or {FIX}") from error
     return parsed_plan(path, text)
@@ -66,8 +68,8 @@ def parsed_plan(path: str, text: str) -> dict[str, t.Any]:
     """The plan the text of the file at ``path`` holds, checked as read_plan checks it."""
     try:
         found = json.loads(text)
-    except ValueError as error:
-        raise PlanFileError(f"{path}: not valid JSON ({error}); {FIX}") from error
+    except (ValueError, RecursionError) as error:
+        raise PlanFileError(f"{path}: not valid JSON ({str(error)[:200]}); {FIX}") from error
     if not isinstance(found, dict):
         raise PlanFileError(f"{path}: holds no plan object; {FIX}")
     version = found.get("schema_version")
@@ -88,6 +90,9 @@ def unusable_keys(plan: t.Mapping[str, t.Any]) -> list[str]:
     wrong += [key for key in PATH_KEYS if not is_absolute_path(plan.get(key))]
     wrong += [key for key in SWITCH_KEYS if not isinstance(plan.get(key), bool)]
     wrong += [key for key in TEXT_LIST_KEYS if not isinstance(plan.get(key), list) or not all(isinstance(item, str) for item in plan[key])]
+    # The names the start door passes to docker stop and start: other programs' containers, never the collection's own.
+    if "paused_containers" not in wrong and paused_containers_problems("paused_containers", plan["paused_containers"]):
+        wrong.append("paused_containers")
     if not isinstance(plan.get("run_image"), str) or not IMAGE_REFERENCE.fullmatch(plan["run_image"]):
         wrong.append("run_image")
     # The only commands a plan file brings to run are the container the plan builder wrote and its memory check.

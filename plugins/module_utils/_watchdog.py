@@ -63,7 +63,7 @@ DRAINS_FILE = "gateway-drains.json"
 # On a gateway's host: per backend, when its watchdog last changed the routing (route_budget).
 ROUTE_BUDGET_FILE = "route-budget.json"
 PEER_COMMAND = f"/usr/bin/python3 -I {DAEMON} peer"
-CLUSTER_VERBS = ("stop", "start", "restart")
+CLUSTER_VERBS = ("stop", "start", "release", "restart")
 ROUTE_VERBS = ("drain", "undrain")
 KEY_COMMENT = "sparkfleet-watchdog@"
 ED25519_KEY = re.compile(r"ssh-ed25519 [A-Za-z0-9+/]{40,}={0,2}")
@@ -112,7 +112,8 @@ def is_worker(plan: t.Mapping[str, t.Any]) -> bool:
 def peer_request(text: t.Any, plans: t.Sequence[t.Mapping[str, t.Any]], requester: str = "", may: t.Collection[str] = ("cluster",)
                  ) -> tuple[str, t.Any]:
     """The verb and its object of a peer's request (SSH's original command), as the key's forced command lets the
-    requester ask (``may``): ``cluster``: ``stop UNIT`` or ``start UNIT`` from the head restarting the cluster,
+    requester ask (``may``): ``cluster``: ``stop UNIT``, ``start UNIT`` or ``release UNIT`` (lower the flag of a rank the
+    head left stopped) from the head restarting the cluster,
     ``restart UNIT`` from a worker asking the head to, for a cluster rank planned on this host (the object: its plan);
     ``backend``: ``drain NAME`` or ``undrain NAME`` at this host's gateway, of the requester's own units only
     (``requester/instance``, the object: that name). WatchdogError otherwise."""

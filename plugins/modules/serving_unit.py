@@ -30,8 +30,9 @@ description:
     a rollout stopped mid-batch, or one that lost the host, is found by the next run.
   - C(stop) stops the unit (systemd reads its unit file again first) and removes its container.
   - C(start) clears the unit's start limit and the last start's refusal and starts it without waiting for readiness; a
-    cluster's worker rank, which has no readiness wait, is waited on until its container started and fails naming the
-    admission's refusal, its unit failing first (the fabric wait) or no container within 600 s. An
+    cluster's rank is waited on until its door passed (a container of the unit started after the start was asked, as the
+    head's watchdog waits when it restarts a cluster) and fails naming the admission's refusal, its unit failing first
+    (the fabric wait), a start systemd ended without running it, or no container within 600 s. An
     instance's or a rank's unit admits every start itself, whoever causes it (this step, a boot, systemd's restart, the
     watchdog). Its ExecStart runs the host runtime that serving_host installs, which drops the page cache when the plan
     says so (seed 002), stops the other programs' containers the plan lists (C(paused_containers)), refuses a start (the

@@ -13,12 +13,13 @@ which the journal keeps.
   sparkfleet_watchdog.py status          the state of every unit, as JSON
   sparkfleet_watchdog.py peer --from HOST [--cluster] [--backend]
                                          another host's request over SSH (SSH_ORIGINAL_COMMAND): a cluster peer's
-                                         stop|start|restart UNIT, a gateway backend's drain|undrain HOST/INSTANCE
+                                         stop|start|release|restart UNIT, a gateway backend's drain|undrain HOST/INSTANCE
   sparkfleet_watchdog.py ranks           the cluster ranks and the gateway's backends deployed here, as JSON (the
                                          role's key exchange)
 """
 
 import argparse
+import contextlib
 import fcntl
 import glob
 import http.client
@@ -91,7 +92,8 @@ COMMAND_TIMEOUT = 30
 # Stopping a rank waits for its container to stop (the unit's own stop timeout is 90 s by default).
 STOP_TIMEOUT = 150
 # Starting a rank waits until its door passed (the host runtime's await_door): its systemctl calls, then the door's bound.
-START_TIMEOUT = 2 * COMMAND_TIMEOUT + DOOR_TIMEOUT
+# reset-failed and start, the door's bound, and its last poll (docker inspect and systemctl show) after the bound.
+START_TIMEOUT = 4 * COMMAND_TIMEOUT + DOOR_TIMEOUT
 # A gateway's restart after a drain: the old LiteLLM stops (30 s), the new one starts.
 GATEWAY_RESTART_TIMEOUT = 120
 # No proxy from the service's environment: a probe carries the instance's key, and every URL is the host's own.
@@ -288,7 +290,10 @@ def restart_cluster(plan, peer_dir):
     def step(verb, node):
         if node["address"] == own:
             return rank_step(verb, plan)
-        rc, out = peer_call(node["address"], f"{verb} {plan['unit']}", peer_dir, STOP_TIMEOUT + 30 if verb == "stop" else START_TIMEOUT + 30)
+        timeout = STOP_TIMEOUT + 30 if verb == "stop" else START_TIMEOUT + 30
+        rc, out = peer_call(node["address"], f"{verb} {plan['unit']}", peer_dir, timeout)
+        if rc is None:
+            return rc, f"{node['address']} did not answer within {timeout} s"
         try:
             reply = json.loads(out) if rc else {}
         except ValueError:
@@ -297,9 +302,16 @@ def restart_cluster(plan, peer_dir):
 
     raise_flag(flag, plan["unit"])
     try:
-        return cluster_restart(plan["cluster"]["nodes"], plan["cluster"]["backend"], step)
+        steps = cluster_restart(plan["cluster"]["nodes"], plan["cluster"]["backend"], step)
     finally:
         lower_flag(flag, plan["unit"])
+    # A rank left stopped after a wave that did not start: its node's watchdog is quiet only while its flag stands.
+    started = {entry["rank"] for entry in steps if entry.get("step") == "start" and "rank" in entry}
+    for node in plan["cluster"]["nodes"]:
+        if node["rank"] not in started and node["address"] != own:
+            steps.append({"rank": node["rank"], "address": node["address"], "step": "release",
+                          "result": peer_call(node["address"], f"release {plan['unit']}", peer_dir, COMMAND_TIMEOUT)[0]})
+    return steps
 
 
 def rank_step(verb, plan):
@@ -307,7 +319,8 @@ def rank_step(verb, plan):
     unit = plan["unit"]
     if verb == "stop":
         return run_command(["systemctl", "stop", "--", unit], STOP_TIMEOUT)[0], ""
-    clear_refusal(plan["container"])
+    with contextlib.suppress(OSError):
+        clear_refusal(plan["container"])
     run_command(["systemctl", "reset-failed", "--", unit], COMMAND_TIMEOUT)
     asked = time.time()
     rc, out, err = run_command(["systemctl", "start", "--no-block", "--", unit], COMMAND_TIMEOUT)
@@ -489,6 +502,10 @@ def peer(arguments):
         print(json.dumps(done, sort_keys=True), flush=True)
         return 0 if all(step.get("result", 0) == 0 for step in done["ranks"]) else 1
     flag = plan.get("maintenance_flag")
+    if verb == "release":
+        lower_flag(flag, plan["unit"])
+        print(json.dumps({"unit": plan["unit"], "step": verb, "result": 0}, sort_keys=True), flush=True)
+        return 0
     if verb == "stop":
         raise_flag(flag, plan["unit"])
     rc, why = rank_step(verb, plan)

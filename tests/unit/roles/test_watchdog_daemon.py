@@ -47,6 +47,9 @@ elif tool == "systemctl" and args[0] == "show":
     print("ActiveState=" + state["active"] + "\\nSubState=" + state["sub"] + "\\nJob=")
 elif tool == "systemctl" and args[-1] == "sparkfleet-gateway.service":
     pass
+elif tool == "systemctl" and args[0] == "start" and state.get("start_fails"):
+    sys.stderr.write("Job for " + args[-1] + " failed because the control process exited with error code.\\n")
+    sys.exit(1)
 elif tool == "systemctl" and args[0] in ("start", "restart"):
     import time
     # Docker stamps the new container's start in nanoseconds: after the start was asked.
@@ -259,6 +262,23 @@ def test_a_worker_whose_door_refused_its_start_leaves_the_head_stopped_and_the_r
                                      {"step": "start", "skipped": "rank 1 did not start, so rank 0 was not started"}]
 
 
+def test_a_ray_head_that_did_not_start_leaves_its_workers_stopped_with_their_flags_lowered(host):
+    """Ray starts the head first: a head whose start failed is not followed by its workers, whose nodes are told to lower
+    the flags the stop raised, or their watchdogs would stay quiet for the flag's age."""
+    as_cluster_head(host)
+    plan_path = host / "plans" / "tp2.json"
+    plan = json.loads(plan_path.read_text())
+    plan["cluster"]["backend"] = "ray"
+    plan_path.write_text(json.dumps(plan))
+    set_host(host, container="exited", active="failed", sub="failed", start_fails=True)
+    decision = [line for line in samples(host, 3) if line.get("unit") == RANK_UNIT][-1]
+    assert actions(host) == [f"systemctl stop -- {RANK_UNIT}", ssh_to(host, "stop"), f"systemctl reset-failed -- {RANK_UNIT}",
+                             f"systemctl start --no-block -- {RANK_UNIT}", ssh_to(host, "release")]
+    assert [(step.get("rank"), step["step"], step.get("result")) for step in decision["ranks"]] == [
+        (0, "stop", 0), (1, "stop", 0), (0, "start", 1), (None, "start", None), (1, "release", 0)]
+    assert decision["ranks"][2]["why"].startswith(f"systemctl start {RANK_UNIT} exited 1: Job for")
+
+
 def test_a_cluster_rank_is_not_watched_without_ssh_access_to_its_peers(host):
     as_cluster_head(host, peers=False)
     set_host(host, container="exited", active="failed", sub="failed")
@@ -280,10 +300,15 @@ def test_a_peer_may_only_stop_or_start_a_cluster_rank_planned_here(host):
     assert stopped.returncode == 0 and flag.read_text() == RANK_UNIT + "\n", stopped.stderr
     started = peer(f"start {RANK_UNIT}")
     assert started.returncode == 0 and not flag.exists()
-    for refused in ("rm -rf /", f"kill {RANK_UNIT}", "stop sparkfleet-vllm-llm.service", f"stop {RANK_UNIT} now", "drain spark-2/llm"):
+    raised = peer(f"stop {RANK_UNIT}")
+    released = peer(f"release {RANK_UNIT}")
+    assert raised.returncode == released.returncode == 0 and not flag.exists(), "release lowers the flag and starts nothing"
+    for refused in ("rm -rf /", f"kill {RANK_UNIT}", "stop sparkfleet-vllm-llm.service", f"stop {RANK_UNIT} now", "drain spark-2/llm",
+                    "release sparkfleet-vllm-llm.service"):
         answer = peer(refused)
         assert answer.returncode == 2 and answer.stderr.startswith("refused"), refused
-    assert actions(host) == [f"systemctl stop -- {RANK_UNIT}", f"systemctl reset-failed -- {RANK_UNIT}", f"systemctl start --no-block -- {RANK_UNIT}"]
+    assert actions(host) == [f"systemctl stop -- {RANK_UNIT}", f"systemctl reset-failed -- {RANK_UNIT}", f"systemctl start --no-block -- {RANK_UNIT}",
+                             f"systemctl stop -- {RANK_UNIT}"]
 
 
 def test_an_exited_container_is_started_through_its_unit_at_the_third_sample(host):

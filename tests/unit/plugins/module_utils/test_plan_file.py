@@ -204,3 +204,25 @@ def test_every_reader_refuses_a_bad_plan_file_through_the_one_reader(tmp_path, c
     with pytest.raises(PlanFileError) as refused:
         _soak.instance_unit(str(tmp_path), "llm")
     assert str(refused.value) == message
+
+
+@pytest.mark.parametrize(("content", "named"), [
+    pytest.param(b'{"schema_version": 2, "name": "caf\xe9"}', "not UTF-8 text", id="latin-1-byte"),
+    pytest.param(b"\xff\xfe{}", "not UTF-8 text", id="utf-16-mark"),
+    pytest.param(b"[" * 100000 + b"]" * 100000, "not valid JSON", id="nested-beyond-the-parser"),
+])
+def test_a_file_the_parser_cannot_take_is_refused_not_a_traceback(tmp_path, content, named):
+    path = tmp_path / "llm.json"
+    path.write_bytes(content)
+    assert f"{path}: {named}" in refusal(path)
+
+
+@pytest.mark.parametrize("names", [
+    pytest.param(["vllm-other"], id="the-collections-own-instance"),
+    pytest.param(["sparkfleet-gateway"], id="the-collections-own-gateway"),
+    pytest.param(["--all"], id="an-option-to-docker"),
+    pytest.param(["nvidia_gpu_exporter", "nvidia_gpu_exporter"], id="twice"),
+    pytest.param(["exporter; reboot"], id="a-shell-line"),
+])
+def test_a_paused_container_the_door_must_never_stop_is_refused(tmp_path, names):
+    assert "no usable paused_containers" in refusal(write_plan(tmp_path, unit_plan(paused_containers=names)))

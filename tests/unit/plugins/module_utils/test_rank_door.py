@@ -39,7 +39,8 @@ class Host:
             return 0, json.dumps([{"Name": "/vllm-cluster-qwen", "State": {"Running": container != NEVER, "StartedAt": container}}]), ""
         if argv[0] == "systemctl" and argv[1] == "show":
             self.polls += 1
-            return 0, f"LoadState=loaded\nActiveState={active}\nUnitFileState=disabled\n", ""
+            job = "" if active in ("active", "inactive", "failed") else "1234"
+            return 0, f"LoadState=loaded\nActiveState={active}\nUnitFileState=disabled\nJob={job}\n", ""
         return 0, "", ""
 
 
@@ -125,3 +126,24 @@ def test_a_ranks_start_that_did_not_pass_its_door_fails_the_step_with_the_reason
 
     with pytest.raises(UnitError, match=r"rank 1 of cluster qwen .*: the start was refused: stray holders: pid 27079 \(sleep\)"):
         start(WORKER, False, refusing, refusals_dir=str(tmp_path))
+
+
+def test_a_start_systemd_ended_without_running_the_unit_is_named_at_once(tmp_path):
+    host, clock = Host([("activating", None), ("inactive", None)]), Clock()
+    with pytest.raises(DoorNotPassed, match=r"systemd ended the start without running the unit \(a dependency failed\?\): "
+                                            r"`systemctl status sparkfleet-cluster-qwen.service`"):
+        await_door(WORKER, host, ASKED, str(tmp_path), clock=clock, sleep=clock.sleep)
+    assert len(clock.slept) == 1
+
+
+def test_a_unit_still_running_the_last_starts_container_did_not_start_again(tmp_path):
+    host, clock = Host([("active", LAST_RUN)]), Clock()
+    with pytest.raises(DoorNotPassed, match="still runs the container of a start before this one"):
+        await_door(WORKER, host, ASKED, str(tmp_path), clock=clock, sleep=clock.sleep)
+    assert clock.slept == []
+
+
+def test_an_active_worker_whose_admission_runs_is_waited_on(tmp_path):
+    host, clock = Host([("active", None), ("active", None), ("active", STARTED)]), Clock()
+    await_door(WORKER, host, ASKED, str(tmp_path), clock=clock, sleep=clock.sleep)
+    assert len(clock.slept) == 2, "no container yet while the runtime admits the start: not a failure"
