@@ -513,10 +513,11 @@ def one_round(job: Job, host: Host, index: int, seconds: int, started_at: float)
 
 
 def run_rounds(job: Job, host: Host, started_at: float, deadline: float) -> list[dict[str, t.Any]]:
-    """Rounds until the deadline; the last one may run ``drain_timeout`` past it. After a round that failed, a pause
-    of one sample interval, so a restarting server is not hammered by rounds that fail at once."""
+    """Rounds until the deadline, the first whatever the clock says (a soak judges at least one round, also when its
+    start took longer than its duration); the last one may run ``drain_timeout`` past it. After a round that failed, a
+    pause of one sample interval, so a restarting server is not hammered by rounds that fail at once."""
     params, rounds = job.params, []
-    while host.clock() < deadline:
+    while not rounds or host.clock() < deadline:
         seconds = max(1, int(min(params["round_timeout"], deadline + params["drain_timeout"] - host.clock())))
         rounds.append(one_round(job, host, len(rounds) + 1, seconds, started_at))
         if rounds[-1]["problems"] and host.clock() < deadline:

@@ -171,6 +171,22 @@ def job(tmp_path, url="http://127.0.0.1:9", **params):
 
 # --- the rounds and the soak's clock ----------------------------------------------------------------------------
 
+def test_a_soak_whose_deadline_passed_before_its_first_round_still_runs_one(tmp_path):
+    """Found in the suite on a busy machine: a 10 ms soak whose sampler thread took the first milliseconds ran no round."""
+    clock, runs = FakeClock(), []
+
+    def run_round(argv, env, seconds):
+        runs.append(seconds)
+        clock.now += 5
+        write_result(argv, completed=6)
+        return Finished(0, "", False, 5.0)
+
+    host = Host(run_command=Machine().run_command, run_round=run_round, clock=clock)
+    rounds = run_rounds(job(tmp_path, duration=100), host, clock.now - 200, clock.now - 100)
+    assert len(rounds) == 1 and len(runs) == 1, "one round, and no second past the deadline"
+    assert rounds[0]["timeout"] == 100 + job(tmp_path, duration=100).params["drain_timeout"] - 200, "bounded by what is left of the drain"
+
+
 def test_rounds_stop_at_the_deadline_and_the_last_may_run_into_the_drain(tmp_path):
     clock, runs = FakeClock(), []
 
