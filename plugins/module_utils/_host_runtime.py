@@ -284,10 +284,11 @@ def await_door(plan: t.Mapping[str, t.Any], run: Runner, since: float, refusals_
         if unit["ActiveState"] == "failed":
             raise DoorNotPassed(f"{where} failed before its container started: `journalctl -u {plan['unit']}` on the node says why")
         # No start job left: systemd will not start this container any more.
-        if unit["Job"] in ("", "0") and unit["ActiveState"] == "inactive":
+        settled = unit["Job"] in ("", "0")
+        if settled and unit["ActiveState"] == "inactive":
             raise DoorNotPassed(f"{where}: systemd ended the start without running the unit (a dependency failed?): "
                                 f"`systemctl status {plan['unit']}` on the node says why")
-        if unit["Job"] in ("", "0") and unit["ActiveState"] == "active" and started is not None:
+        if settled and unit["ActiveState"] == "active" and started is not None:
             raise DoorNotPassed(f"{where}: the unit still runs the container of a start before this one (its stop did not end it), "
                                 "so this start did nothing: stop the unit, then start it")
         if clock() >= deadline:
