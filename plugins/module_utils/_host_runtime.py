@@ -202,20 +202,70 @@ def admit(plan: t.Mapping[str, t.Any], run: Runner, log: Log, ledger_path: str =
     if not problems and plan["paused_containers"] and not plan.get("cluster"):
         problems += pause(plan["unit"], plan["paused_containers"], run, log, ledger_path)[1]
     if not problems and plan["memory_admission"]:
-        rc, out, err = run([DOCKER_CLIENT, "ps", "--quiet", "--no-trunc", "--filter", f"label={INSTANCE_LABEL}"])
-        holders = holders_problem(plan["name"], device_holders(processes(), device_nodes), out.split(), cgroup_of) if rc == 0 else (
-            f"{plan['name']}: docker ps did not answer ({(err or out).strip()[-200:]}), so the collection's own holders of the "
-            "GPU cannot be told from strays; check the Docker daemon")
-        problems += [holders] if holders else []
-        log(holders or f"no stray holder of {', '.join(device_nodes)}")
-        figures = probe_figures(*run(list(plan["memory_probe"])))
-        memory = memory_problem(plan["name"], float(plan["gpu_memory_utilization"]), figures)
-        problems += [memory] if memory else []
-        if not memory:
-            log(memory_line(float(plan["gpu_memory_utilization"]), t.cast(dict, figures)))
+        problems += device_and_memory(plan, run, log, 0.0, device_nodes, processes, cgroup_of)
     if problems and plan["paused_containers"] and not plan.get("cluster"):
         problems += released(plan["unit"], run, log, ledger_path)
     return problems
+
+
+def device_and_memory(plan: t.Mapping[str, t.Any], run: Runner, log: Log, held_share: float | None,
+                      device_nodes: t.Sequence[str] = DEVICE_NODES,
+                      processes: t.Callable[[], t.Iterable[tuple[int, str, t.Sequence[str]]]] = open_files,
+                      cgroup_of: t.Callable[[int], str] = process_cgroup, pausing: t.Sequence[str] = ()) -> list[str]:
+    """The stray holders of the GPU's device nodes and the memory the image's vLLM will read, each logged. Checked
+    before the unit's own running engine stops, its stop gives back ``held_share`` of the total (its last good
+    settings' share), which the free figure is credited with; None: what it gives back is not known, so the memory is
+    left to the start's own admission. ``pausing``: the ids of the containers the start will stop, which may hold the
+    device nodes until then."""
+    problems = []
+    rc, out, err = run([DOCKER_CLIENT, "ps", "--quiet", "--no-trunc", "--filter", f"label={INSTANCE_LABEL}"])
+    holders = holders_problem(plan["name"], device_holders(processes(), device_nodes), [*out.split(), *pausing], cgroup_of) if rc == 0 else (
+        f"{plan['name']}: docker ps did not answer ({(err or out).strip()[-200:]}), so the collection's own holders of the "
+        "GPU cannot be told from strays; check the Docker daemon")
+    problems += [holders] if holders else []
+    log(holders or f"no stray holder of {', '.join(device_nodes)}")
+    if held_share is None:
+        log("memory: judged at the start, once the running engine stopped (what it gives back is not known)")
+        return problems
+    share = float(plan["gpu_memory_utilization"])
+    figures = probe_figures(*run(list(plan["memory_probe"])))
+    if isinstance(figures, dict) and held_share:
+        given_back = int(held_share * figures["total"])
+        figures = {**figures, "free": figures["free"] + given_back,
+                   "figure": f"{figures['figure']} with the {given_back / GIB:.2f} GiB its running engine gives back at its stop"}
+    memory = memory_problem(plan["name"], share, figures)
+    problems += [memory] if memory else []
+    if not memory:
+        log(memory_line(share, t.cast(dict, figures)))
+    return problems
+
+
+def running_ids(names: t.Iterable[str], run: Runner) -> list[str]:
+    """The ids of those of the containers named that run."""
+    ids = []
+    for name in names:
+        try:
+            record = inspect_container(run, name, DOCKER_CLIENT)
+        except StateUnanswered:
+            continue
+        if state_of(record).get("Running") is True and isinstance((record or {}).get("Id"), str):
+            ids.append(t.cast(dict, record)["Id"])
+    return ids
+
+
+def before_stop(plan: t.Mapping[str, t.Any], run: Runner, held_share: float | None,
+                processes: t.Callable[[], t.Iterable[tuple[int, str, t.Sequence[str]]]] = open_files,
+                cgroup_of: t.Callable[[int], str] = process_cgroup) -> list[str]:
+    """What would refuse the start of the plan's unit and stays whether the running unit stops or not, asked before a
+    relaunch stops it (the start's admission asks again): the stray holders of the device nodes, and the memory with
+    what the running engine gives back. The containers a single instance's start will pause may hold the device until
+    then, and what they give back is not known here, so while one runs the memory is left to the start. Nothing is
+    changed."""
+    if not plan.get("memory_admission"):
+        return []
+    pausing = [] if plan.get("cluster") else running_ids(plan["paused_containers"], run)
+    return device_and_memory(plan, run, lambda _line: None, None if pausing else held_share, DEVICE_NODES, processes, cgroup_of,
+                             pausing)
 
 
 def released(unit: str, run: Runner, log: Log, ledger_path: str = PAUSED_LEDGER) -> list[str]:

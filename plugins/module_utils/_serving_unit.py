@@ -30,6 +30,7 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_runtime impo
     REFUSALS_DIR,
     DoorNotPassed,
     await_door,
+    before_stop,
     clear_refusal,
     clear_starts,
     running,
@@ -38,7 +39,7 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_runtime impo
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_runtime import release as host_release
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_state import StateUnanswered, inspect_container, show_units, started_at
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._launch_checks import memory_probe_argv, paused_containers_problems
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._plan_file import PLAN_SCHEMA_VERSION, cold_start_usable
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._plan_file import PLAN_SCHEMA_VERSION, PlanFileError, cold_start_usable, read_plan
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._settings import path_problem
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._systemd import UNIT_PROPERTIES
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_client import read_endpoint
@@ -58,7 +59,7 @@ RELAUNCHING_KINDS = frozenset(("env", "unit"))
 ROLLED_BACK_KINDS = {"instance": frozenset(FILE_KINDS), "gateway": frozenset(("plan", "unit"))}
 SECRET_KINDS = frozenset(("env",))
 HIDDEN = "(the env file holds the API key; its content is not shown)\n"
-STEPS = ("prepare", "stop", "start", "restore", "keep", "last_good", "hold", "remove", "relaunch", "roll_back", "raise_flag",
+STEPS = ("prepare", "admit", "stop", "start", "restore", "keep", "last_good", "hold", "remove", "relaunch", "roll_back", "raise_flag",
          "clear_flag", "pause", "resume")
 GATEWAY = "gateway"
 
@@ -432,6 +433,31 @@ def gateway_endpoint(env_path: str, plan_path: str) -> Endpoint:
         raise ValueError(f"gateway: {plan_path} is not the plan of its unit ({error}); re-apply the gateway role") from error
 
 
+def held_share(plan: t.Mapping[str, t.Any], run: Runner) -> float | None:
+    """The share of the memory the unit's running engine holds, which its stop gives back: none while its container does
+    not run; its last good settings' share while it runs them; None (not known) when it runs settings never judged (a
+    held relaunch's) or its last good plan file cannot be read."""
+    container = container_state(run, plan["container"])
+    if not container or not (container.get("State") or {}).get("Running"):
+        return 0.0
+    if read_unjudged(plan) is not None:
+        return None
+    kept_plan = dict(zip(FILE_KINDS, plan["kept_files"], strict=True))["plan"]
+    try:
+        return float(read_plan(kept_plan["last_good"])["gpu_memory_utilization"])
+    except (PlanFileError, KeyError, TypeError, ValueError):
+        return None
+
+
+def admit(plan: t.Mapping[str, t.Any], run: Runner, check_mode: bool = False) -> dict[str, t.Any]:
+    """Whether the unit's start would be refused for a reason its running engine's stop does not remove (the host
+    runtime's before_stop), asked before anything of it is stopped; ``refusals`` lists them. Changes nothing; the
+    start's own admission asks again. Check mode runs no container, so the memory's probe is left out."""
+    if is_gateway(plan):
+        return {"changed": False, "refusals": []}
+    return {"changed": False, "refusals": before_stop(plan, run, None if check_mode else held_share(plan, run))}
+
+
 def launch(plan: t.Mapping[str, t.Any], run: Runner) -> dict[str, t.Any]:
     """Stop, start and gate; a step that cannot run is a failed gate with its cause."""
     try:
@@ -468,6 +494,12 @@ def relaunch(plan: t.Mapping[str, t.Any], flag: str | None, check_mode: bool, ru
     long, what the rollback achieved and the engine log's error lines."""
     if check_mode:
         return {"changed": True}
+    refusals = admit(plan, run)["refusals"]
+    if refusals:
+        restored = restore(plan, False, run)
+        files = "its last good files are back in place" if restored["restored"] else "its new files stay in place (it has no last good copy)"
+        return {"changed": restored["changed"], "failed": True, "refusals": refusals,
+                "msg": f"vLLM instance {plan['name']} was not relaunched, nothing of it was stopped ({files}): " + " | ".join(refusals)}
     if not keep_last_good:
         hold(plan, False)
     try:
@@ -588,6 +620,8 @@ def step(name: str, plan: t.Any, check_mode: bool, run: Runner, env_text: str | 
                         "to the watchdog at the path the vllm role plans")
     if name == "prepare":
         return prepare(plan, env_text or "", check_mode, run)
+    if name == "admit":
+        return admit(plan, run, check_mode)
     if name == "stop":
         return stop(plan, check_mode, run)
     if name == "start":

@@ -28,6 +28,13 @@ description:
     before a rollout's relaunch. C(keep) and a C(restore) clear the mark. While it is there C(prepare) keeps no last good
     copy of the running settings and warns naming the unit, when the settings started and what to do (C(unjudged)), so
     a rollout stopped mid-batch, or one that lost the host, is found by the next run.
+  - C(admit) asks, before anything of the unit is stopped, what would refuse its start whether its running engine stops or
+    not (C(refusals), empty when nothing; it changes nothing): with the plan's C(memory_admission), a process outside the
+    collection's containers holding the GPU's device nodes, and the plan's share against the memory its image's vLLM
+    reads, credited with the share of the unit's last good settings while its container runs them (what its stop gives
+    back; not judged here while it runs settings never judged). A cluster's role asks it on every node before any rank
+    stops; C(relaunch) asks it first itself. The start's own admission asks again. In check mode it runs no container,
+    so the memory is not asked.
   - C(stop) stops the unit (systemd reads its unit file again first) and removes its container.
   - C(start) clears the unit's start limit and the last start's refusal and starts it without waiting for readiness; a
     cluster's rank is waited on until its door passed (a container of the unit started after the start was asked, as the
@@ -46,8 +53,9 @@ description:
   - C(restore) puts the last good copies of the files back (C(restored) is false, and nothing changes, when there is
     no complete copy); C(keep) keeps the files as the last good ones and enables the unit; C(last_good) only reads whether a complete
     copy is there (C(complete)).
-  - C(relaunch) relaunches a single instance under the maintenance flag (the plan's C(maintenance_flag), holding the unit's name, cleared in every case)
-    - C(stop), C(start), then the health gate of M(sparkfleet.vllm.vllm_health) with its warm-up request, reading
+  - C(relaunch) relaunches a single instance: first C(admit), whose refusals fail the task with nothing of the unit
+    stopped and its last good files back in place; then under the maintenance flag (the plan's C(maintenance_flag),
+    holding the unit's name, cleared in every case) C(stop), C(start), then the health gate of M(sparkfleet.vllm.vllm_health) with its warm-up request, reading
     the key, names and URL from the files on the host; once gated, the files are kept as the last good settings.
     When the gate fails, or a stop or start cannot run, the
     last good files are restored, started (admitted on their own memory share, as their restored plan file says) and gated in turn, and the task
@@ -85,7 +93,7 @@ options:
   step:
     description: The step to run.
     type: str
-    choices: [prepare, stop, start, restore, keep, last_good, hold, remove, relaunch, roll_back, raise_flag, clear_flag, pause, resume]
+    choices: [prepare, admit, stop, start, restore, keep, last_good, hold, remove, relaunch, roll_back, raise_flag, clear_flag, pause, resume]
     default: prepare
   env_file:
     description:
@@ -195,6 +203,13 @@ served:
 paused:
   description: The other programs' containers stopped for a cluster's relaunch (or, in check mode, that would be).
   returned: when O(step=pause)
+  type: list
+  elements: str
+refusals:
+  description:
+    - What would refuse the unit's start whether its running engine stops or not, each with its figures and the fix;
+      empty when nothing would.
+  returned: when O(step=admit), and when a relaunch is refused before its stop
   type: list
   elements: str
 """

@@ -82,8 +82,9 @@ def test_the_gate_fails_at_once_on_errors_waiting_cannot_fix(serve):
 def test_a_start_is_refused_right_before_it_with_the_memory_the_image_sees_and_the_strays_on_the_device_nodes(serve):
     """The start's admission on the real host and image, run as the unit's ExecStart runs it: the memory probe runs the
     pinned image in a throwaway container (the CPU build reports the kernel's available memory), and a process holding
-    a device node named like the GPU's (a stand-in: the lab has no GPU) is named. Nothing is started or stopped: the
-    running instance keeps its container."""
+    a device node named like the GPU's (a stand-in: the lab has no GPU) is named. A relaunch on the same plan asks the
+    same before it stops anything, the memory credited with what the running engine gives back. Nothing is started or
+    stopped: the running instance keeps its container."""
     before, containers = serving_state(serve), serve.check_output("docker ps --all --quiet --no-trunc")
     # A copy of first's plan file with a share the lab cannot grant.
     plan = {**planned(serve, "first"), "gpu_memory_utilization": 0.99}
@@ -95,6 +96,7 @@ def test_a_start_is_refused_right_before_it_with_the_memory_the_image_sees_and_t
         serve.check_output(f"systemd-run --unit {holder} sh -c 'exec 3</dev/nvidia9; exec sleep infinity'")
         pid = wait_for_pid(serve, holder)
         result = serve.run(f"/usr/bin/python3 /usr/local/libexec/sparkfleet/sparkfleet_runtime.py start --plan {greedy}")
+        relaunch = module(SERVE, "serving_unit", {"plan": plan, "step": "relaunch"})
     finally:
         serve.run(f"systemctl stop {holder}")
         serve.run(f"rm -f /dev/nvidia9 {greedy} /run/sparkfleet/admission/vllm-first.json")
@@ -103,6 +105,11 @@ def test_a_start_is_refused_right_before_it_with_the_memory_the_image_sees_and_t
     assert result.rc == 78 and refusal.startswith(f"start of first refused, not retried: first: pid {pid} (sleep) holds /dev/nvidia9"), result.stderr
     assert " | first: gpu_memory_utilization 0.99 asks for " in refusal
     assert "but the free memory its vLLM compares that with, MemAvailable (CPU build), is " in refusal
+    print(f"the relaunch refused: {relaunch['msg']}")
+    assert relaunch.get("failed") and relaunch["msg"].startswith(
+        "vLLM instance first was not relaunched, nothing of it was stopped (its last good files are back in place): "
+        f"first: pid {pid} (sleep) holds /dev/nvidia9"), relaunch
+    assert " its running engine gives back at its stop, is " in relaunch["msg"]
     assert serving_state(serve) == before and status(serve, 8001, key=KEY) == "200"
     assert serve.check_output("docker ps --all --quiet --no-trunc") == containers, "the probe's throwaway container is gone"
 

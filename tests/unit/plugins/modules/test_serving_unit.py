@@ -120,10 +120,13 @@ def set_state(host, units=None, containers=None, docker_down=False, enabled=None
 
 
 def planned(host, **changes):
-    """The vllm role's plan of one instance, its files in the test's folders; and its env file."""
+    """The vllm role's plan of one instance, its files in the test's folders; and its env file. Without the memory
+    admission: its probe runs the image in Docker, which the stand-ins do not replay (the admission a relaunch asks before
+    its stop: test_admit_before_stop.py, and on the lab)."""
     instance = {"name": "tiny", "model": "/models/tiny-llama", "served_model_names": ["tiny"], "port": 8001, "api_key": KEY, **changes}
     result = build_plan([instance], ROLE_DEFAULTS["vllm_instance_defaults"],
-                        **plan_options(image=IMAGE, hardware_class="cpu_lab", config_dir=str(host / "config"), cache_dir=str(host / "cache")))
+                        **plan_options(image=IMAGE, hardware_class="cpu_lab", config_dir=str(host / "config"), cache_dir=str(host / "cache"),
+                                       memory_admission=False))
     assert result["errors"] == []
     plan = result["instances"][0]
     plan["kept_files"][2] = {**plan["kept_files"][2], "path": str(host / "units" / plan["unit"])}
