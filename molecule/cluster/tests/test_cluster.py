@@ -228,6 +228,17 @@ def test_a_killed_worker_fails_the_cluster_and_a_failed_reapply_rolls_every_rank
                    f"{HEAD} -> {WORKER} ({eth0(worker)}) at MTU 1500: no reply")
     assert started_at(head) == head_before, "the fabric gate stopped nothing"
 
+    # A process outside the collection's containers holding a device node named like the GPU's (the lab has none) on the
+    # worker: every node's admission is asked before any rank stops, and the head's rank is left as it was.
+    holder = "sparkfleet-test-device-holder"
+    worker.run_expect([0], f"mknod -m 0666 /dev/nvidia9 c 1 3 && systemd-run --unit {holder} sh -c 'exec 3</dev/nvidia9; exec sleep infinity'")
+    try:
+        refused = playbook("cluster.yml")
+    finally:
+        worker.run(f"systemctl stop {holder}; rm -f /dev/nvidia9")
+    assert_refused(refused, "Cluster lab-tp2 was not relaunched, no rank was stopped: ", "(sleep) holds /dev/nvidia9")
+    assert started_at(head) == head_before, "the admission stopped nothing"
+
     # The re-apply brings a flag vLLM refuses, and finds the ranks of a renamed cluster on both nodes.
     for host in (head, worker):
         plant_stale_rank(host)
