@@ -455,7 +455,13 @@ def admit(plan: t.Mapping[str, t.Any], run: Runner, check_mode: bool = False) ->
     start's own admission asks again. Check mode runs no container, so the memory's probe is left out."""
     if is_gateway(plan):
         return {"changed": False, "refusals": []}
-    return {"changed": False, "refusals": before_stop(plan, run, None if check_mode else held_share(plan, run))}
+    refusals = before_stop(plan, run, None if check_mode else held_share(plan, run))
+    cluster = plan.get("cluster")
+    if isinstance(cluster, dict):
+        # A cluster's role joins every node's refusals: each names its node.
+        node = next((entry.get("name") for entry in cluster.get("nodes") or [] if isinstance(entry, dict) and entry.get("rank") == cluster.get("rank")), "?")
+        refusals = [f"{node} (rank {cluster.get('rank')}): {refusal}" for refusal in refusals]
+    return {"changed": False, "refusals": refusals}
 
 
 def launch(plan: t.Mapping[str, t.Any], run: Runner) -> dict[str, t.Any]:

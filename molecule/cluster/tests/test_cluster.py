@@ -236,7 +236,7 @@ def test_a_killed_worker_fails_the_cluster_and_a_failed_reapply_rolls_every_rank
         refused = playbook("cluster.yml")
     finally:
         worker.run(f"systemctl stop {holder}; rm -f /dev/nvidia9")
-    assert_refused(refused, "Cluster lab-tp2 was not relaunched, no rank was stopped: ", "(sleep) holds /dev/nvidia9")
+    assert_refused(refused, f"Cluster lab-tp2 was not relaunched, no rank was stopped: {WORKER} (rank 1): ", "(sleep) holds /dev/nvidia9")
     assert started_at(head) == head_before, "the admission stopped nothing"
 
     # The re-apply brings a flag vLLM refuses, and finds the ranks of a renamed cluster on both nodes.

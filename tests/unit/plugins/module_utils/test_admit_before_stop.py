@@ -138,6 +138,12 @@ def test_check_mode_runs_no_probe_container_and_still_names_a_stray(tmp_path, mo
     assert len(refusals) == 1 and refusals[0].startswith("llm: pid 777 (python3) holds /dev/nvidia0") and not docker.probed()
 
 
+def test_a_ranks_refusal_names_its_node_for_the_clusters_joined_message(monkeypatch):
+    monkeypatch.setattr(runtime, "device_holders", lambda _processes, _nodes: [{"pid": 777, "command": "python3", "paths": ["/dev/nvidia0"]}])
+    refusals = serving_unit.admit(rank_plan(1, memory_admission=True), Docker(), check_mode=True)["refusals"]
+    assert len(refusals) == 1 and refusals[0].startswith("spark-2 (rank 1): tp: pid 777 (python3) holds /dev/nvidia0"), refusals
+
+
 def test_the_gateway_is_admitted_without_a_question():
     docker = Docker()
     assert serving_unit.admit({"kind": "gateway", "name": "gateway"}, docker) == {"changed": False, "refusals": []} and docker.calls == []
