@@ -39,7 +39,7 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_runtime impo
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_runtime import release as host_release
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_state import StateUnanswered, inspect_container, show_units, started_at
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._launch_checks import memory_probe_argv, paused_containers_problems
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._plan_file import PLAN_SCHEMA_VERSION, PlanFileError, cold_start_usable, read_plan
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._plan_file import PLAN_SCHEMA_VERSION, PlanFileError, cold_start_usable, parsed_plan, read_plan
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._settings import path_problem
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._systemd import UNIT_PROPERTIES
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_client import read_endpoint
@@ -241,9 +241,9 @@ def restore(plan: t.Mapping[str, t.Any], check_mode: bool, run: Runner) -> dict[
     """Put the last good files back (systemd reads the restored unit at once); ``restored`` is
     false, and nothing is touched, when the unit has no complete last good copy."""
     kept_files = rolled_back(plan)
-    copies = [read_file(kept["last_good"]) for _kind, kept in kept_files]
-    if any(copy is None for copy in copies):
-        return {"changed": False, "restored": False}
+    copies, unusable = last_good_copies(plan)
+    if copies is None:
+        return {"changed": False, "restored": False, **({"unusable": unusable} if unusable else {})}
     files = [unit_file(kind, kept["path"], kept["mode"], copy[0]) for (kind, kept), copy in zip(kept_files, copies, strict=True)]
     synced = sync_files(files, check_mode)
     if not check_mode:
@@ -305,10 +305,27 @@ def unjudged_report(plan: t.Mapping[str, t.Any], mark: t.Mapping[str, t.Any], dr
             "settings before back in the inventory and run site.yml (its relaunch on them clears this), then roll the change out again")
 
 
+def last_good_copies(plan: t.Mapping[str, t.Any]) -> tuple[list[t.Any] | None, str]:
+    """The last good copy of each file a rollback puts back; None when one is missing, or, saying why, when the plan
+    file's is one the start door would refuse (another release wrote it: restored, it would only be refused)."""
+    kept_files = rolled_back(plan)
+    copies = [read_file(kept["last_good"]) for _kind, kept in kept_files]
+    if any(copy is None for copy in copies):
+        return None, ""
+    for (kind, kept), copy in zip(kept_files, copies, strict=True):
+        if kind == "plan" and not is_gateway(plan):
+            try:
+                parsed_plan(kept["last_good"], copy[0].decode("utf-8", "replace"))
+            except PlanFileError as error:
+                return None, str(error)
+    return copies, ""
+
+
 def last_good(plan: t.Mapping[str, t.Any]) -> dict[str, t.Any]:
     """Whether the unit has a complete last good copy to restore (read only): a cluster rolls back
     only when every rank has one."""
-    return {"changed": False, "complete": all(os.path.isfile(kept["last_good"]) for _kind, kept in rolled_back(plan))}
+    copies, unusable = last_good_copies(plan)
+    return {"changed": False, "complete": copies is not None, **({"unusable": unusable} if unusable else {})}
 
 
 def keep(plan: t.Mapping[str, t.Any], check_mode: bool) -> dict[str, t.Any]:
@@ -477,9 +494,11 @@ def launch(plan: t.Mapping[str, t.Any], run: Runner) -> dict[str, t.Any]:
 def roll_back(plan: t.Mapping[str, t.Any], run: Runner) -> tuple[bool, str]:
     """Relaunch the last good files; whether they serve, and what came of it as a failure's message says it."""
     try:
-        if not restore(plan, False, run)["restored"]:
+        restored = restore(plan, False, run)
+        if not restored["restored"]:
             stop(plan, False, run)
-            return False, f"There were no last good settings to roll back to; the {noun(plan)} is stopped."
+            unusable = f" ({restored['unusable']})" if restored.get("unusable") else ""
+            return False, f"There were no last good settings to roll back to{unusable}; the {noun(plan)} is stopped."
     except FileProblem as error:
         return False, f"The rollback could not run ({error}); the {noun(plan)} is down."
     again = launch(plan, run)

@@ -51,7 +51,8 @@ description:
     each figure in the unit's journal. A refused start fails the unit without a restart, and the gate fails at once
     with the reason.
   - C(restore) puts the last good copies of the files back (C(restored) is false, and nothing changes, when there is
-    no complete copy); C(keep) keeps the files as the last good ones and enables the unit; C(last_good) only reads whether a complete
+    no complete copy, or when the plan file's copy is one the start door would refuse, another release's, C(unusable)
+    saying why); C(keep) keeps the files as the last good ones and enables the unit; C(last_good) only reads whether a complete
     copy is there (C(complete)).
   - C(relaunch) relaunches a single instance: first C(admit), whose refusals fail the task with nothing of the unit
     stopped and its last good files back in place; then under the maintenance flag (the plan's C(maintenance_flag),
@@ -205,6 +206,10 @@ paused:
   returned: when O(step=pause)
   type: list
   elements: str
+unusable:
+  description: Why the last good plan file cannot be restored (another release wrote it); absent when it can.
+  returned: when O(step=restore) or O(step=last_good) finds such a copy
+  type: str
 refusals:
   description:
     - What would refuse the unit's start whether its running engine stops or not, each with its figures and the fix;

@@ -549,6 +549,22 @@ def test_a_failed_relaunch_without_last_good_settings_stops_the_unit(host, vllm)
     assert not (host / "run" / "vllm-maintenance").exists()
 
 
+def test_a_last_good_plan_another_release_wrote_is_no_copy_to_roll_back_to(host, vllm):
+    """After an upgrade, the last good plan file of the release before (schema 1) would only be refused by the start
+    door: the rollback says so instead of restoring it."""
+    plan, env_file = planned(host, port=vllm.server_port)
+    set_state(host, starts=[(plan["container"], exited_with_a_bad_flag())])
+    run(host, plan, env_file)
+    run(host, plan, step="keep")
+    last_good_plan = pathlib.Path(plan["kept_files"][1]["last_good"])
+    last_good_plan.write_text(json.dumps({**json.loads(last_good_plan.read_text()), "schema_version": 1}))
+    found = run(host, plan, step="last_good")
+    assert found["complete"] is False and found["unusable"].startswith(f"{last_good_plan}: schema_version 1, this release reads 2")
+    result = relaunch(host, plan)
+    assert result["failed"] and f"There were no last good settings to roll back to ({last_good_plan}: schema_version 1" in result["msg"]
+    assert host_state(host)["units"][plan["unit"]] == "inactive" and json.loads(last_good_plan.read_text())["schema_version"] == 1
+
+
 def test_a_start_that_cannot_run_rolls_back_like_a_failed_gate(host):
     from ansible_collections.sparkfleet.vllm.plugins.module_utils._serving_unit import relaunch as relaunch_unit
 
