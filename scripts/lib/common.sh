@@ -251,6 +251,21 @@ export_lab_subnet() {
   export SPARKFLEET_LAB_SUBNET
 }
 
+# The lab's environment as shell exports, each value quoted for the shell; the keys as reads of their 0600 files, so
+# they never reach the terminal.
+print_lab_environment() {
+  local name
+  printf '# The sparkfleet lab environment (scripts/lab env); eval "$(scripts/lab env)" to use it in this shell.\n'
+  printf 'export PATH=%q:"$PATH"\n' "$SPARKFLEET_VENV/bin"
+  for name in VIRTUAL_ENV ANSIBLE_COLLECTIONS_PATH ANSIBLE_PIPELINING DOCKER_TIMEOUT SPARKFLEET_VLLM_IMAGE \
+      SPARKFLEET_VLLM_IMAGE_LOCAL SPARKFLEET_LITELLM_IMAGE SPARKFLEET_REGISTRY SPARKFLEET_TINY_MODEL \
+      SPARKFLEET_TINY_VARIANT SPARKFLEET_LAB_SUBNET; do
+    printf 'export %s=%q\n' "$name" "${!name}"
+  done
+  printf 'export SPARKFLEET_LAB_API_KEY="$(cat %q)"\n' "$SPARKFLEET_ROOT/.cache/lab/api-key"
+  printf 'export SPARKFLEET_LAB_GATEWAY_KEY="$(cat %q)"\n' "$SPARKFLEET_ROOT/.cache/lab/gateway-key"
+}
+
 ensure_serving_lab() {
   ensure_registry
   ensure_vllm_image
