@@ -92,6 +92,16 @@ def targets(plan: t.Mapping[str, t.Any]) -> set[str]:
     return {d["node"] for d in plan["deployments"]} | {f"{d['node']}/{d['instance']}" for d in plan["deployments"]}
 
 
+def routed_here(plan: t.Mapping[str, t.Any], names: t.Sequence[str], owner: str) -> tuple[list[str], list[str]]:
+    """(the names this gateway routes, those it does not). A hook's run names the units it measures at every gateway
+    routing to their hosts, so a unit this gateway does not route is none of its business here; the operator's names
+    are all kept, so a mistyped one is refused (drain_problems)."""
+    if owner == OPERATOR:
+        return list(names), []
+    known = targets(plan)
+    return [name for name in names if name in known], sorted({name for name in names if name not in known})
+
+
 def host_of(name: str) -> str:
     return name.split("/", 1)[0]
 
@@ -169,9 +179,11 @@ def drain_problems(plan: t.Mapping[str, t.Any], drained: t.Mapping[str, t.Collec
     after_groups = {d["group"] for d in in_rotation(plan, after)}
     emptied = [group for group in plan["groups"] if group in before and group not in after_groups]
     if emptied:
+        # A hook's run (bench, sweep, rollout) names the fix in its own variables (gateway_drain_refusal_fix).
+        fix = (" Undrain another node first, or force the drain (gateway_drain_force: true) for a planned outage"
+               if owner == OPERATOR else "")
         errors.append(f"gateway drain: draining {', '.join(drain)} leaves model group(s) {', '.join(emptied)} with nothing "
-                      "to route to, so every client request for them would fail. Undrain another node first, or force "
-                      "the drain (gateway_drain_force: true) for a planned outage")
+                      f"to route to, so every client request for them would fail.{fix}")
     return errors
 
 

@@ -109,6 +109,14 @@ left_by_runs:
     stopped or lost before its undrain hook left them; each is also a warning naming the operator's undrain command.
   returned: success
   type: dict
+not_routed:
+  description: >-
+    Of the names a hook's run gave (C(owner) C(NAME@RUN)), those this gateway does not route, left alone: a run names the
+    units it measures at every gateway routing to their hosts. The operator's names are never skipped (an unknown one is
+    refused).
+  type: list
+  elements: str
+  returned: success
 held:
   description: Of the names undrained, those that stay out of rotation because another owner drained them (or their host), with those owners.
   type: dict
@@ -160,6 +168,7 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._gateway_routes im
     read_drained,
     read_plan,
     render_config,
+    routed_here,
     targets,
 )
 
@@ -227,7 +236,9 @@ def route(module: AnsibleModule, config_dir: str) -> None:
     record, problem = read_drained(before["drained"], paths["drained"])
     if problem:
         refuse(module, [problem])
-    owner, drain, undrain = module.params["owner"], module.params["drain"], module.params["undrain"]
+    owner = module.params["owner"]
+    drain, not_routed = routed_here(plan, module.params["drain"], owner)
+    undrain, not_routed_back = routed_here(plan, module.params["undrain"], owner)
     problems = drain_problems(plan, record, drain, undrain, module.params["force"], owner)
     if problems:
         refuse(module, problems)
@@ -252,6 +263,7 @@ def route(module: AnsibleModule, config_dir: str) -> None:
     result = {
         "changed": bool(changed_names), "ok": True, "url": plan["url"], "unit": UNIT, "drained": after_drained, "owners": after_record,
         "held": held, "in_rotation": rotation, "config_changed": "config" in changed_names, "reasons": [],
+        "not_routed": sorted({*not_routed, *not_routed_back}),
         "diff": [{"before_header": paths[name], "after_header": paths[name], "before": before[name] or "", "after": after[name]}
                  for name in ("drained", "config") if name in changed_names],
     }

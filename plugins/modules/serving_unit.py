@@ -29,7 +29,7 @@ description:
     copy of the running settings and warns naming the unit, when the settings started and what to do (C(unjudged)), so
     a rollout stopped mid-batch, or one that lost the host, is found by the next run.
   - C(admit) asks, before anything of the unit is stopped, what would refuse its start whether its running engine stops or
-    not (C(refusals), empty when nothing; it changes nothing): with the plan's C(memory_admission), a process outside the
+    not (C(refusals), empty when nothing; it changes nothing) - with the plan's C(memory_admission), a process outside the
     collection's containers holding the GPU's device nodes, and the plan's share against the memory its image's vLLM
     reads, credited with the share of the unit's last good settings while its container runs them (what its stop gives
     back; not judged here while it runs settings never judged). A cluster's role asks it on every node before any rank
@@ -54,7 +54,7 @@ description:
     no complete copy, or when the plan file's copy is one the start door would refuse, another release's, C(unusable)
     saying why); C(keep) keeps the files as the last good ones and enables the unit; C(last_good) only reads whether a complete
     copy is there (C(complete)).
-  - C(relaunch) relaunches a single instance: first C(admit), whose refusals fail the task with nothing of the unit
+  - C(relaunch) relaunches a single instance. First C(admit), whose refusals fail the task with nothing of the unit
     stopped and its last good files back in place; then under the maintenance flag (the plan's C(maintenance_flag),
     holding the unit's name, cleared in every case) C(stop), C(start), then the health gate of M(sparkfleet.vllm.vllm_health) with its warm-up request, reading
     the key, names and URL from the files on the host; once gated, the files are kept as the last good settings.

@@ -162,8 +162,9 @@ def test_a_drained_node_gets_no_request_and_comes_back_when_undrained(gateway):
           f"after the undrain {routes.count(ROUTE[OTHER])} of 16 requests went to {OTHER}")
 
 
-def test_bench_measures_a_host_out_of_its_gateways_rotation(gateway, tmp_path):
-    """bench.yml drains the measured host at its gateway first and undrains it after, as the sweep does."""
+def test_bench_measures_its_instance_out_of_its_gateways_rotation(gateway, tmp_path):
+    """bench.yml drains the measured instance (not its host, whose other units keep serving) at its gateway first and
+    undrains it after, as the sweep and the rollout do."""
     settings = {"bench_instance": "tiny", "bench_label": "drained", "bench_dataset": "random", "bench_concurrencies": [1],
                 "bench_prompts_per_concurrency": 1, "bench_input_tokens": 64, "bench_output_tokens": 8, "bench_correctness_max_tokens": 8,
                 "bench_report_dir": str(tmp_path)}
@@ -172,6 +173,7 @@ def test_bench_measures_a_host_out_of_its_gateways_rotation(gateway, tmp_path):
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     routed = [section for section in result.stdout.split("TASK [")[1:] if section.startswith("sparkfleet.vllm.gateway : Drain or undrain at each gateway]")]
     assert len(routed) == 2 and all(f"changed: [{OTHER} -> {GATEWAY}]" in section for section in routed), routed
+    assert f"Find the gateways routing to {OTHER}/tiny]" in result.stdout, "the hook names the measured unit, not its host"
     assert json.loads(gateway.file(f"{CONFIG}/drained.json").content_string)["drained"] == []
     assert json.loads((tmp_path / OTHER / "drained" / "report.json").read_text())["runs"][0]["completed"] == 1
     print(f"\nbench.yml on {OTHER}, drained at the gateway and undrained after: {time.monotonic() - started:.1f} s")

@@ -88,6 +88,23 @@ def test_a_refused_drain_and_a_check_run_write_nothing(tmp_path, plan):
     assert forced["in_rotation"] == {"fast": []}
 
 
+def test_a_hooks_run_drains_only_the_units_this_gateway_routes_and_names_its_own_fix(tmp_path, plan):
+    """A bench, sweep or rollout run names the unit it measures at every gateway routing to its host: one this gateway
+    does not route is left alone and named (not_routed); the operator's unknown name is refused. A hook's refusal leaves
+    the fix to the hook's own variables: no gateway_drain_force advice."""
+    run(tmp_path, plan=plan)
+    hook = "bench@20261206T120000Z-1a2b"
+    drained = run(tmp_path, drain=["gx10-1/chat", "gx10-1/embed"], owner=hook)
+    assert drained["drained"] == ["gx10-1/chat"] and drained["not_routed"] == ["gx10-1/embed"]
+    assert run(tmp_path, undrain=["gx10-1/chat", "gx10-1/embed"], owner=hook)["drained"] == []
+    operator = run(tmp_path, drain=["gx10-1/embed"])
+    assert operator["failed"] and "'gx10-1/embed' is not a backend of this gateway" in operator["msg"]
+    run(tmp_path, drain=["gx10-1"])
+    refused = run(tmp_path, drain=["spark-1/chat"], owner=hook)
+    assert refused["failed"] and refused["msg"].endswith("so every client request for them would fail.")
+    assert "gateway_drain_force" in run(tmp_path, drain=["spark-1/chat"])["msg"], "the operator is told how to force it"
+
+
 def test_a_drain_without_a_gateway_on_the_host_says_so(tmp_path):
     result = run(tmp_path / "none", drain=["spark-1"])
     assert result["failed"] and "this host runs no gateway yet" in result["msg"]
