@@ -252,6 +252,22 @@ def state_problems(state: t.Mapping[str, t.Any]) -> list[str]:
     return problems
 
 
+def restart_count(before: t.Mapping[str, t.Any], after: t.Mapping[str, t.Any]) -> int:
+    """How many times the soaked units started again: systemd's own restarts (NRestarts' rise), or one for a new
+    invocation (a manual or watchdog restart) or for a container replaced or restarted while its unit was not. One
+    kill is one restart, although its unit and its container both show it."""
+    count = 0
+    for old_unit, new_unit, old_container, new_container in zip(before["units"], after["units"], before["containers"],
+                                                                 after["containers"], strict=True):
+        old_restarts, new_restarts = old_unit.get("n_restarts"), new_unit.get("n_restarts")
+        if isinstance(old_restarts, int) and isinstance(new_restarts, int) and new_restarts > old_restarts:
+            count += new_restarts - old_restarts
+        elif old_unit.get("invocation") != new_unit.get("invocation") or old_container.get("id") != new_container.get("id") \
+                or old_container.get("started_at") != new_container.get("started_at"):
+            count += 1
+    return count
+
+
 def restart_changes(before: t.Mapping[str, t.Any], after: t.Mapping[str, t.Any]) -> list[str]:
     """Every restart between two states, worded. The instance's unit owns its container with Restart=always, so
     a crash restarts the unit (NRestarts) and replaces the container (a new Id); a manual or watchdog restart of the
@@ -443,6 +459,7 @@ def summarize(samples: t.Sequence[t.Mapping[str, t.Any]]) -> dict[str, t.Any]:
         "probe_median_s": round(statistics.median(probes), 3) if probes else None,
         "probe_max_s": max(probes, default=None),
         "probe_failures": sum(1 for s in samples if s.get("probe_error")),
+        "first_probe_error": next((s["probe_error"] for s in samples if s.get("probe_error")), None),
         "metrics_failures": sum(1 for s in samples if s.get("metrics_error")),
     }
 
@@ -575,8 +592,9 @@ def verdict(summary: t.Mapping[str, t.Any], counts: t.Mapping[str, t.Any], chang
     elif memory < floor:
         reasons.append(f"MemAvailable fell to {memory:.0f} MiB (gate: at least {floor} MiB)")
     if summary["probe_failures"] > thresholds["max_probe_failures"]:
-        reasons.append(f"{summary['probe_failures']} of {summary['samples']} probe(s) got no answer within {probe_timeout:g} s "
-                       f"(gate: at most {thresholds['max_probe_failures']:g})")
+        # What failed, as the probe saw it: a refusal within milliseconds is no timeout.
+        reasons.append(f"{summary['probe_failures']} of {summary['samples']} probe(s) failed (each waits at most {probe_timeout:g} s; "
+                       f"the first: {summary.get('first_probe_error') or 'unknown'}) (gate: at most {thresholds['max_probe_failures']:g})")
     evidence = counts["evidence"]
     if counts["oom_kills"]:
         reasons.append(f"{counts['oom_kills']} kernel OOM kill(s) (\"Killed process\" in the kernel journal){first(evidence['oom_kills'])}")
@@ -703,7 +721,8 @@ def run_soak(job: Job, host: Host, before: t.Mapping[str, t.Any]) -> dict[str, t
         "input_tokens": params["input_tokens"], "output_tokens": params["output_tokens"], "duration": params["duration"],
         "sample_interval": params["sample_interval"], "started_at": started_wall, "finished_at": finished_wall,
         "elapsed_s": round(host.clock() - started, 3), "thresholds": dict(job.thresholds), "summary": summary, "counts": counts,
-        "restarts": {"before": before, "after": after, "changes": changes}, "rounds": rounds, "samples": samples,
+        "restarts": {"before": before, "after": after, "changes": changes, "count": restart_count(before, after)},
+        "rounds": rounds, "samples": samples,
         "result_dir": job.workdir,
     }
 
@@ -784,7 +803,7 @@ def markdown_report(title: str, result: t.Mapping[str, t.Any]) -> str:
         f"| kernel OOM kills | {counts.get('oom_kills', '-')} | 0 |",
         f"| earlyoom kills | {counts.get('earlyoom_kills', '-')} | 0 |",
         f"| NVRM NV_ERR_NO_MEMORY | {counts.get('nvrm_no_memory', '-')} | 0 |",
-        f"| restarts | {len((result.get('restarts') or {}).get('changes') or [])} | 0 |",
+        f"| restarts | {(result.get('restarts') or {}).get('count', '-')} | 0 |",
         f"| watchdog actions | {counts.get('watchdog_actions', '-')} | 0 |",
         "",
     ]

@@ -376,6 +376,18 @@ def test_a_gap_of_exactly_the_gate_passes():
     assert verdict(summary | {"max_kv_cache_usage": 0.1, "min_mem_available_mib": 1}, counts(), [], [], thresholds(), 10) == (True, [])
 
 
+def test_one_kill_is_one_restart_although_its_unit_and_container_both_show_it():
+    unit = {"unit": "u", "n_restarts": 0, "invocation": "a"}
+    container = {"container": "c", "id": "1", "started_at": "t0", "running": True}
+    before = {"units": [unit], "containers": [container]}
+    killed = {"units": [{**unit, "n_restarts": 1, "invocation": "b"}], "containers": [{**container, "id": "2", "started_at": "t1"}]}
+    assert len(_soak.restart_changes(before, killed)) == 2 and _soak.restart_count(before, killed) == 1
+    by_hand = {"units": [{**unit, "invocation": "b"}], "containers": [{**container, "id": "2"}]}
+    assert _soak.restart_count(before, by_hand) == 1 and _soak.restart_count(before, before) == 0
+    twice = {"units": [{**unit, "n_restarts": 2, "invocation": "c"}], "containers": [{**container, "id": "3"}]}
+    assert _soak.restart_count(before, twice) == 2
+
+
 def test_summary_of_the_samples():
     samples = [
         {"t": 0, "kv_cache_usage": 0.2, "waiting": 0, "mem_available_mib": 9000.0, "probe_s": 0.2, "probe_error": None, "metrics_error": None},
@@ -386,7 +398,7 @@ def test_summary_of_the_samples():
     ]
     assert summarize(samples) == {
         "samples": 3, "max_kv_cache_usage": 0.6, "max_waiting": 14, "min_mem_available_mib": 8000.0, "max_gap_s": 31, "max_gap_at_s": 61,
-        "probe_median_s": 0.3, "probe_max_s": 0.4, "probe_failures": 1, "metrics_failures": 1,
+        "probe_median_s": 0.3, "probe_max_s": 0.4, "probe_failures": 1, "first_probe_error": "HTTP 503: ", "metrics_failures": 1,
     }
 
 
@@ -534,7 +546,8 @@ FAILURES = {
     "memory-floor": ({"min_mem_available_mib": 900.0}, {}, [], [], {"min_mem_available_mib": 1024},
                      "MemAvailable fell to 900 MiB (gate: at least 1024 MiB)"),
     "memory-unknown": ({"min_mem_available_mib": None}, {}, [], [], {}, "no sample read MemAvailable from /proc/meminfo"),
-    "probes": ({"probe_failures": 2}, {}, [], [], {}, "2 of 120 probe(s) got no answer within 30 s (gate: at most 0)"),
+    "probes": ({"probe_failures": 2, "first_probe_error": "HTTP 401: unauthorized"}, {}, [], [], {},
+               "2 of 120 probe(s) failed (each waits at most 30 s; the first: HTTP 401: unauthorized) (gate: at most 0)"),
     "kernel-oom": ({}, {"oom_kills": 1, "evidence": evidence(oom_kills=["Out of memory: Killed process 4242 (python3)"])}, [], [], {},
                    '1 kernel OOM kill(s) ("Killed process" in the kernel journal): Out of memory: Killed process 4242 (python3)'),
     "earlyoom": ({}, {"earlyoom_kills": 1, "evidence": evidence(earlyoom_kills=["sending SIGTERM to process 4242 uid 0"])}, [], [], {},
@@ -718,7 +731,8 @@ def soak_result(passed=True, reasons=()):
             "earlyoom kill to count"], "label": "c8", "instance": "llm", "unit": "sparkfleet-vllm-llm.service", "model": "tiny",
             "runner": "exec", "concurrency": 8, "prompts_per_round": 48, "input_tokens": 4096, "output_tokens": 256, "duration": 90,
             "sample_interval": 30, "thresholds": thresholds(), "summary": summarize(samples),
-            "counts": counts(failed_requests=0 if passed else 2), "restarts": {"changes": [] if passed else ["container vllm-llm was replaced"]},
+            "counts": counts(failed_requests=0 if passed else 2), "restarts": {"changes": [] if passed else ["container vllm-llm was replaced"],
+                                                                                  "count": 0 if passed else 1},
             "rounds": [{"round": 1, "t": 0, "completed": 46, "failed": 2, "problems": ["round 1: 2 | 48 requests failed"]}] if not passed else [],
             "samples": samples, "ansible_job_id": "j1", "started": 1, "finished": 1}
 
