@@ -142,6 +142,16 @@ def test_a_refused_cluster_changes_nothing(head, worker):
     assert (cluster_state(head), cluster_state(worker)) == before
 
 
+def test_the_reboot_test_refuses_one_node_of_a_cluster_alone(head, worker):
+    """A cluster's nodes reboot together or not at all: the reboot test limited to the worker refuses before any reboot."""
+    boot = "cat /proc/sys/kernel/random/boot_id; cut -d ' ' -f 22 /proc/1/stat"
+    before = worker.check_output(boot), cluster_state(head), cluster_state(worker)
+    refused = playbook("reboot_test.yml", limit=WORKER)
+    assert_refused(refused, f"{WORKER} is a node of cluster lab-tp2", "whose nodes reboot together or not at all",
+                   f"and set reboot_test_serial to 2. Nothing was rebooted.")
+    assert (worker.check_output(boot), cluster_state(head), cluster_state(worker)) == before
+
+
 def fabric(source, peer, mtu=1500):
     return module(source, "cluster_fabric", {"source": source, "interface": "eth0", "mtu": mtu,
                                              "peers": [{"name": peer, "address": eth0(docker_host(peer))}]})
