@@ -495,7 +495,7 @@ def assess(plan: t.Mapping[str, t.Any], memory: dict[str, t.Any], seen: t.Mappin
         memory.update({**new_memory(), "warm_hashes": memory["warm_hashes"]})
         seconds, kind = grace_seconds(plan, memory, settings)
         memory["grace_until"] = now + seconds
-        return {**decision, "verdict": "handed_back", "why": f"the give-up was cleared; judged again after a {kind} grace of {seconds} s"}
+        return {**decision, "verdict": "handed_back", "why": f"the give-up was cleared; judged again once it serves, at the latest after a {kind} grace of {seconds} s"}
     flag_age = seen.get("flag_age")
     if flag_age is not None and flag_age < settings["maintenance_max_age"]:
         memory.update(failures=0, counters=None, evidence=[])
@@ -518,7 +518,7 @@ def assess(plan: t.Mapping[str, t.Any], memory: dict[str, t.Any], seen: t.Mappin
     if now < memory["grace_until"]:
         # An answer while systemd still stops the old container or starts the new one is not the new start serving.
         if not answered or starting:
-            return {**decision, "verdict": "grace", "why": f"started by the watchdog; judged after {int(memory['grace_until'] - now)} s more"}
+            return {**decision, "verdict": "grace", "why": f"started by the watchdog; judged once it serves, at the latest in {int(memory['grace_until'] - now)} s"}
         memory["grace_until"] = 0.0
     if seen.get("container") in DOWN_STATES and not starting:
         return failing(plan, memory, seen, settings, now, "down",
@@ -583,7 +583,7 @@ def failing(plan: t.Mapping[str, t.Any], memory: dict[str, t.Any], seen: t.Mappi
         decision["kill_first"] = True
     return {**decision, "action": action,
             "why": f"{why}; {'every rank restarted' if plan.get('cluster') else action + 'ed'} ({len(recent) + 1} of {settings['budget']} "
-                   f"in {settings['budget_window']} s), judged again after a {kind} grace of {seconds} s"}
+                   f"in {settings['budget_window']} s), judged again once it serves, at the latest after a {kind} grace of {seconds} s"}
 
 
 def next_sample_in(memories: t.Mapping[str, t.Any], settings: t.Mapping[str, t.Any]) -> int:

@@ -542,7 +542,18 @@ def collect_bundle(settings, state_dir, unit, now):
 
 
 def sample(settings, state, now):
-    plans, _skipped, _refused = watched_plans(settings["plan_dirs"], settings["peer_dir"])
+    plans, skipped, _refused = watched_plans(settings["plan_dirs"], settings["peer_dir"])
+    # The start line named the ranks not watched for want of SSH access: say when that changes (the watchdog role set up the
+    # peers' keys since), so the journal never leaves a stale "not watched".
+    unwatched = sorted(plan["unit"] for plan in skipped)
+    before = state.get("unwatched_ranks", unwatched)
+    if unwatched != before:
+        now_watched, now_unwatched = sorted(set(before) - set(unwatched)), sorted(set(unwatched) - set(before))
+        why = "; ".join(([f"now watching the cluster ranks {', '.join(now_watched)} (SSH access to their peers is set up)"] if now_watched else [])
+                        + ([f"no longer watching the cluster ranks {', '.join(now_unwatched)} (no SSH access to their peers)"] if now_unwatched else []))
+        print(json.dumps({"sparkfleet_watchdog": 1, "time": round(now, 1), "verdict": "watching", "action": "none", "why": why},
+                         sort_keys=True), flush=True)
+    state["unwatched_ranks"] = unwatched
     memories = state.setdefault("units", {})
     for plan in plans:
         try:
@@ -600,6 +611,7 @@ def run(arguments):
     state = read_json(os.path.join(settings["state_dir"], "state.json"), {})
     state = state if isinstance(state, dict) and isinstance(state.get("units", {}), dict) else {}
     plans, skipped, refused = watched_plans(settings["plan_dirs"], settings["peer_dir"])
+    state["unwatched_ranks"] = sorted(plan["unit"] for plan in skipped)
     print(json.dumps({"sparkfleet_watchdog": 1, "time": round(time.time(), 1), "verdict": "started", "action": "none",
                       "why": f"watching {', '.join(p['unit'] for p in plans) or 'no unit yet'} every {settings['interval']} s "
                              f"(every {min(settings['interval'], settings['probe_timeout'])} s while one has failing samples)"

@@ -9,6 +9,7 @@ import json
 import os
 import pathlib
 import re
+import select
 import stat
 import subprocess
 import threading
@@ -285,6 +286,37 @@ def test_a_cluster_rank_is_not_watched_without_ssh_access_to_its_peers(host):
     lines = samples(host, 3)
     assert "not watched: the cluster ranks sparkfleet-cluster-tp2.service" in lines[0]["why"]
     assert not [line for line in lines if line.get("unit") == RANK_UNIT] and actions(host) == []
+
+
+def test_a_rank_not_watched_at_the_start_is_announced_once_its_peers_keys_arrive(host):
+    """The running daemon (not one sample): its start line says the rank is not watched; once the watchdog role set up the
+    peers' keys, the next sample says it is watched now. Stopped by its recorded process id."""
+    as_cluster_head(host, peers=False)
+    set_host(host, container="running", active="active", sub="running")
+    environment = {**os.environ, "PATH": f"{host / 'bin'}:{os.environ['PATH']}"}
+    daemon_process = subprocess.Popen(["/usr/bin/python3", "-I", "-u", str(daemon(host)), "run", "--config", str(host / "watchdog.json")],
+                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=environment)
+    lines = []
+
+    def next_line():
+        # Bounded, so a daemon that never says it would fail the test rather than hang it.
+        ready, _writable, _errors = select.select([daemon_process.stdout], [], [], 120)
+        assert ready, f"the daemon wrote no line within 120 s; so far: {lines}"
+        return json.loads(daemon_process.stdout.readline())
+
+    try:
+        lines.append(next_line())
+        (host / "peer").mkdir()
+        for name in ("peer_ed25519", "known_hosts"):
+            (host / "peer" / name).write_text("recorded\n")
+        while not any(line.get("verdict") == "watching" for line in lines):
+            lines.append(next_line())
+    finally:
+        daemon_process.kill()
+        daemon_process.wait(timeout=30)
+    assert lines[0]["verdict"] == "started" and f"not watched: the cluster ranks {RANK_UNIT}" in lines[0]["why"]
+    assert [line["why"] for line in lines if line.get("verdict") == "watching"] == [
+        f"now watching the cluster ranks {RANK_UNIT} (SSH access to their peers is set up)"]
 
 
 def test_a_peer_may_only_stop_or_start_a_cluster_rank_planned_here(host):
