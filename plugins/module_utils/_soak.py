@@ -389,9 +389,6 @@ class LiveSampler:
     def __call__(self) -> dict[str, t.Any]:
         sample: dict[str, t.Any] = {"t": round(self.host.clock() - self.start, 3), "time": round(self.host.wall(), 3),
                                     "probe_s": None, "probe_error": "no answer before the soak ended"}
-        probe = threading.Thread(target=self.probe, args=(sample,), daemon=True)
-        probe.start()
-        self.probes.append(probe)
         try:
             metrics = read_metrics(self.endpoint["url"], self.endpoint["api_key"], self.metrics_timeout)
             sample.update(kv_cache_usage=gauge_max(metrics, "vllm:kv_cache_usage_perc"),
@@ -399,6 +396,10 @@ class LiveSampler:
                           running=gauge_sum(metrics, "vllm:num_requests_running"), metrics_error=None)
         except (ValueError, RuntimeError) as error:
             sample.update(kv_cache_usage=None, waiting=None, running=None, metrics_error=str(error)[:300])
+        # After the gauges: a probe in flight would count as a running request, as if the rounds loaded the engine.
+        probe = threading.Thread(target=self.probe, args=(sample,), daemon=True)
+        probe.start()
+        self.probes.append(probe)
         try:
             sample["mem_available_mib"] = mem_available_mib(self.host.meminfo())
         except OSError as error:
@@ -461,7 +462,20 @@ def summarize(samples: t.Sequence[t.Mapping[str, t.Any]]) -> dict[str, t.Any]:
         "probe_failures": sum(1 for s in samples if s.get("probe_error")),
         "first_probe_error": next((s["probe_error"] for s in samples if s.get("probe_error")), None),
         "metrics_failures": sum(1 for s in samples if s.get("metrics_error")),
+        # How many samples that read the gauges saw the rounds' load (a request running or waiting): a soak whose rounds
+        # leave the engine idle between short bursts judges little.
+        "loaded_samples": sum(1 for s in samples if (s.get("running") or 0) > 0 or (s.get("waiting") or 0) > 0),
+        "gauged_samples": sum(1 for s in samples if isinstance(s.get("running"), (int, float))),
     }
+
+
+def idle_note(summary: t.Mapping[str, t.Any]) -> str | None:
+    """What a soak whose samples never saw its load must say: its gates judged an engine at rest."""
+    if not summary.get("gauged_samples") or summary.get("loaded_samples"):
+        return None
+    return (f"none of the {summary['gauged_samples']} samples that read the gauges saw a request running or waiting: the rounds "
+            "left the engine idle whenever it was sampled, so the gates judged an engine at rest; raise "
+            "soak_prompts_per_concurrency or soak_output_tokens, or sample more often (soak_sample_interval)")
 
 
 # --- the rounds -----------------------------------------------------------------------------------------------
@@ -705,6 +719,7 @@ def run_soak(job: Job, host: Host, before: t.Mapping[str, t.Any]) -> dict[str, t
     samples = found.get("samples", [])
     summary = summarize(samples)
     counts, notes = journal_counts(job, host, started_wall)
+    notes += [note for note in [idle_note(summary)] if note]
     counts.update(round_counts(rounds))
     after = host_state(host.run_command, job.systemctl, job.docker, [state["unit"] for state in before["units"]],
                        [state["container"] for state in before["containers"]])
@@ -792,6 +807,7 @@ def markdown_report(title: str, result: t.Mapping[str, t.Any]) -> str:
         f"| max KV cache usage | {figure(summary.get('max_kv_cache_usage'), '{:.1%}')} "
         f"| below {figure(limits.get('max_kv_cache_usage'), '{:.0%}')} |",
         f"| max waiting requests | {figure(summary.get('max_waiting'), '{:g}')} | - |",
+        f"| samples that saw the load running | {summary.get('loaded_samples', '-')} of {summary.get('gauged_samples', '-')} | - |",
         f"| min MemAvailable | {figure(summary.get('min_mem_available_mib'), '{:,.0f}')} MiB "
         f"| at least {figure(limits.get('min_mem_available_mib'), '{:,.0f}')} MiB |",
         f"| largest gap between samples | {figure(summary.get('max_gap_s'), '{:.1f}')} s "

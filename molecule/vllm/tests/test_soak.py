@@ -54,6 +54,7 @@ def test_a_quiet_soak_passes(serve, tmp_path):
     assert 0 <= summary["max_kv_cache_usage"] < 0.8 and summary["min_mem_available_mib"] > 0
     assert found["restarts"]["changes"] == []
     assert markdown.startswith(f"# {SERVE} first: soak lab-quiet\n\n**SOAK PASS**")
+    assert f"| samples that saw the load running | {summary['loaded_samples']} of {summary['gauged_samples']} | - |" in markdown
     assert serve.file("/var/lib/sparkfleet/soak/lab-quiet/soak.json").exists
     print(f"\nsoak.yml on the lab, 60 s at 2 streams, {elapsed:.0f} s in all:\n{markdown}")
 

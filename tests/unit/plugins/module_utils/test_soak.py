@@ -390,8 +390,9 @@ def test_one_kill_is_one_restart_although_its_unit_and_container_both_show_it():
 
 def test_summary_of_the_samples():
     samples = [
-        {"t": 0, "kv_cache_usage": 0.2, "waiting": 0, "mem_available_mib": 9000.0, "probe_s": 0.2, "probe_error": None, "metrics_error": None},
-        {"t": 30, "kv_cache_usage": 0.6, "waiting": 14, "mem_available_mib": 8000.0, "probe_s": 0.4, "probe_error": None,
+        {"t": 0, "kv_cache_usage": 0.2, "waiting": 0, "running": 0, "mem_available_mib": 9000.0, "probe_s": 0.2, "probe_error": None,
+         "metrics_error": None},
+        {"t": 30, "kv_cache_usage": 0.6, "waiting": 14, "running": 2, "mem_available_mib": 8000.0, "probe_s": 0.4, "probe_error": None,
          "metrics_error": None},
         {"t": 61, "kv_cache_usage": None, "waiting": None, "mem_available_mib": 8500.0, "probe_s": None, "probe_error": "HTTP 503: ",
          "metrics_error": "refused"},
@@ -399,7 +400,16 @@ def test_summary_of_the_samples():
     assert summarize(samples) == {
         "samples": 3, "max_kv_cache_usage": 0.6, "max_waiting": 14, "min_mem_available_mib": 8000.0, "max_gap_s": 31, "max_gap_at_s": 61,
         "probe_median_s": 0.3, "probe_max_s": 0.4, "probe_failures": 1, "first_probe_error": "HTTP 503: ", "metrics_failures": 1,
+        "loaded_samples": 1, "gauged_samples": 2,
     }
+
+
+def test_a_soak_whose_samples_never_saw_its_load_says_so():
+    idle = [{"t": t, "running": 0, "waiting": 0} for t in (0, 30, 60)]
+    note = _soak.idle_note(summarize(idle))
+    assert note.startswith("none of the 3 samples that read the gauges saw a request running or waiting") and "soak_sample_interval" in note
+    assert _soak.idle_note(summarize([*idle, {"t": 90, "running": 1, "waiting": 0}])) is None
+    assert _soak.idle_note(summarize([{"t": 0, "running": None, "metrics_error": "refused"}])) is None, "no gauge read, nothing to say"
 
 
 def test_the_live_sampler_reads_the_gauges_memory_and_a_probe(vllm):
