@@ -208,6 +208,7 @@ def test_the_gateway_hosts_diagnostics_bundle_holds_none_of_its_keys(gateway, tm
     """The gateway's master key and the backends' keys (its env file, mode 0600), the instances' and the cluster rank's
     API keys: none in any member of the bundle diagnose.yml brings from the gateway's host."""
     result = playbook("diagnose.yml", "-e", json.dumps({"diagnose_dir": str(tmp_path)}), limit=GATEWAY)
+    assert "watchdog/bundles' path due to" not in result.stdout + result.stderr, "a host with no give-up bundle is no warning"
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     secrets = deployed_secrets(gateway)
     assert {GATEWAY_KEY, BACKEND_KEY} <= set(secrets.values()), sorted(secrets)
