@@ -27,6 +27,7 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._cluster_sequence 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._fabric import MTU_MAX, MTU_MIN, MTU_WHY, interface_named, interface_on, rocev2_gid_index
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_paths import DOCKER_CLIENT
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._model_catalog import VERSION, version_tuple
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._plan_file import is_count
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._settings import Setting, coerced, dropin_problem, setting_problems
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_instance import UNIT_NAME, removal
 
@@ -74,10 +75,6 @@ DEFAULTS: dict[str, t.Any] = {
 }
 # Where a node's container environment comes from, in the order the instance plan lays them over each other.
 ENV_SOURCES = ("sparkfleet_hardware_overrides.env", "vllm_env", "cluster_instance.env", "cluster_node_env")
-
-
-def is_count(value: t.Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
 def fast_network_problems(cluster: t.Mapping[str, t.Any]) -> list[str]:

@@ -142,14 +142,14 @@ def cold_start_usable(cold_start: t.Any) -> bool:
 
 
 def cluster_usable(cluster: t.Any) -> bool:
-    if not isinstance(cluster, dict) or not is_rank(cluster.get("rank")) or not isinstance(cluster.get("head"), bool):
+    if not isinstance(cluster, dict) or not is_whole(cluster.get("rank")) or not isinstance(cluster.get("head"), bool):
         return False
     # The backend decides the order the head's watchdog restarts the ranks in (_cluster_sequence).
     if cluster.get("backend") not in BACKENDS:
         return False
     nodes = cluster.get("nodes")
     return (address(cluster.get("host_ip")) is not None and isinstance(nodes, list) and bool(nodes)
-            and all(isinstance(node, dict) and is_rank(node.get("rank")) and address(node.get("address")) is not None for node in nodes))
+            and all(isinstance(node, dict) and is_whole(node.get("rank")) and address(node.get("address")) is not None for node in nodes))
 
 
 def address(text: t.Any) -> str | None:
@@ -160,15 +160,18 @@ def address(text: t.Any) -> str | None:
         return None
 
 
-def is_rank(value: t.Any) -> bool:
+def is_whole(value: t.Any) -> bool:
+    """A whole number, zero or more (a rank, a count of requests): never a bool, which Python counts as an int."""
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def is_count(value: t.Any) -> bool:
+    """A whole number above zero."""
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
 def is_share(value: t.Any) -> bool:
+    """A memory share as the plan writes it: a number in (0, 1]."""
     return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value <= 1
 
 

@@ -39,14 +39,21 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_runtime impo
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_runtime import release as host_release
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_state import StateUnanswered, inspect_container, show_units, started_at
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._launch_checks import memory_probe_argv, paused_containers_problems
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._plan_file import PLAN_SCHEMA_VERSION, PlanFileError, cold_start_usable, parsed_plan, read_plan
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._plan_file import (
+    PLAN_SCHEMA_VERSION,
+    PlanFileError,
+    cold_start_usable,
+    is_share,
+    parsed_plan,
+    read_plan,
+)
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._settings import path_problem
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._systemd import UNIT_PROPERTIES
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_client import read_endpoint
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_gate import Endpoint, gate
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_health import is_warm, mark_warm, parse_env_file
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_instance import unjudged_mark
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_plan import STAMP_PATH, drift_reasons, is_share
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_plan import STAMP_PATH, drift_reasons
 
 # What each of the plan's kept_files holds, in their order.
 FILE_KINDS = ("env", "plan", "unit")

@@ -32,7 +32,7 @@ import typing as t
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._files import write_atomically
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_state import StateUnanswered, inspect_container, show_units, state_of
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._model_catalog import Range
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._plan_file import read_plan
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._plan_file import is_whole, read_plan
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_bench import (
     BENCH_RANGES,
     CONCURRENCY,
@@ -41,7 +41,6 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_bench import
     Which,
     accounting,
     bench_args,
-    is_count,
     judge,
     load_result,
     local_tokenizer,
@@ -535,8 +534,8 @@ def one_round(job: Job, host: Host, index: int, seconds: int, started_at: float)
     return {
         "round": index, "t": round(began - started_at, 3), "seconds": round(finished.seconds, 3), "timeout": seconds,
         "exit_code": finished.rc, "stalled": stalled, "prompts": prompts,
-        "completed": saved.get("completed") if counted and is_count(saved.get("completed")) else None,
-        "failed": saved.get("failed") if counted and is_count(saved.get("failed")) else None,
+        "completed": saved.get("completed") if counted and is_whole(saved.get("completed")) else None,
+        "failed": saved.get("failed") if counted and is_whole(saved.get("failed")) else None,
         # A result file whose counts are missing, not counts, or do not add up to the prompts sent.
         "unaccounted": counted and accounting(saved, prompts) is not None,
         "result_file": local if saved is not None else None, "problems": problems,

@@ -21,6 +21,7 @@ import typing as t
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_state import StateUnanswered, inspect_container, state_of
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._model_catalog import Range
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._plan_file import is_whole
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_client import (
     discover_model,
     http,
@@ -250,16 +251,12 @@ def output_errors(output: str | None) -> str:
     return "; ".join(error_lines(output, OUTPUT_MARKERS, limit=5, skip=(), engine_log=False)) or "no error line in its output"
 
 
-def is_count(value: t.Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
 def accounting(result: t.Mapping[str, t.Any], prompts: int) -> str | None:
     """Why the result does not account for every prompt sent, or None: its completed and failed must both be counts
     and add up to the prompts sent (a missing ``failed`` is not zero, it is a request nobody counted)."""
     shown = {key: result.get(key) for key in ("completed", "failed")}
     odd = [f"{key} {'missing' if key not in result else repr(value) + ' (not a count)'}" for key, value in shown.items()
-           if not is_count(value)]
+           if not is_whole(value)]
     if odd:
         return (f"{prompts} prompts sent, but the result file's {' and '.join(odd)}: its requests are not accounted for, "
                 "so it is not a whole vllm bench serve result")

@@ -41,7 +41,7 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._model_catalog imp
     catalog_problems,
     catalog_reference_problems,
 )
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._plan_file import PLAN_SCHEMA_VERSION, start_record
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._plan_file import PLAN_SCHEMA_VERSION, is_share, start_record
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._settings import as_bool, as_float, as_int, normal_path, path_problem
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._systemd import exec_line
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_guards import (
@@ -256,11 +256,6 @@ OWNED_SHORT_FLAGS = {"-q": "--quantization", "-sc": "--speculative-config", "-tp
 def closest(name: str, known: t.Iterable[str]) -> str:
     match = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
     return f"; did you mean {match[0]}?" if match else ""
-
-
-def is_share(value: t.Any) -> bool:
-    """A memory share as the plan writes it: a number in (0, 1]."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value <= 1
 
 
 def is_int(value: t.Any) -> bool:
