@@ -515,9 +515,12 @@ def assess(plan: t.Mapping[str, t.Any], memory: dict[str, t.Any], seen: t.Mappin
     if answered and plan.get("config_hash") and plan["config_hash"] not in memory["warm_hashes"]:
         memory["warm_hashes"] = [*memory["warm_hashes"], plan["config_hash"]][-8:]
     starting = seen.get("active_state") == "activating" or seen.get("job_pending")
+    # A worker rank serves no API: its new start is through once its container runs under an active unit, which is all its
+    # judgement reads (without this, a worker killed again soon after a restart waited out the whole grace).
+    worker_runs = is_worker(plan) and seen.get("container") == "running" and seen.get("active_state") == "active"
     if now < memory["grace_until"]:
         # An answer while systemd still stops the old container or starts the new one is not the new start serving.
-        if not answered or starting:
+        if not (answered or worker_runs) or starting:
             return {**decision, "verdict": "grace", "why": f"started by the watchdog; judged once it serves, at the latest in {int(memory['grace_until'] - now)} s"}
         memory["grace_until"] = 0.0
     if seen.get("container") in DOWN_STATES and not starting:

@@ -411,6 +411,18 @@ def test_a_worker_rank_is_judged_by_its_container_and_its_failure_restarts_every
     assert head[-1]["action"] == "restart_cluster" and "every rank restarted" in head[-1]["why"]
 
 
+def test_a_worker_ranks_grace_ends_once_its_container_runs_so_a_second_kill_is_judged_at_once():
+    memory, worker = new_memory(), rank_plan(1)
+    down = seen(container="exited", active_state="failed", sub_state="failed")
+    samples_down = [assess(worker, memory, down, SETTINGS_DEFAULT, 1000.0 + 30 * index) for index in range(3)]
+    assert samples_down[-1]["action"] == "restart_cluster" and memory["grace_until"] > 1060.0 + 500
+    starting = assess(worker, memory, seen(active_state="activating", job_pending=True), SETTINGS_DEFAULT, 1090.0)
+    assert starting["verdict"] == "grace", "still starting: the grace holds"
+    assert assess(worker, memory, seen(), SETTINGS_DEFAULT, 1120.0)["verdict"] == "rank_runs" and memory["grace_until"] == 0.0
+    again = [assess(worker, memory, down, SETTINGS_DEFAULT, 1150.0 + 30 * index)["verdict"] for index in range(2)]
+    assert again == ["down", "down"], "killed again 30 s later: judged, not waited out"
+
+
 def test_a_peer_request_names_a_verb_and_a_rank_planned_here():
     plans = [rank_plan(1), {**PLAN, "cluster": None}]
     verb, plan = peer_request("stop sparkfleet-cluster-tp.service", plans)
