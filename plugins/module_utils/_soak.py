@@ -256,8 +256,8 @@ def restart_count(before: t.Mapping[str, t.Any], after: t.Mapping[str, t.Any]) -
     invocation (a manual or watchdog restart) or for a container replaced or restarted while its unit was not. One
     kill is one restart, although its unit and its container both show it."""
     count = 0
-    for old_unit, new_unit, old_container, new_container in zip(before["units"], after["units"], before["containers"],
-                                                                 after["containers"], strict=True):
+    pairs = zip(before["units"], after["units"], before["containers"], after["containers"], strict=True)
+    for old_unit, new_unit, old_container, new_container in pairs:
         old_restarts, new_restarts = old_unit.get("n_restarts"), new_unit.get("n_restarts")
         if isinstance(old_restarts, int) and isinstance(new_restarts, int) and new_restarts > old_restarts:
             count += new_restarts - old_restarts

@@ -495,7 +495,8 @@ def assess(plan: t.Mapping[str, t.Any], memory: dict[str, t.Any], seen: t.Mappin
         memory.update({**new_memory(), "warm_hashes": memory["warm_hashes"]})
         seconds, kind = grace_seconds(plan, memory, settings)
         memory["grace_until"] = now + seconds
-        return {**decision, "verdict": "handed_back", "why": f"the give-up was cleared; judged again once it serves, at the latest after a {kind} grace of {seconds} s"}
+        return {**decision, "verdict": "handed_back",
+                "why": f"the give-up was cleared; judged again once it serves, at the latest after a {kind} grace of {seconds} s"}
     flag_age = seen.get("flag_age")
     if flag_age is not None and flag_age < settings["maintenance_max_age"]:
         memory.update(failures=0, counters=None, evidence=[])
@@ -521,7 +522,8 @@ def assess(plan: t.Mapping[str, t.Any], memory: dict[str, t.Any], seen: t.Mappin
     if now < memory["grace_until"]:
         # An answer while systemd still stops the old container or starts the new one is not the new start serving.
         if not (answered or worker_runs) or starting:
-            return {**decision, "verdict": "grace", "why": f"started by the watchdog; judged once it serves, at the latest in {int(memory['grace_until'] - now)} s"}
+            return {**decision, "verdict": "grace",
+                    "why": f"started by the watchdog; judged once it serves, at the latest in {int(memory['grace_until'] - now)} s"}
         memory["grace_until"] = 0.0
     if seen.get("container") in DOWN_STATES and not starting:
         return failing(plan, memory, seen, settings, now, "down",

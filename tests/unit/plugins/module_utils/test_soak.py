@@ -741,8 +741,8 @@ def soak_result(passed=True, reasons=()):
             "earlyoom kill to count"], "label": "c8", "instance": "llm", "unit": "sparkfleet-vllm-llm.service", "model": "tiny",
             "runner": "exec", "concurrency": 8, "prompts_per_round": 48, "input_tokens": 4096, "output_tokens": 256, "duration": 90,
             "sample_interval": 30, "thresholds": thresholds(), "summary": summarize(samples),
-            "counts": counts(failed_requests=0 if passed else 2), "restarts": {"changes": [] if passed else ["container vllm-llm was replaced"],
-                                                                                  "count": 0 if passed else 1},
+            "counts": counts(failed_requests=0 if passed else 2),
+            "restarts": {"changes": [] if passed else ["container vllm-llm was replaced"], "count": 0 if passed else 1},
             "rounds": [{"round": 1, "t": 0, "completed": 46, "failed": 2, "problems": ["round 1: 2 | 48 requests failed"]}] if not passed else [],
             "samples": samples, "ansible_job_id": "j1", "started": 1, "finished": 1}
 
