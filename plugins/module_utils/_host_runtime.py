@@ -255,17 +255,21 @@ def running_ids(names: t.Iterable[str], run: Runner) -> list[str]:
 
 def before_stop(plan: t.Mapping[str, t.Any], run: Runner, held_share: float | None,
                 processes: t.Callable[[], t.Iterable[tuple[int, str, t.Sequence[str]]]] = open_files,
-                cgroup_of: t.Callable[[int], str] = process_cgroup) -> list[str]:
+                cgroup_of: t.Callable[[int], str] = process_cgroup, drop_caches_path: str = DROP_CACHES) -> list[str]:
     """What would refuse the start of the plan's unit and stays whether the running unit stops or not, asked before a
     relaunch stops it (the start's admission asks again): the stray holders of the device nodes, and the memory with
     what the running engine gives back. The containers a single instance's start will pause may hold the device until
-    then, and what they give back is not known here, so while one runs the memory is left to the start. Nothing is
-    changed."""
+    then, and what they give back is not known here, so while one runs the memory is left to the start. Nothing but the
+    page cache (dropped before the memory is read, as the start drops it) is changed."""
     if not plan.get("memory_admission"):
         return []
     pausing = [] if plan.get("cluster") else running_ids(plan["paused_containers"], run)
-    return device_and_memory(plan, run, lambda _line: None, None if pausing else held_share, DEVICE_NODES, processes, cgroup_of,
-                             pausing)
+    held = None if pausing else held_share
+    # The start drops the page cache before its memory check (seed 002): so does this one, or it would read less free
+    # memory than the start will, and refuse what the start admits.
+    problem = drop_page_cache(run, drop_caches_path) if held is not None and plan["drop_caches"] else None
+    checked = device_and_memory(plan, run, lambda _line: None, held, DEVICE_NODES, processes, cgroup_of, pausing)
+    return ([problem] if problem else []) + checked
 
 
 def released(unit: str, run: Runner, log: Log, ledger_path: str = PAUSED_LEDGER) -> list[str]:

@@ -244,9 +244,10 @@ def start(plan: t.Mapping[str, t.Any], check_mode: bool, run: Runner, refusals_d
     return {"changed": True}
 
 
-def restore(plan: t.Mapping[str, t.Any], check_mode: bool, run: Runner) -> dict[str, t.Any]:
+def restore(plan: t.Mapping[str, t.Any], check_mode: bool, run: Runner, keep_mark: bool = False) -> dict[str, t.Any]:
     """Put the last good files back (systemd reads the restored unit at once); ``restored`` is
-    false, and nothing is touched, when the unit has no complete last good copy."""
+    false, and nothing is touched, when the unit has no complete last good copy. ``keep_mark``: the
+    running settings stay unjudged (a relaunch refused before its stop leaves them running)."""
     kept_files = rolled_back(plan)
     copies, unusable = last_good_copies(plan)
     if copies is None:
@@ -255,7 +256,7 @@ def restore(plan: t.Mapping[str, t.Any], check_mode: bool, run: Runner) -> dict[
     synced = sync_files(files, check_mode)
     if not check_mode:
         checked(run, ["systemctl", "daemon-reload"])
-    cleared = clear_unjudged(plan, check_mode)
+    cleared = False if keep_mark else clear_unjudged(plan, check_mode)
     return {"changed": bool(synced["content"] or synced["metadata"]) or cleared, "restored": True, "written": synced["content"]}
 
 
@@ -528,8 +529,10 @@ def relaunch(plan: t.Mapping[str, t.Any], flag: str | None, check_mode: bool, ru
         return {"changed": True}
     refusals = admit(plan, run)["refusals"]
     if refusals:
-        restored = restore(plan, False, run)
-        files = "its last good files are back in place" if restored["restored"] else "its new files stay in place (it has no last good copy)"
+        restored = restore(plan, False, run, keep_mark=True)
+        files = ("its last good files are back in place" if restored["restored"] else
+                 f"its new files stay in place: {restored['unusable']}" if restored.get("unusable") else
+                 "its new files stay in place (it has no last good copy)")
         return {"changed": restored["changed"], "failed": True, "refusals": refusals,
                 "msg": f"vLLM instance {plan['name']} was not relaunched, nothing of it was stopped ({files}): " + " | ".join(refusals)}
     if not keep_last_good:

@@ -252,19 +252,26 @@ def state_problems(state: t.Mapping[str, t.Any]) -> list[str]:
 
 
 def restart_count(before: t.Mapping[str, t.Any], after: t.Mapping[str, t.Any]) -> int:
-    """How many times the soaked units started again: systemd's own restarts (NRestarts' rise), or one for a new
-    invocation (a manual or watchdog restart) or for a container replaced or restarted while its unit was not. One
-    kill is one restart, although its unit and its container both show it."""
+    """How many times the soaked units started again: per unit, systemd's own restarts (NRestarts' rise), or one for a
+    new invocation (a manual or watchdog restart); the instance's own container (the first of each list) replaced or
+    restarted while its unit shows nothing, one more; each other watched container replaced or restarted, one. One kill
+    of the instance is one restart, although its unit and its container both show it."""
     count = 0
-    pairs = zip(before["units"], after["units"], before["containers"], after["containers"], strict=True)
-    for old_unit, new_unit, old_container, new_container in pairs:
-        old_restarts, new_restarts = old_unit.get("n_restarts"), new_unit.get("n_restarts")
+    units = list(zip(before["units"], after["units"], strict=True))
+    containers = list(zip(before["containers"], after["containers"], strict=True))
+    for index, (old, new) in enumerate(units):
+        old_restarts, new_restarts = old.get("n_restarts"), new.get("n_restarts")
         if isinstance(old_restarts, int) and isinstance(new_restarts, int) and new_restarts > old_restarts:
             count += new_restarts - old_restarts
-        elif old_unit.get("invocation") != new_unit.get("invocation") or old_container.get("id") != new_container.get("id") \
-                or old_container.get("started_at") != new_container.get("started_at"):
+        elif old.get("invocation") != new.get("invocation"):
             count += 1
-    return count
+        elif index == 0 and containers and container_restarted(*containers[0]):
+            count += 1
+    return count + sum(1 for old, new in containers[1:] if container_restarted(old, new))
+
+
+def container_restarted(old: t.Mapping[str, t.Any], new: t.Mapping[str, t.Any]) -> bool:
+    return old.get("id") != new.get("id") or old.get("started_at") != new.get("started_at")
 
 
 def restart_changes(before: t.Mapping[str, t.Any], after: t.Mapping[str, t.Any]) -> list[str]:

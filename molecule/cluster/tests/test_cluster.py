@@ -148,7 +148,7 @@ def test_the_reboot_test_refuses_one_node_of_a_cluster_alone(head, worker):
     before = worker.check_output(boot), cluster_state(head), cluster_state(worker)
     refused = playbook("reboot_test.yml", limit=WORKER)
     assert_refused(refused, f"{WORKER} is a node of cluster lab-tp2", "whose nodes reboot together or not at all",
-                   "and set reboot_test_serial to 2. Nothing was rebooted.")
+                   "and set reboot_test_serial to 2. No host of this batch was rebooted.")
     assert (worker.check_output(boot), cluster_state(head), cluster_state(worker)) == before
 
 

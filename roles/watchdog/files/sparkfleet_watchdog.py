@@ -548,11 +548,14 @@ def sample(settings, state, now):
     unwatched = sorted(plan["unit"] for plan in skipped)
     before = state.get("unwatched_ranks", unwatched)
     if unwatched != before:
-        now_watched, now_unwatched = sorted(set(before) - set(unwatched)), sorted(set(unwatched) - set(before))
+        # A rank gone from the plans since is neither: only those now watched, and those newly not watched, are news.
+        now_watched = sorted((set(before) - set(unwatched)) & {plan["unit"] for plan in plans})
+        now_unwatched = sorted(set(unwatched) - set(before))
         why = "; ".join(([f"now watching the cluster ranks {', '.join(now_watched)} (SSH access to their peers is set up)"] if now_watched else [])
-                        + ([f"no longer watching the cluster ranks {', '.join(now_unwatched)} (no SSH access to their peers)"] if now_unwatched else []))
-        print(json.dumps({"sparkfleet_watchdog": 1, "time": round(now, 1), "verdict": "watching", "action": "none", "why": why},
-                         sort_keys=True), flush=True)
+                        + ([f"not watched: the cluster ranks {', '.join(now_unwatched)} (no SSH access to their peers)"] if now_unwatched else []))
+        if why:
+            print(json.dumps({"sparkfleet_watchdog": 1, "time": round(now, 1), "verdict": "watching", "action": "none", "why": why},
+                             sort_keys=True), flush=True)
     state["unwatched_ranks"] = unwatched
     memories = state.setdefault("units", {})
     for plan in plans:

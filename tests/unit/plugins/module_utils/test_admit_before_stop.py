@@ -26,7 +26,7 @@ class Docker:
         self.calls.append(argv)
         if argv[0] == "/usr/bin/timeout":
             return 0, json.dumps({"device": "cpu", "figure": "MemAvailable (CPU build)", "free": self.free, "total": self.total}), ""
-        if argv[0] == "systemctl" or argv[1] == "ps":
+        if argv[0] in ("systemctl", "/usr/bin/sync") or argv[1] == "ps":
             return 0, "", ""
         if argv[1:3] == ["container", "inspect"] and argv[-1] in self.containers:
             container_id, up = self.containers[argv[-1]]
@@ -46,7 +46,7 @@ def holders(*entries):
 
 
 def test_the_memory_is_credited_with_what_the_running_engines_stop_gives_back():
-    plan = unit_plan(memory_admission=True, paused_containers=[], gpu_memory_utilization=0.7)
+    plan = unit_plan(memory_admission=True, paused_containers=[], drop_caches=False, gpu_memory_utilization=0.7)
     assert runtime.before_stop(plan, Docker(), 0.5, *holders()) == [], "10 GiB free and 20 given back hold 0.7 of 40 GiB"
     refused = runtime.before_stop({**plan, "gpu_memory_utilization": 0.8}, Docker(), 0.5, *holders())
     assert refused == ["llm: gpu_memory_utilization 0.8 asks for 32.00 GiB of the kernel's MemTotal of 40.00 GiB in the image, but the "
@@ -56,7 +56,7 @@ def test_the_memory_is_credited_with_what_the_running_engines_stop_gives_back():
 
 
 def test_a_stray_holder_is_refused_and_the_containers_the_start_pauses_are_not_strays():
-    plan = unit_plan(memory_admission=True, paused_containers=["nvidia_gpu_exporter"], gpu_memory_utilization=0.9)
+    plan = unit_plan(memory_admission=True, paused_containers=["nvidia_gpu_exporter"], drop_caches=False, gpu_memory_utilization=0.9)
     exporter = (4242, "nvidia_gpu_expo", f"0::/system.slice/docker-{EXPORTER_ID}.scope\n")
     stray = (777, "python3", "0::/user.slice/session-1.scope\n")
     docker = Docker({"nvidia_gpu_exporter": (EXPORTER_ID, True)})
@@ -68,17 +68,32 @@ def test_a_stray_holder_is_refused_and_the_containers_the_start_pauses_are_not_s
 
 def test_a_stopped_exporter_is_no_reason_to_skip_the_memory_and_a_rank_pauses_through_its_role():
     stopped = Docker({"nvidia_gpu_exporter": (EXPORTER_ID, False)}, free=30 * GIB)
-    assert runtime.before_stop(unit_plan(memory_admission=True, paused_containers=["nvidia_gpu_exporter"]), stopped, 0.0, *holders()) == []
+    assert runtime.before_stop(unit_plan(memory_admission=True, paused_containers=["nvidia_gpu_exporter"], drop_caches=False), stopped, 0.0,
+                               *holders()) == []
     assert stopped.probed()
-    rank = rank_plan(1, memory_admission=True, paused_containers=["nvidia_gpu_exporter"])
+    rank = rank_plan(1, memory_admission=True, paused_containers=["nvidia_gpu_exporter"], drop_caches=False)
     running = Docker({"nvidia_gpu_exporter": (EXPORTER_ID, True)})
     runtime.before_stop(rank, running, 0.0, *holders())
     assert running.probed() and not any(call[1:3] == ["container", "inspect"] for call in running.calls), \
         "a rank's role paused the exporters on every node before this"
 
 
+def test_the_page_cache_is_dropped_before_the_memory_is_read_as_the_start_drops_it(tmp_path):
+    plan = unit_plan(memory_admission=True, paused_containers=[], drop_caches=True)
+    drop = tmp_path / "drop_caches"
+    drop.touch()
+    docker = Docker(free=30 * GIB)
+    assert runtime.before_stop(plan, docker, 0.0, *holders(), drop_caches_path=str(drop)) == [] and drop.read_text() == "3\n"
+    assert [call[0] for call in docker.calls if call[0].startswith("/usr/bin/")][:2] == ["/usr/bin/sync", "/usr/bin/docker"]
+    assert docker.calls[-1][0] == "/usr/bin/timeout", "the probe reads the memory last"
+    unknown, untouched = Docker(), tmp_path / "untouched"
+    untouched.touch()
+    runtime.before_stop(plan, unknown, None, *holders(), drop_caches_path=str(untouched))
+    assert untouched.read_text() == "" and not unknown.probed(), "no memory read, no cache dropped"
+
+
 def test_an_unknown_hold_leaves_the_memory_to_the_start_and_no_admission_asks_nothing():
-    plan = unit_plan(memory_admission=True, paused_containers=[], gpu_memory_utilization=0.99)
+    plan = unit_plan(memory_admission=True, paused_containers=[], drop_caches=False, gpu_memory_utilization=0.99)
     docker = Docker()
     assert runtime.before_stop(plan, docker, None, *holders()) == [] and not docker.probed()
     off = Docker()
@@ -87,7 +102,8 @@ def test_an_unknown_hold_leaves_the_memory_to_the_start_and_no_admission_asks_no
 
 def deployed(tmp_path, last_good_share=0.5, **changes):
     """A single instance's plan with its files under tmp_path; its last good files (share ``last_good_share``) written."""
-    plan = unit_plan(options={"config_dir": str(tmp_path / "config"), "memory_admission": True}, paused_containers=[], **changes)
+    plan = unit_plan(options={"config_dir": str(tmp_path / "config"), "memory_admission": True}, paused_containers=[], drop_caches=False,
+                     **changes)
     unit_kept = plan["kept_files"][2]
     plan["kept_files"][2] = {**unit_kept, "path": str(tmp_path / "units" / plan["unit"]),
                              "last_good": str(tmp_path / "config" / "last-good" / plan["unit"])}
@@ -140,7 +156,7 @@ def test_check_mode_runs_no_probe_container_and_still_names_a_stray(tmp_path, mo
 
 def test_a_ranks_refusal_names_its_node_for_the_clusters_joined_message(monkeypatch):
     monkeypatch.setattr(runtime, "device_holders", lambda _processes, _nodes: [{"pid": 777, "command": "python3", "paths": ["/dev/nvidia0"]}])
-    refusals = serving_unit.admit(rank_plan(1, memory_admission=True), Docker(), check_mode=True)["refusals"]
+    refusals = serving_unit.admit(rank_plan(1, memory_admission=True, drop_caches=False), Docker(), check_mode=True)["refusals"]
     assert len(refusals) == 1 and refusals[0].startswith("spark-2 (rank 1): tp: pid 777 (python3) holds /dev/nvidia0"), refusals
 
 

@@ -386,6 +386,14 @@ def test_one_kill_is_one_restart_although_its_unit_and_container_both_show_it():
     assert _soak.restart_count(before, by_hand) == 1 and _soak.restart_count(before, before) == 0
     twice = {"units": [{**unit, "n_restarts": 2, "invocation": "c"}], "containers": [{**container, "id": "3"}]}
     assert _soak.restart_count(before, twice) == 2
+    # Watched units and containers (watch_units, watch_containers) need not come in pairs: each counts on its own.
+    exporter = {"unit": "node_exporter.service", "n_restarts": 0, "invocation": "x"}
+    watched = {"units": [unit, exporter], "containers": [container]}
+    restarted = {"units": [unit, {**exporter, "invocation": "y"}], "containers": [container]}
+    assert _soak.restart_count(watched, restarted) == 1 and _soak.restart_count(watched, watched) == 0
+    gpu = {"container": "nvidia_gpu_exporter", "id": "9", "started_at": "t0", "running": True}
+    assert _soak.restart_count({"units": [unit], "containers": [container, gpu]},
+                               {"units": [unit], "containers": [container, {**gpu, "started_at": "t2"}]}) == 1
 
 
 def test_summary_of_the_samples():
