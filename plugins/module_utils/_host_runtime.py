@@ -112,12 +112,24 @@ def ledger(path: str) -> t.Iterator[dict[str, list[str]]]:
         write_atomically(path, json.dumps(entries, sort_keys=True) + "\n", RECORD_MODE)
 
 
+def running_record(name: str, run: Runner) -> dict[str, t.Any] | None:
+    """Docker's record of the container of exactly that name while it runs; None when none runs (or Docker does not answer)."""
+    try:
+        record = inspect_container(run, name, DOCKER_CLIENT)
+    except StateUnanswered:
+        return None
+    return record if state_of(record).get("Running") is True else None
+
+
 def running(name: str, run: Runner) -> bool:
     """Whether a container runs under exactly that name."""
-    try:
-        return state_of(inspect_container(run, name, DOCKER_CLIENT)).get("Running") is True
-    except StateUnanswered:
-        return False
+    return running_record(name, run) is not None
+
+
+def running_ids(names: t.Iterable[str], run: Runner) -> list[str]:
+    """The ids of those of the containers named that run."""
+    records = [running_record(name, run) for name in names]
+    return [record["Id"] for record in records if record is not None and isinstance(record.get("Id"), str)]
 
 
 def pause(unit: str, names: t.Sequence[str], run: Runner, log: Log, ledger_path: str = PAUSED_LEDGER) -> tuple[list[str], list[str]]:
@@ -238,19 +250,6 @@ def device_and_memory(plan: t.Mapping[str, t.Any], run: Runner, log: Log, held_s
     if not memory:
         log(memory_line(share, t.cast(dict, figures)))
     return problems
-
-
-def running_ids(names: t.Iterable[str], run: Runner) -> list[str]:
-    """The ids of those of the containers named that run."""
-    ids = []
-    for name in names:
-        try:
-            record = inspect_container(run, name, DOCKER_CLIENT)
-        except StateUnanswered:
-            continue
-        if state_of(record).get("Running") is True and isinstance((record or {}).get("Id"), str):
-            ids.append(t.cast(dict, record)["Id"])
-    return ids
 
 
 def before_stop(plan: t.Mapping[str, t.Any], run: Runner, held_share: float | None,

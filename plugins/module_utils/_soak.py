@@ -251,27 +251,28 @@ def state_problems(state: t.Mapping[str, t.Any]) -> list[str]:
     return problems
 
 
-def restart_count(before: t.Mapping[str, t.Any], after: t.Mapping[str, t.Any]) -> int:
-    """How many times the soaked units started again: per unit, systemd's own restarts (NRestarts' rise), or one for a
-    new invocation (a manual or watchdog restart); the instance's own container (the first of each list) replaced or
-    restarted while its unit shows nothing, one more; each other watched container replaced or restarted, one. One kill
-    of the instance is one restart, although its unit and its container both show it."""
-    count = 0
-    units = list(zip(before["units"], after["units"], strict=True))
-    containers = list(zip(before["containers"], after["containers"], strict=True))
-    for index, (old, new) in enumerate(units):
-        old_restarts, new_restarts = old.get("n_restarts"), new.get("n_restarts")
-        if isinstance(old_restarts, int) and isinstance(new_restarts, int) and new_restarts > old_restarts:
-            count += new_restarts - old_restarts
-        elif old.get("invocation") != new.get("invocation"):
-            count += 1
-        elif index == 0 and containers and container_restarted(*containers[0]):
-            count += 1
-    return count + sum(1 for old, new in containers[1:] if container_restarted(old, new))
+def unit_restarts(old: t.Mapping[str, t.Any], new: t.Mapping[str, t.Any]) -> int:
+    """How many times a unit started again between two readings: systemd's own restarts (NRestarts' rise), or one for
+    another NRestarts or a new invocation (a manual or watchdog restart)."""
+    old_restarts, new_restarts = old.get("n_restarts"), new.get("n_restarts")
+    if isinstance(old_restarts, int) and isinstance(new_restarts, int) and new_restarts > old_restarts:
+        return new_restarts - old_restarts
+    return int(old_restarts != new_restarts or old.get("invocation") != new.get("invocation"))
 
 
 def container_restarted(old: t.Mapping[str, t.Any], new: t.Mapping[str, t.Any]) -> bool:
-    return old.get("id") != new.get("id") or old.get("started_at") != new.get("started_at")
+    """Whether a container was replaced (another Id) or restarted in place between two readings."""
+    return any(old.get(key) != new.get(key) for key in ("id", "started_at", "restart_count"))
+
+
+def restart_count(before: t.Mapping[str, t.Any], after: t.Mapping[str, t.Any]) -> int:
+    """How many times the soaked units started again: each unit's restarts; the instance's own container (the first of
+    each list) replaced or restarted while its unit shows nothing, one more; each other watched container replaced or
+    restarted, one. One kill of the instance is one restart, although its unit and its container both show it."""
+    units = [unit_restarts(old, new) for old, new in zip(before["units"], after["units"], strict=True)]
+    containers = [container_restarted(old, new) for old, new in zip(before["containers"], after["containers"], strict=True)]
+    own = int(bool(units) and not units[0] and bool(containers) and containers[0])
+    return sum(units) + own + sum(containers[1:])
 
 
 def restart_changes(before: t.Mapping[str, t.Any], after: t.Mapping[str, t.Any]) -> list[str]:
@@ -296,7 +297,7 @@ def restart_changes(before: t.Mapping[str, t.Any], after: t.Mapping[str, t.Any])
         if old.get("id") != new.get("id"):
             changes.append(f"container {name} was replaced during the soak (Id {str(old.get('id'))[:12]} -> {new['id'][:12]}, "
                            f"started {new.get('started_at')})")
-        elif old.get("started_at") != new.get("started_at") or old.get("restart_count") != new.get("restart_count"):
+        elif container_restarted(old, new):
             changes.append(f"container {name} restarted in place during the soak (RestartCount {old.get('restart_count')} -> "
                            f"{new.get('restart_count')}, started {new.get('started_at')})")
         if not new.get("running"):
