@@ -22,6 +22,8 @@ description:
     every installed unit of O(exporter_units) is active and every O(exporter_urls) answers. C(failed_units) none.
     C(swap) none active. C(oom_kills) no C(Killed process) in the kernel journal since the boot.
 author: sparkfleet.vllm contributors (@sparkfleet)
+extends_documentation_fragment:
+  - sparkfleet.vllm.attributes
 options:
   plan_dirs:
     description: Folders of the plan files (C(vllm_config_dir), C(cluster_config_dir)); a folder that does not exist holds no plan.
@@ -65,10 +67,13 @@ options:
 attributes:
   check_mode:
     support: full
-    description: Reads and sends read-only requests only; the same answer in check mode.
+    details: Reads and sends read-only requests only; the same answer in check mode.
   diff_mode:
     support: none
-    description: Changes nothing, so there is nothing to show.
+    details: Changes nothing, so there is nothing to show.
+  idempotent:
+    support: full
+    details: Reads the host and changes nothing.
 notes:
   - Reads the instances' env files for their keys, so run it with C(become) true. No key is returned.
 seealso:

@@ -22,6 +22,8 @@ description:
     example takes ~32 GB per node and has frozen Sparks.
   - All parsing is in the collection's private module_utils C(_fabric), tested on recorded outputs.
 author: sparkfleet.vllm contributors (@sparkfleet)
+extends_documentation_fragment:
+  - sparkfleet.vllm.attributes
 options:
   source:
     description: This node's name in messages (its inventory name).
@@ -60,10 +62,13 @@ options:
 attributes:
   check_mode:
     support: full
-    description: Reads and pings only; the same checks run in check mode.
+    details: Reads and pings only; the same checks run in check mode.
   diff_mode:
     support: none
-    description: Changes nothing, so there is nothing to diff.
+    details: Changes nothing, so there is nothing to diff.
+  idempotent:
+    support: full
+    details: Reads and pings only; it never changes the host.
 """
 
 EXAMPLES = r"""

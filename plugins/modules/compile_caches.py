@@ -27,6 +27,8 @@ description:
     folders opened without following links, and one that is no regular file by then (a link, FIFO or device node) is
     skipped.
 author: sparkfleet.vllm contributors (@sparkfleet)
+extends_documentation_fragment:
+  - sparkfleet.vllm.attributes
 options:
   action:
     description: What to do with each folder of O(caches).
@@ -45,10 +47,15 @@ options:
 attributes:
   check_mode:
     support: full
-    description: Reads the stamps on both sides and says what would be copied, archived or extracted; writes nothing.
+    details: Reads the stamps on both sides and says what would be copied, archived or extracted; writes nothing.
   diff_mode:
     support: none
-    description: Reports the folders it works on in RV(done), not a diff of their many files.
+    details: Reports the folders it works on in RV(done), not a diff of their many files.
+  idempotent:
+    support: partial
+    details:
+      - C(back_up), C(restore), C(lacking), C(unpack) and C(archived) change nothing once done.
+      - C(archive) writes the tar again on every run until C(archived) records its stamps.
 notes:
   - Run as root; the caches are root's (the containers write them).
 """

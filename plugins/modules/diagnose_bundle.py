@@ -41,6 +41,8 @@ description:
   - Then every C(--api-key VALUE) (any spelling), C(NAME=VALUE) of such a name and C(Bearer VALUE) left is replaced by its
     shape, for a value shorter than 8 characters or none of the host's files named.
 author: sparkfleet.vllm contributors (@sparkfleet)
+extends_documentation_fragment:
+  - sparkfleet.vllm.attributes
 options:
   dest:
     description: The folder on the host the bundle is written to; created with mode 0700 when it is missing.
@@ -67,10 +69,13 @@ options:
 attributes:
   check_mode:
     support: full
-    description: Writes nothing and reports what it would collect (plan files, units, containers, C(/metrics) URLs, fabric).
+    details: Writes nothing and reports what it would collect (plan files, units, containers, C(/metrics) URLs, fabric).
   diff_mode:
     support: none
-    description: Writes a new bundle; nothing to compare.
+    details: Writes a new bundle; nothing to compare.
+  idempotent:
+    support: none
+    details: Every run collects a new bundle.
 notes:
   - Runs as root, the owner of the env files; an env file it cannot read fails the task, because its keys could not be kept
     out of the bundle.

@@ -15,6 +15,8 @@ description:
   - A folder that does not exist is reported in RV(missing), not refused; links and subfolders are left out.
   - Every path and pattern is checked before anything is read; a file larger than 1 MiB is refused.
 author: sparkfleet.vllm contributors (@sparkfleet)
+extends_documentation_fragment:
+  - sparkfleet.vllm.attributes
 options:
   folders:
     description: The folders to list.
@@ -38,10 +40,13 @@ options:
 attributes:
   check_mode:
     support: full
-    description: Reads only; the same answer in check mode.
+    details: Reads only; the same answer in check mode.
   diff_mode:
     support: none
-    description: Changes nothing, so there is nothing to show.
+    details: Changes nothing, so there is nothing to show.
+  idempotent:
+    support: full
+    details: Reads only.
 notes:
   - Not for secrets; the text read is returned in the result.
 """

@@ -33,6 +33,8 @@ description:
   - The caller restarts the gateway when C(config_changed) is true; LiteLLM reads its config at start.
   - The logic is in the collection's private module_utils C(_gateway), unit-tested.
 author: sparkfleet.vllm contributors (@sparkfleet)
+extends_documentation_fragment:
+  - sparkfleet.vllm.attributes
 options:
   config_dir:
     description: The gateway's folder on its host.
@@ -64,10 +66,13 @@ options:
 attributes:
   check_mode:
     support: full
-    description: Computes and reports the routing and what would change, and writes nothing.
+    details: Computes and reports the routing and what would change, and writes nothing.
   diff_mode:
     support: full
-    description: Shows the drained list and the config before and after; neither holds a secret.
+    details: Shows the drained list and the config before and after; neither holds a secret.
+  idempotent:
+    support: full
+    details: A run with the same plan and drains writes nothing and reports no change.
 """
 
 EXAMPLES = r"""

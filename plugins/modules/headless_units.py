@@ -29,6 +29,8 @@ description:
     re-apply with nothing to change costs one round trip, where the headless role's tasks made three (and one more per
     unit to change).
 author: sparkfleet.vllm contributors (@sparkfleet)
+extends_documentation_fragment:
+  - sparkfleet.vllm.attributes
 options:
   default_target:
     description: The target the host boots into (a unit name ending in C(.target)).
@@ -61,12 +63,15 @@ options:
 attributes:
   check_mode:
     support: full
-    description: Reads the link, the unit files and the running units, and reports the link, disables, masks and stops that
+    details: Reads the link, the unit files and the running units, and reports the link, disables, masks and stops that
       would be made; runs and writes nothing that changes the host. RV(running) and RV(unexpected) leave out the units that
       would be stopped.
   diff_mode:
     support: full
-    description: Shows where C(default.target) points before and after.
+    details: Shows where C(default.target) points before and after.
+  idempotent:
+    support: full
+    details: A host already headless is left alone.
   platform:
     description: Debian hosts with systemd.
     support: full

@@ -19,6 +19,8 @@ description:
   - Every path must be absolute and written as it is meant (no C(.) or C(..), no doubled or trailing C(/)), and holds
     only letters, digits and C(_.@+-); a bad path or mode fails the task before anything is written.
 author: sparkfleet.vllm contributors (@sparkfleet)
+extends_documentation_fragment:
+  - sparkfleet.vllm.attributes
 options:
   folders:
     description: The folders, created or fixed in this order.
@@ -75,10 +77,13 @@ options:
 attributes:
   check_mode:
     support: full
-    description: Reports the folders it would create or fix and the files it would write or fix, and changes nothing.
+    details: Reports the folders it would create or fix and the files it would write or fix, and changes nothing.
   diff_mode:
     support: full
-    description: Shows each written file's content before and after; for a secret file, a line saying it was rewritten.
+    details: Shows each written file's content before and after; for a secret file, a line saying it was rewritten.
+  idempotent:
+    support: full
+    details: Files already with their content and mode are left alone.
 notes:
   - Owner and group are set to root when the module runs as root; as another user they are left as they are.
   - Secrets go in O(secret_files); the content of O(files) reaches the diff.

@@ -19,6 +19,8 @@ description:
     It never fails because of the judgement; the caller decides (see the C(driver_guard) role).
   - Seed 000 keeps DGX Spark hosts on the 580 branch because 590 had a CUDA-graph deadlock on GB10.
 author: sparkfleet.vllm contributors (@sparkfleet)
+extends_documentation_fragment:
+  - sparkfleet.vllm.attributes
 options:
   allowed_branch:
     description: The driver branch the host must stay on, as its three-digit major version.
@@ -38,10 +40,13 @@ options:
 attributes:
   check_mode:
     support: full
-    description: Read-only; runs the same in check mode.
+    details: Read-only; runs the same in check mode.
   diff_mode:
     support: none
-    description: Changes nothing, so there is nothing to diff.
+    details: Changes nothing, so there is nothing to diff.
+  idempotent:
+    support: full
+    details: Reads only; a simulated upgrade changes nothing.
 notes:
   - Driver packages are recognised by name, for example C(nvidia-driver-580-open), C(libnvidia-compute-580)
     and C(linux-modules-nvidia-580-open-6.17.0-1021-nvidia).

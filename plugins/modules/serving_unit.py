@@ -82,6 +82,8 @@ description:
   - C(remove) takes a removal (C(vllm_removals), C(cluster_stale_ranks)) instead of a plan, disables and stops its
     unit, removes its container and deletes its files.
 author: sparkfleet.vllm contributors (@sparkfleet)
+extends_documentation_fragment:
+  - sparkfleet.vllm.attributes
 options:
   plan:
     description:
@@ -112,10 +114,15 @@ options:
 attributes:
   check_mode:
     support: full
-    description: Reports what the step would change and writes, stops or starts nothing.
+    details: Reports what the step would change and writes, stops or starts nothing.
   diff_mode:
     support: full
-    description: Shows the plan file's and the unit's changes and the files a removal deletes; the env file's content is never shown.
+    details: Shows the plan file's and the unit's changes and the files a removal deletes; the env file's content is never shown.
+  idempotent:
+    support: partial
+    details:
+      - C(prepare), C(keep), C(restore), C(hold), C(remove), the flags and C(resume) change nothing once done.
+      - C(relaunch), C(roll_back), C(stop), C(start) and C(pause) act on the running unit on every run.
 notes:
   - Needs C(systemctl) and the C(docker) command on the host, and root.
 """

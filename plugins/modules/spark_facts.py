@@ -26,6 +26,8 @@ description:
   - A host without a GPU (the CPU lab) is reported as such, with the nvidia-smi error, rather than failing.
   - All parsing is in the collection's private module_utils C(_host_facts), tested on recorded real outputs.
 author: sparkfleet.vllm contributors (@sparkfleet)
+extends_documentation_fragment:
+  - sparkfleet.vllm.attributes
 options:
   models_dir:
     description: Directory whose free disk is reported (its nearest existing parent when it does not exist yet).
@@ -63,10 +65,13 @@ options:
 attributes:
   check_mode:
     support: full
-    description: Read-only; the same facts in check mode.
+    details: Read-only; the same facts in check mode.
   diff_mode:
     support: none
-    description: Changes nothing, so there is nothing to diff.
+    details: Changes nothing, so there is nothing to diff.
+  idempotent:
+    support: full
+    details: Reads only.
 notes:
   - Reading other processes' open files needs root, as does reading the holders of the device nodes.
 """

@@ -22,6 +22,8 @@ description:
   - Every option is checked, and the active swap, fstab and unit files read, before anything changes; a re-apply with
     nothing to change costs one round trip, where the swap role's tasks made about six.
 author: sparkfleet.vllm contributors (@sparkfleet)
+extends_documentation_fragment:
+  - sparkfleet.vllm.attributes
 options:
   disable_active:
     description: Run C(swapoff -a) when any swap is active.
@@ -55,11 +57,14 @@ options:
 attributes:
   check_mode:
     support: full
-    description: Reports whether swap would be turned off, the fstab lines that would be commented out, whether the sysctl
+    details: Reports whether swap would be turned off, the fstab lines that would be commented out, whether the sysctl
       would change and the units that would be masked; runs and writes nothing that changes the host.
   diff_mode:
     support: full
-    description: Shows fstab and the sysctl file before and after.
+    details: Shows fstab and the sysctl file before and after.
+  idempotent:
+    support: full
+    details: A host without swap, its fstab commented and its sysctl set is left alone.
   platform:
     description: Debian hosts with systemd.
     support: full

@@ -17,6 +17,8 @@ description:
   - One call where a loop of C(ansible.posix.sysctl) makes one per setting, so a re-apply with nothing to change
     costs one round trip.
 author: sparkfleet.vllm contributors (@sparkfleet)
+extends_documentation_fragment:
+  - sparkfleet.vllm.attributes
 options:
   path:
     description: The sysctl.d file, which holds only these settings.
@@ -33,10 +35,13 @@ options:
 attributes:
   check_mode:
     support: full
-    description: Reports whether the file and which running values would change, and writes nothing.
+    details: Reports whether the file and which running values would change, and writes nothing.
   diff_mode:
     support: full
-    description: Shows the file before and after.
+    details: Shows the file before and after.
+  idempotent:
+    support: full
+    details: A file already with the settings is left alone.
 notes:
   - Needs root to write the file and the running values.
 """

@@ -15,6 +15,8 @@ description:
   - A unit systemd does not know reads C(LoadState=not-found) and an empty C(UnitFileState). An alias reads the
     states of its unit, so the alias of an enabled unit reads C(enabled).
 author: sparkfleet.vllm contributors (@sparkfleet)
+extends_documentation_fragment:
+  - sparkfleet.vllm.attributes
 options:
   units:
     description: The unit names (such as C(NetworkManager.service)).
@@ -24,10 +26,13 @@ options:
 attributes:
   check_mode:
     support: full
-    description: Reads only; the same answer in check mode.
+    details: Reads only; the same answer in check mode.
   diff_mode:
     support: none
-    description: Changes nothing, so there is nothing to show.
+    details: Changes nothing, so there is nothing to show.
+  idempotent:
+    support: full
+    details: Reads only.
 notes:
   - Needs C(systemctl) on the host.
 """

@@ -19,6 +19,7 @@ description:
   - A server without speculative decoding answers with C(speculative) false and no acceptance.
 author: sparkfleet.vllm contributors (@sparkfleet)
 extends_documentation_fragment:
+  - sparkfleet.vllm.attributes
   - sparkfleet.vllm.vllm_endpoint
 options:
   categories:
@@ -38,11 +39,13 @@ requirements:
 attributes:
   check_mode:
     support: partial
-    description: In check mode nothing is sent and no acceptance is reported.
     details: The arguments are checked and the instance resolved; no prompt is sent.
   diff_mode:
     support: none
-    description: Changes nothing on the host.
+    details: Changes nothing on the host.
+  idempotent:
+    support: full
+    details: Sends prompts and reads metrics; it never changes the host.
 """
 
 EXAMPLES = r"""

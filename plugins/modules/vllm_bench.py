@@ -26,6 +26,7 @@ description:
     in disjoint sets per concurrency so no round reuses another's prefix cache.
 author: sparkfleet.vllm contributors (@sparkfleet)
 extends_documentation_fragment:
+  - sparkfleet.vllm.attributes
   - sparkfleet.vllm.vllm_endpoint
 options:
   label:
@@ -113,11 +114,13 @@ requirements:
 attributes:
   check_mode:
     support: partial
-    description: Can run in check mode, where it sends no load.
     details: Validates the options, resolves the endpoint and picks the runner, then returns without sending load.
   diff_mode:
     support: none
-    description: Writes result files; no diff is shown.
+    details: Writes result files; no diff is shown.
+  idempotent:
+    support: none
+    details: Every run sends new load and saves a new measurement.
 notes:
   - The key reaches C(vllm bench serve) as C(OPENAI_API_KEY) in its environment, never on a command line.
 """

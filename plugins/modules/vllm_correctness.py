@@ -25,6 +25,7 @@ description:
     answers even at the same score (seed 000, "the diff matters more than the score").
 author: sparkfleet.vllm contributors (@sparkfleet)
 extends_documentation_fragment:
+  - sparkfleet.vllm.attributes
   - sparkfleet.vllm.vllm_endpoint
 options:
   label:
@@ -83,11 +84,13 @@ options:
 attributes:
   check_mode:
     support: partial
-    description: Can run in check mode, where it sends no prompt.
     details: Validates the cases and resolves the endpoint, then returns without sending a prompt or saving results.
   diff_mode:
     support: none
-    description: The diff against the reference is returned as RV(changed_cases), not as a file diff.
+    details: The diff against the reference is returned as RV(changed_cases), not as a file diff.
+  idempotent:
+    support: partial
+    details: The results file is rewritten only when an answer changed; greedy answers are the same between runs on an idle instance, not under concurrent load.
 """
 
 EXAMPLES = r"""

@@ -26,6 +26,8 @@ description:
     once and be started again by its unit before that counts as a failure (a cluster's role relaunches every rank once
     instead).
 author: sparkfleet.vllm contributors (@sparkfleet)
+extends_documentation_fragment:
+  - sparkfleet.vllm.attributes
 options:
   instance:
     description:
@@ -83,10 +85,13 @@ options:
 attributes:
   check_mode:
     support: full
-    description: Reads the endpoint and the container only, so it runs the same in check mode.
+    details: Reads the endpoint and the container only, so it runs the same in check mode.
   diff_mode:
     support: none
-    description: Changes nothing.
+    details: Changes nothing.
+  idempotent:
+    support: full
+    details: Asks the endpoint only; it never changes the host.
 notes:
   - The C(docker) command must be on the host when O(container) is given.
 """

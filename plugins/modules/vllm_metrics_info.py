@@ -19,6 +19,7 @@ description:
     smallest C(max_model_len) that covers O(coverage) of the requests, with the numbers behind it.
 author: sparkfleet.vllm contributors (@sparkfleet)
 extends_documentation_fragment:
+  - sparkfleet.vllm.attributes
   - sparkfleet.vllm.vllm_endpoint
 options:
   coverage:
@@ -34,10 +35,13 @@ requirements:
 attributes:
   check_mode:
     support: full
-    description: Only reads the endpoint, so it runs the same in check mode.
+    details: Only reads the endpoint, so it runs the same in check mode.
   diff_mode:
     support: none
-    description: Changes nothing.
+    details: Changes nothing.
+  idempotent:
+    support: full
+    details: Reads only.
 """
 
 EXAMPLES = r"""

@@ -17,6 +17,8 @@ description:
   - Returns what the checkpoint declares, its base model (the model card's C(base_model), as recorded in the
     staging manifest), quantization and maximum length.
 author: sparkfleet.vllm contributors (@sparkfleet)
+extends_documentation_fragment:
+  - sparkfleet.vllm.attributes
 options:
   path:
     description: The model directory on the host.
@@ -48,10 +50,13 @@ options:
 attributes:
   check_mode:
     support: full
-    description: Reads files only.
+    details: Reads files only.
   diff_mode:
     support: none
-    description: Changes nothing.
+    details: Changes nothing.
+  idempotent:
+    support: full
+    details: Reads only.
 """
 
 EXAMPLES = r"""

@@ -24,6 +24,8 @@ description:
   - With O(endpoint) the hub is a mirror (C(HF_ENDPOINT)); when neither can be reached and nothing is staged the
     module fails naming the repo and the missing files.
 author: sparkfleet.vllm contributors (@sparkfleet)
+extends_documentation_fragment:
+  - sparkfleet.vllm.attributes
 options:
   repo:
     description: Hugging Face repo id, owner/name.
@@ -78,10 +80,13 @@ options:
 attributes:
   check_mode:
     support: full
-    description: Verifies a staged copy and reports whether it would be staged, without downloading.
+    details: Verifies a staged copy and reports whether it would be staged, without downloading.
   diff_mode:
     support: none
-    description: Weights are not diffed.
+    details: Weights are not diffed.
+  idempotent:
+    support: full
+    details: A checkpoint staged whole at its revision is not fetched again.
 notes:
   - Needs the C(docker) command on the host and the image present or pullable.
 """

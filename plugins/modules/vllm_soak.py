@@ -34,6 +34,7 @@ description:
     restarted, the watchdog acted, or a journal could not be read. Every reason is returned.
 author: sparkfleet.vllm contributors (@sparkfleet)
 extends_documentation_fragment:
+  - sparkfleet.vllm.attributes
   - sparkfleet.vllm.vllm_endpoint
 options:
   label:
@@ -144,11 +145,13 @@ requirements:
 attributes:
   check_mode:
     support: partial
-    description: Can run in check mode, where it sends no load.
     details: Reads the plan, picks the runner and checks that the unit is installed and its container running, then says what it would do.
   diff_mode:
     support: none
-    description: Writes result files; no diff is shown.
+    details: Writes result files; no diff is shown.
+  idempotent:
+    support: none
+    details: Every run sends new load for its whole duration.
 notes:
   - The key reaches C(vllm bench serve) as C(OPENAI_API_KEY) in its environment, never on a command line.
   - For a soak of an hour over SSH, run the task with C(async) and C(poll), as C(playbooks/soak.yml) does.

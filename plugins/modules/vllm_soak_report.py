@@ -16,6 +16,8 @@ description:
     MemAvailable and probe latency over the soak's minutes, the gates drawn in).
   - "Meant to run on the controller (C(delegate_to: localhost)), where the report is read."
 author: sparkfleet.vllm contributors (@sparkfleet)
+extends_documentation_fragment:
+  - sparkfleet.vllm.attributes
 options:
   dest:
     description: Folder for the three files; created when missing.
@@ -40,10 +42,13 @@ requirements:
 attributes:
   check_mode:
     support: full
-    description: Reports which files would change and writes nothing.
+    details: Reports which files would change and writes nothing.
   diff_mode:
     support: none
-    description: The report files are not diffed.
+    details: The report files are not diffed.
+  idempotent:
+    support: partial
+    details: A file whose content is the same is not rewritten; the plot is matplotlib's rendering, the same bytes only on the same matplotlib.
 seealso:
   - module: sparkfleet.vllm.vllm_soak
 """

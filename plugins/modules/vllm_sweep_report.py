@@ -25,6 +25,8 @@ description:
   - Recommends vLLM's per-batch-size draft counts (C(num_speculative_tokens_per_batch_size), present in vLLM 0.32.0)
     when at least two speculative variants passed; for an older or unknown release it says so instead.
 author: sparkfleet.vllm contributors (@sparkfleet)
+extends_documentation_fragment:
+  - sparkfleet.vllm.attributes
 options:
   dest:
     description: Controller folder for the files.
@@ -71,10 +73,13 @@ options:
 attributes:
   check_mode:
     support: full
-    description: Reports what would change and writes nothing.
+    details: Reports what would change and writes nothing.
   diff_mode:
     support: none
-    description: The files are reports; no diff is shown.
+    details: The files are reports; no diff is shown.
+  idempotent:
+    support: partial
+    details: A file whose content is the same is not rewritten; the plot is matplotlib's rendering, the same bytes only on the same matplotlib.
 requirements:
   - matplotlib, when O(plot) is true
 """
