@@ -11,6 +11,8 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from role_readme import role_readme  # noqa: E402
 
 ROLES = sorted(path.name for path in (ROOT / "roles").iterdir() if (path / "meta" / "argument_specs.yml").exists())
+# A role's variables carry its name, except the measuring playbooks' settings, which carry each playbook's.
+PREFIXES = {"measure_defaults": ("bench_", "soak_", "sweep_", "rollout_")}
 
 
 def load(path):
@@ -31,7 +33,7 @@ def test_argument_spec_defaults_match_role_defaults(role):
     options = spec_options(role)
     assert set(options) == set(defaults)
     for name, option in options.items():
-        assert name.startswith(role + "_"), f"{name} is not prefixed with the role name"
+        assert name.startswith(PREFIXES.get(role, (role + "_",))), f"{name} is not prefixed with the role name"
         assert option.get("default") == defaults[name], name
 
 
