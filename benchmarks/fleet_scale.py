@@ -7,13 +7,16 @@ Needs the lab's environment (Docker, the venv, the lab host image):
   bash -c 'source scripts/lib/common.sh; ensure_all; python3 benchmarks/fleet_scale.py'
 Starts its own lab hosts (sparkfleet-bench-1..8, no vLLM: the host-preparation roles only) and
 removes them, by the names it gave them, when it ends. Prints Markdown tables; each figure is the
-median of the runs. Ratios, not seconds, are what holds from one machine to another.
+median of the runs. Ratios, not seconds, are what holds from one machine to another. With --print-commands
+it prints the commands a run starts, in order (each boot wait once; the inventory it writes in a folder of
+its own), and starts none.
 """
 
 import argparse
 import os
 import pathlib
 import re
+import shlex
 import statistics
 import subprocess
 import tempfile
@@ -24,6 +27,7 @@ import yaml
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DOCKER = "/usr/bin/docker"
 HOSTS = [f"bench-{number}" for number in range(1, 9)]
+SCALES = (1, 2, 4, 8)
 ROLES = ["driver_guard", "headless", "swap", "earlyoom", "wait_online", "exporter_dropins"]
 # The lab's settings for a container standing in for a host (inventories/lab), without its serving.
 HOST_SETTINGS = ("sparkfleet_hardware_class", "swap_apply_sysctl", "headless_apply_sysctl", "driver_guard_missing_driver", "earlyoom_version")
@@ -31,30 +35,45 @@ RECAP = re.compile(r"^(\S+)\s+: ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+f
 ROLE_TIME = re.compile(r"^(\S+) -+ (\d+\.\d+)s$", re.MULTILINE)
 # docs/ansible.cfg with one setting reverted to Ansible's default, by the environment variable that overrides it.
 REVERTED = {"pipelining off": {"ANSIBLE_PIPELINING": "False"}, "forks 5 (Ansible's default)": {"ANSIBLE_FORKS": "5"}}
+# The fresh converge's time per role.
+PROFILE_ENV = {"ANSIBLE_CALLBACKS_ENABLED": "ansible.posix.profile_roles"}
+CONFIG = ROOT / "docs" / "ansible.cfg"
 
 
 def container(name):
     return f"sparkfleet-{name}"
 
 
-def remove_hosts():
+def remove_command():
     """The benchmark's own lab hosts, by the names it gives them (also those a failed earlier run left)."""
-    subprocess.run([DOCKER, "rm", "-f", "-v", *(container(host) for host in HOSTS)], capture_output=True, check=False)
+    return [DOCKER, "rm", "-f", "-v", *(container(host) for host in HOSTS)]
+
+
+def remove_hosts():
+    subprocess.run(remove_command(), capture_output=True, check=False)
+
+
+def host_command(image, host):
+    """A throwaway lab host, started as lab/hosts.yml starts the lab's (without their named Docker volume)."""
+    return [DOCKER, "run", "-d", "--name", container(host), "--hostname", host, "--cap-add", "SYS_ADMIN", "--cap-add", "NET_ADMIN",
+            "--security-opt", "seccomp=unconfined", "--security-opt", "apparmor=unconfined", "--cgroupns", "host",
+            "-v", "/sys/fs/cgroup:/sys/fs/cgroup:rw", "-v", "/var/lib/docker", "--tmpfs", "/run", "--tmpfs", "/run/lock",
+            "--stop-signal", "SIGRTMIN+3", image, "/lib/systemd/systemd"]
+
+
+def boot_wait_command(host):
+    return [DOCKER, "exec", container(host), "timeout", "120", "systemctl", "is-system-running", "--wait"]
 
 
 def start_hosts(image):
     """Start the throwaway lab hosts and wait until each has booted."""
     remove_hosts()
     for host in HOSTS:
-        subprocess.run([DOCKER, "run", "-d", "--name", container(host), "--hostname", host, "--cap-add", "SYS_ADMIN", "--cap-add", "NET_ADMIN",
-                        "--security-opt", "seccomp=unconfined", "--security-opt", "apparmor=unconfined", "--cgroupns", "host",
-                        "-v", "/sys/fs/cgroup:/sys/fs/cgroup:rw", "-v", "/var/lib/docker", "--tmpfs", "/run", "--tmpfs", "/run/lock",
-                        "--stop-signal", "SIGRTMIN+3", image, "/lib/systemd/systemd"],
-                       check=True, capture_output=True)
-    for name in map(container, HOSTS):
+        subprocess.run(host_command(image, host), check=True, capture_output=True)
+    for host in HOSTS:
+        name = container(host)
         for _attempt in range(60):
-            state = subprocess.run([DOCKER, "exec", name, "timeout", "120", "systemctl", "is-system-running", "--wait"],
-                                   capture_output=True, text=True, check=False).stdout.strip()
+            state = subprocess.run(boot_wait_command(host), capture_output=True, text=True, check=False).stdout.strip()
             if state in ("running", "degraded"):
                 break
             time.sleep(2)
@@ -73,16 +92,27 @@ def write_inventory(folder):
     return path
 
 
+def site_command(inventory, hosts):
+    """site.yml's host-preparation roles on ``hosts``, from the repository's root."""
+    return ["ansible-playbook", "-i", str(inventory), "site.yml", "--tags", ",".join(ROLES), "--limit", ",".join(hosts)]
+
+
+def environment_changes(config=None, extra_env=None):
+    """(variables set, variables unset) for a run: ``extra_env``, and with ``config`` the file's settings, plus the one
+    reverted: the lab's environment exports ANSIBLE_PIPELINING, which would override the file."""
+    changes = dict(extra_env or {})
+    if not config:
+        return changes, ()
+    changes["ANSIBLE_CONFIG"] = str(config)
+    return changes, tuple(key for key in ("ANSIBLE_PIPELINING", "ANSIBLE_FORKS") if key not in changes)
+
+
 def site(inventory, hosts, config=None, extra_env=None):
     """One site.yml run of the host-preparation roles on ``hosts``: seconds, {host: (tasks, changed)}, output."""
-    env = {**os.environ, **(extra_env or {})}
-    if config:
-        # The configuration measured is the file's, plus the one setting reverted: the lab's environment exports ANSIBLE_PIPELINING.
-        env = {key: value for key, value in env.items() if key not in ("ANSIBLE_PIPELINING", "ANSIBLE_FORKS") or key in (extra_env or {})}
-        env["ANSIBLE_CONFIG"] = str(config)
+    changes, unset = environment_changes(config, extra_env)
+    env = {key: value for key, value in {**os.environ, **changes}.items() if key not in unset}
     started = time.monotonic()
-    result = subprocess.run(["ansible-playbook", "-i", str(inventory), "site.yml", "--tags", ",".join(ROLES), "--limit", ",".join(hosts)],
-                            cwd=ROOT, capture_output=True, text=True, env=env, check=False)
+    result = subprocess.run(site_command(inventory, hosts), cwd=ROOT, capture_output=True, text=True, env=env, check=False)
     seconds = time.monotonic() - started
     if result.returncode != 0:
         raise SystemExit(f"site.yml on {', '.join(hosts)} exited {result.returncode}:\n{result.stdout[-3000:]}")
@@ -93,7 +123,7 @@ def site(inventory, hosts, config=None, extra_env=None):
 
 def fresh_converge(inventory):
     """The first converge of one fresh host, with the time each role took."""
-    seconds, counts, output = site(inventory, HOSTS[:1], extra_env={"ANSIBLE_CALLBACKS_ENABLED": "ansible.posix.profile_roles"})
+    seconds, counts, output = site(inventory, HOSTS[:1], extra_env=PROFILE_ENV)
     roles = {}
     for name, taken in ROLE_TIME.findall(output.rsplit("PLAY RECAP", 1)[1]):
         roles[name] = roles.get(name, 0.0) + float(taken)
@@ -107,14 +137,47 @@ def table(rows, header):
         print(row)
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def planned_commands(image, inventory, runs):
+    """Every command a run starts, in order, each boot wait once: (variables set, variables unset, argv)."""
+    plain = ({}, ())
+
+    def site_run(hosts, config=None, extra_env=None):
+        return (*environment_changes(config, extra_env), site_command(inventory, hosts))
+
+    commands = [(*plain, remove_command()), *((*plain, host_command(image, host)) for host in HOSTS), *((*plain, boot_wait_command(host)) for host in HOSTS),
+                site_run(HOSTS[:1], extra_env=PROFILE_ENV), site_run(HOSTS[1:], CONFIG)]
+    commands += [site_run(HOSTS[:count], CONFIG) for count in SCALES for _run in range(runs)]
+    commands += [site_run(HOSTS, CONFIG, env) for env in REVERTED.values() for _run in range(runs)]
+    return [*commands, (*plain, remove_command())]
+
+
+def shell_line(changes, unset, argv):
+    prefix = [part for key in unset for part in ("-u", key)] + [f"{key}={value}" for key, value in changes.items()]
+    return shlex.join(["env", *prefix, *argv] if prefix else argv)
+
+
+def parse_arguments(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=3, help="runs per shape (default 3)")
-    runs = parser.parse_args().runs
+    parser.add_argument("--print-commands", action="store_true", help="print the commands a run starts, in order, and start none")
+    arguments = parser.parse_args(argv)
+    if arguments.runs < 1:
+        parser.error(f"--runs {arguments.runs}: give at least 1")
+    return arguments
+
+
+def main(argv=None):
+    arguments = parse_arguments(argv)
+    runs = arguments.runs
     image = os.environ.get("SPARKFLEET_LAB_IMAGE")
     if not image:
         raise SystemExit("SPARKFLEET_LAB_IMAGE is empty; run through scripts/lib/common.sh's ensure_all (see the docstring)")
-    config = ROOT / "docs" / "ansible.cfg"
+    if arguments.print_commands:
+        with tempfile.TemporaryDirectory() as folder:
+            print(f"cd {shlex.quote(str(ROOT))}")
+            for command in planned_commands(image, write_inventory(folder), runs):
+                print(shell_line(*command))
+        return
     try:
         with tempfile.TemporaryDirectory() as folder:
             start_hosts(image)
@@ -122,10 +185,10 @@ def main():
             seconds, (tasks, changed), roles = fresh_converge(inventory)
             print(f"Fresh converge of one lab host: {seconds:.1f} s, {tasks} tasks, {changed} changed; by role (profile_roles):\n")
             table([f"| {name} | {taken:.1f} |" for name, taken in sorted(roles.items(), key=lambda item: -item[1])], "| role | s |")
-            site(inventory, HOSTS[1:], config)
+            site(inventory, HOSTS[1:], CONFIG)
             scale = {}
-            for count in (1, 2, 4, 8):
-                measured = [site(inventory, HOSTS[:count], config) for _run in range(runs)]
+            for count in SCALES:
+                measured = [site(inventory, HOSTS[:count], CONFIG) for _run in range(runs)]
                 scale[count] = (statistics.median(run[0] for run in measured), measured[-1][1],
                                 max(sum(changed for _tasks, changed in run[1].values()) for run in measured))
             print(f"\nNo-op re-apply of the host-preparation roles with docs/ansible.cfg (median of {runs}):\n")
@@ -134,7 +197,7 @@ def main():
             print(f"\nratio 8 hosts / 1 host: {scale[8][0] / scale[1][0]:.2f} (goal at most 2)")
             settings = {"docs/ansible.cfg": scale[8][0]}
             for name, env in REVERTED.items():
-                settings[name] = statistics.median(site(inventory, HOSTS, config, env)[0] for _run in range(runs))
+                settings[name] = statistics.median(site(inventory, HOSTS, CONFIG, env)[0] for _run in range(runs))
             print(f"\nThe 8-host no-op re-apply, docs/ansible.cfg against one setting reverted (median of {runs}):\n")
             table([f"| {name} | {seconds:.1f} | {seconds / settings['docs/ansible.cfg']:.2f} |" for name, seconds in settings.items()],
                   "| configuration | wall s | against docs/ansible.cfg |")

@@ -19,23 +19,42 @@ import time
 import urllib.error
 import urllib.request
 
-from lab_vllm import DOCKER, NAME, PORT, benchmark_setup, remove, run_module, serve
+from lab_vllm import DOCKER, NAME, PORT, REMOVE_COMMAND, benchmark_setup, module_command, print_commands, remove, run_module, serve, serve_command
+
+INTERVALS = (2.0, 0.5)
+# vLLM refuses an unknown flag at once: a container that exits.
+EXITING = ["--no-such-flag"]
+FINISHED_AT_COMMAND = [DOCKER, "inspect", "--format", "{{.State.FinishedAt}}", NAME]
+
+
+def gate_arguments(key, interval):
+    return {"url": f"http://127.0.0.1:{PORT}", "api_key": key, "served_model_names": ["tiny"], "container": NAME, "timeout": 600, "interval": interval}
+
+
+def planned_commands(image, model, key, runs):
+    """Every command a run starts, in order: (argv, stdin or None)."""
+    commands = []
+    for interval in INTERVALS:
+        health = module_command("vllm_health", gate_arguments(key, interval))
+        exiting = [(REMOVE_COMMAND, None), (serve_command(image, model, key, EXITING), None), health, (FINISHED_AT_COMMAND, None)]
+        serving = [(REMOVE_COMMAND, None), (serve_command(image, model, key), None), health]
+        commands += exiting * runs + serving * runs
+    return [*commands, (REMOVE_COMMAND, None)]
 
 
 def gate(key, interval):
     """Run vllm_health until it decides; (monotonic and wall time it returned, its result)."""
-    result = run_module("vllm_health", {"url": f"http://127.0.0.1:{PORT}", "api_key": key, "served_model_names": ["tiny"],
-                                        "container": NAME, "timeout": 600, "interval": interval})
+    result = run_module("vllm_health", gate_arguments(key, interval))
     return time.monotonic(), time.time(), result
 
 
 def exit_latency(image, model, key, interval):
     """Seconds from the container's exit (Docker's FinishedAt) to the gate's failure."""
-    serve(image, model, key, ["--no-such-flag"])
+    serve(image, model, key, EXITING)
     _returned, wall, result = gate(key, interval)
     if not result.get("failed"):
         raise SystemExit(f"the gate passed a container that exits: {result}")
-    finished = subprocess.run([DOCKER, "inspect", "--format", "{{.State.FinishedAt}}", NAME], capture_output=True, text=True, check=True).stdout
+    finished = subprocess.run(FINISHED_AT_COMMAND, capture_output=True, text=True, check=True).stdout
     exited = datetime.datetime.fromisoformat(finished.strip()[:26].rstrip("Z") + "+00:00").timestamp()
     return wall - exited
 
@@ -70,11 +89,15 @@ def ready_latency(image, model, key, interval):
     return returned - found[0]
 
 
-def main():
-    runs, image, model, key = benchmark_setup(__doc__, 3)
+def main(argv=None):
+    arguments, image, model, key = benchmark_setup(__doc__, 3, argv)
+    runs = arguments.runs
+    if arguments.print_commands:
+        print_commands(planned_commands(image, model, key, runs))
+        return
     rows = []
     try:
-        for interval in (2.0, 0.5):
+        for interval in INTERVALS:
             exits = [exit_latency(image, model, key, interval) for _run in range(runs)]
             readies = [ready_latency(image, model, key, interval) for _run in range(runs)]
             rows.append((interval, statistics.median(exits), max(exits), statistics.median(readies), max(readies)))

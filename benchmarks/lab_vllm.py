@@ -1,12 +1,17 @@
 """What the benchmarks that need a real vLLM share: the lab's tiny model served by the CPU build on
 this machine's Docker, on loopback only and with vLLM's usage reports off, and a module of the collection run as Ansible runs it (its
-file, the arguments on stdin). Imported by the scripts beside it."""
+file, the arguments on stdin). Imported by the scripts beside it.
+
+Each script that imports it takes --print-commands: it prints every command a run starts, in order (a module run as its
+interpreter, file and the arguments it reads on stdin), and starts none; tests/unit/test_benchmarks.py checks them
+against the collection's modules."""
 
 import argparse
 import json
 import os
 import pathlib
 import secrets
+import shlex
 import subprocess
 import sys
 
@@ -16,14 +21,19 @@ sys.path.insert(0, str(ROOT / ".cache" / "collections"))
 DOCKER = "/usr/bin/docker"
 PORT = 18031
 NAME = "sparkfleet-bench-vllm"
+REMOVE_COMMAND = [DOCKER, "rm", "-f", NAME]
 
 
-def benchmark_setup(doc, default_runs):
-    """The runs asked for on the command line, the lab's image and model, and a fresh key for the endpoint."""
-    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+def benchmark_setup(doc, default_runs, argv=None):
+    """The command line's options (``runs``, ``print_commands``), the lab's image and model, and a fresh key for the endpoint."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0], epilog=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=default_runs, help=f"runs of each case (default {default_runs})")
+    parser.add_argument("--print-commands", action="store_true", help="print the commands a run starts, in order, and start none")
+    arguments = parser.parse_args(argv)
+    if arguments.runs < 1:
+        parser.error(f"--runs {arguments.runs}: give at least 1")
     image, model = lab_vllm()
-    return parser.parse_args().runs, image, model, secrets.token_urlsafe(24)
+    return arguments, image, model, secrets.token_urlsafe(24)
 
 
 def lab_vllm():
@@ -35,25 +45,40 @@ def lab_vllm():
     return image, model
 
 
+def serve_command(image, model, key, extra=()):
+    """The tiny model as NAME on 127.0.0.1:PORT."""
+    return [DOCKER, "run", "-d", "--name", NAME, "-p", f"127.0.0.1:{PORT}:8000", "-v", f"{model}:/models/tiny:ro",
+            "-e", "VLLM_ENABLE_V1_MULTIPROCESSING=0", "-e", "VLLM_NO_USAGE_STATS=1", "-e", "DO_NOT_TRACK=1",
+            image, "/models/tiny", "--served-model-name", "tiny", "--dtype", "float32",
+            "--enforce-eager", "--num-gpu-blocks-override", "32", "--max-model-len", "2048", "--api-key", key, *extra]
+
+
 def serve(image, model, key, extra=()):
-    """Start the tiny model as NAME on 127.0.0.1:PORT (a container of that name left by an earlier run goes first)."""
+    """Start the tiny model (a container of that name left by an earlier run goes first)."""
     remove()
-    subprocess.run([DOCKER, "run", "-d", "--name", NAME, "-p", f"127.0.0.1:{PORT}:8000", "-v", f"{model}:/models/tiny:ro",
-                    "-e", "VLLM_ENABLE_V1_MULTIPROCESSING=0", "-e", "VLLM_NO_USAGE_STATS=1", "-e", "DO_NOT_TRACK=1",
-                    image, "/models/tiny", "--served-model-name", "tiny", "--dtype", "float32",
-                    "--enforce-eager", "--num-gpu-blocks-override", "32", "--max-model-len", "2048", "--api-key", key, *extra],
-                   check=True, capture_output=True)
+    subprocess.run(serve_command(image, model, key, extra), check=True, capture_output=True)
 
 
 def remove():
-    subprocess.run([DOCKER, "rm", "-f", NAME], capture_output=True, check=False)
+    subprocess.run(REMOVE_COMMAND, capture_output=True, check=False)
+
+
+def module_command(name, arguments):
+    """(argv, stdin) of one of the collection's modules run as Ansible runs it: its file, the arguments on stdin."""
+    return [sys.executable, str(ROOT / "plugins" / "modules" / f"{name}.py")], json.dumps({"ANSIBLE_MODULE_ARGS": arguments})
+
+
+def print_commands(commands):
+    """Each (argv, stdin or None) as one shell line."""
+    for argv, stdin in commands:
+        print(shlex.join(argv) + (f" <<< {shlex.quote(stdin)}" if stdin is not None else ""))
 
 
 def run_module(name, arguments):
     """One of the collection's modules run on this machine; its result."""
     env = {**os.environ, "PYTHONPATH": str(ROOT / ".cache" / "collections")}
-    done = subprocess.run([sys.executable, str(ROOT / "plugins" / "modules" / f"{name}.py")],
-                          input=json.dumps({"ANSIBLE_MODULE_ARGS": arguments}), capture_output=True, text=True, env=env, check=False)
+    argv, stdin = module_command(name, arguments)
+    done = subprocess.run(argv, input=stdin, capture_output=True, text=True, env=env, check=False)
     try:
         return json.loads(done.stdout)
     except ValueError as error:
