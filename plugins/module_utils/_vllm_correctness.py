@@ -7,15 +7,22 @@ configuration that scores like the reference but changes three answers is suspic
 kernels can be silently wrong: fluent garbage, no error); one that changes nothing is safe.
 Checks are data (has_number, exact, regex, json_fields): user case files are never evaluated
 as code.
+
+The vllm_correctness module's work is here too, so its main() only wires its options: the options checked
+(request), the cases asked over HTTP through _vllm_client, and the results saved and judged (correctness).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import threading
 import typing as t
+
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._files import write_atomically
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_client import discover_model, http, json_object, label_problems, reply_problem
 
 CHECK_KINDS = ("has_number", "exact", "regex", "json_fields")
 CASE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
@@ -327,3 +334,140 @@ def tool_call_verdict(reply: t.Any) -> dict[str, t.Any]:
     if not isinstance(parsed.get("city"), str) or "paris" not in parsed["city"].casefold():
         return {"pass": False, "reason": f"the call's arguments name no city Paris: {parsed!r}", "call": call}
     return {"pass": True, "reason": "get_weather called with arguments that parse, city " + repr(parsed["city"]), "call": call}
+
+
+class ResultsNotSaved(Exception):
+    """The results could not be written; ``results`` holds the judged cases all the same."""
+
+    def __init__(self, reason: str, results: list[dict[str, t.Any]]) -> None:
+        super().__init__(reason)
+        self.results = results
+
+
+def reference_path(results_dir: str, reference: str) -> str:
+    """A label saved in ``results_dir``, or a results file's own path."""
+    if os.sep in reference or reference.endswith(".json"):
+        return reference
+    return os.path.join(results_dir, f"results-{reference}.json")
+
+
+def request(params: t.Mapping[str, t.Any]) -> tuple[list[dict[str, t.Any]], dict[str, t.Any] | None, list[str]]:
+    """(the cases to run, the reference to diff with or None, every problem of the options, each naming its option)."""
+    errors = validate_cases("cases", params["cases"])
+    cases = (list(BUILTIN_CASES) if params["builtin_cases"] else []) + params["cases"]
+    if not errors:
+        errors += validate_cases("cases (with the built-in ones)", cases)
+    if not cases:
+        errors.append("cases: nothing to run; give cases or set builtin_cases: true")
+    errors += label_problems("label", params["label"])
+    if params["stream_cases"] < 0:
+        errors.append(f"stream_cases is {params['stream_cases']}: give how many cases to also ask streamed (0 for none)")
+    reference = None
+    if params["reference"] and not errors:
+        path = reference_path(params["results_dir"], params["reference"])
+        if path != params["reference"]:
+            errors += label_problems("reference", params["reference"])
+        try:
+            with open(path, encoding="utf-8") as handle:
+                reference = json.load(handle)
+        except (OSError, ValueError) as error:
+            errors.append(f"reference: cannot read {path} ({error}); run the reference label first or give a results file")
+        if reference is not None:
+            errors += reference_problems(path, reference)
+    return cases, reference, errors
+
+
+def chat_request(endpoint: t.Mapping[str, t.Any], prompt: str, params: t.Mapping[str, t.Any], stream: bool = False) -> dict[str, t.Any]:
+    """A greedy chat completion of ``prompt`` with the module's max_tokens and chat_template_kwargs."""
+    return {
+        "model": endpoint["model"],
+        "messages": [{"role": "user", "content": prompt}],
+        "temperature": 0,
+        "max_tokens": params["max_tokens"],
+        "chat_template_kwargs": params["chat_template_kwargs"],
+        **({"stream": True} if stream else {}),
+    }
+
+
+def ask(endpoint: t.Mapping[str, t.Any], case: t.Mapping[str, t.Any], params: t.Mapping[str, t.Any]) -> str:
+    """The case's answer; ValueError naming the case when the endpoint answers anything but a chat completion's text."""
+    url = endpoint["url"] + "/v1/chat/completions"
+    reply = json_object(http("POST", url, endpoint["api_key"], chat_request(endpoint, case["prompt"], params), timeout=params["timeout"]),
+                        f"case {case['id']}: {url}")
+    try:
+        content = reply["choices"][0]["message"]["content"] or ""
+    except (KeyError, IndexError, TypeError) as error:
+        raise ValueError(f"case {case['id']}: {url} answered a reply without choices[0].message.content") from error
+    if not isinstance(content, str):
+        raise ValueError(f"case {case['id']}: {url} answered a choices[0].message.content that is not text")
+    return content
+
+
+def ask_streamed(endpoint: t.Mapping[str, t.Any], case: t.Mapping[str, t.Any], params: t.Mapping[str, t.Any]) -> str:
+    """The case's answer asked with stream=true; ValueError naming the case when the stream is not a whole answer."""
+    url = endpoint["url"] + "/v1/chat/completions"
+    reply = http("POST", url, endpoint["api_key"], chat_request(endpoint, case["prompt"], params, stream=True), timeout=params["timeout"])
+    if reply.status != 200:
+        raise ValueError(f"case {case['id']} streamed: {reply_problem(reply, url)}")
+    try:
+        return streamed_text(reply.body)
+    except ValueError as error:
+        raise ValueError(f"case {case['id']} streamed: {url}: {error}") from error
+
+
+def ask_tool_call(endpoint: t.Mapping[str, t.Any], params: t.Mapping[str, t.Any]) -> dict[str, t.Any]:
+    """The tool-call case's verdict (tool_call_verdict)."""
+    url = endpoint["url"] + "/v1/chat/completions"
+    body = {**chat_request(endpoint, TOOL_CALL_PROMPT, params), "tools": [WEATHER_TOOL], "tool_choice": "auto",
+            "max_tokens": max(params["max_tokens"], TOOL_CALL_MIN_TOKENS)}
+    return tool_call_verdict(json_object(http("POST", url, endpoint["api_key"], body, timeout=params["timeout"]), f"the tool-call case: {url}"))
+
+
+def save_results(results_file: str, document: t.Mapping[str, t.Any]) -> bool:
+    """Whether the results file was written: one that already holds these results is left alone. OSError when it cannot
+    be read or written."""
+    text = json.dumps(document, indent=1, sort_keys=True) + "\n"
+    if os.path.exists(results_file):
+        with open(results_file, encoding="utf-8", errors="replace") as handle:
+            if handle.read() == text:
+                return False
+    os.makedirs(os.path.dirname(results_file), mode=0o755, exist_ok=True)
+    write_atomically(results_file, text, 0o644)
+    return True
+
+
+def correctness(endpoint: dict[str, t.Any], cases: t.Sequence[t.Mapping[str, t.Any]], reference: t.Mapping[str, t.Any] | None,
+                params: t.Mapping[str, t.Any]) -> dict[str, t.Any]:
+    """Ask every case (the first stream_cases also streamed, and the tool-call case when wanted), save the judged results
+    and compare them: the module's result, ``ok`` false with its reasons when the run does not hold up. ValueError when
+    the endpoint answers something else than asked; ResultsNotSaved when the results cannot be written."""
+    discover_model(endpoint, params["timeout"])
+    answers = {case["id"]: ask(endpoint, case, params) for case in cases}
+    streamed = {case["id"]: ask_streamed(endpoint, case, params) for case in cases[:params["stream_cases"]]}
+    wanted = params["tool_call"] == "always" or (params["tool_call"] == "auto" and endpoint["tool_parser"])
+    tool_call = ask_tool_call(endpoint, params) if wanted else None
+    results = judge(cases, answers)
+    mismatches = stream_mismatches(results, streamed)
+    document = {"label": params["label"], "model": endpoint["model"], "url": endpoint["url"], "max_tokens": params["max_tokens"],
+                "results": results, "streamed": len(streamed), "stream_mismatches": mismatches, "tool_call": tool_call}
+    results_file = os.path.join(params["results_dir"], f"results-{params['label']}.json")
+    try:
+        changed = save_results(results_file, document)
+    except OSError as error:
+        raise ResultsNotSaved(f"results_dir: cannot write {results_file} ({error.strerror or error}); give a results_dir the task's user "
+                              "can write, or become: true", results) from error
+    output = {"changed": changed, "ok": True, "passed": sum(1 for r in results if r["pass"]), "total": len(results), "results": results,
+              "results_file": results_file, "streamed": len(streamed), "stream_mismatches": mismatches, "tool_call": tool_call, "reasons": []}
+    if reference is not None:
+        comparison = diff(reference, results)
+        output["changed_cases"] = comparison.pop("changed")
+        output["ok"] = comparison.pop("ok")
+        output["reasons"] = comparison.pop("reasons")
+        output["comparison"] = comparison
+    if mismatches:
+        output["ok"] = False
+        output["reasons"].append(stream_reason(mismatches, len(streamed)))
+    if tool_call and not tool_call["pass"]:
+        output["ok"] = False
+        output["reasons"].append(f"the tool-call case failed ({endpoint['tool_parser'] or 'the endpoint'}'s parser): {tool_call['reason']}")
+    return output

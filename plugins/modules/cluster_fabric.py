@@ -33,10 +33,19 @@ options:
     description: The fast interface the pings leave from.
     type: str
   peers:
-    description: The other nodes, each C(name) and C(address) on the fast link.
+    description: The other nodes on the fast link.
     type: list
     elements: dict
     default: []
+    suboptions:
+      name:
+        description: The node's inventory name, in messages.
+        type: str
+        required: true
+      address:
+        description: The node's IP address on the fast link.
+        type: str
+        required: true
   mtu:
     description: The MTU the fast link must carry end to end, from 68 (IPv4's least) to 9216 (the largest jumbo frame).
     type: int
@@ -118,6 +127,8 @@ nccl:
   type: dict
 """
 
+import ipaddress
+
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._fabric import (
@@ -133,12 +144,23 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._fabric import (
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._tools import tool_runner
 
 
+def peer_problem(peer):
+    """Why a peer cannot be pinged (None: it can). Ansible gives a list or mapping as its text, so the address is checked as an address."""
+    if not peer["name"].strip():
+        return "name is empty; give the other node's inventory name"
+    try:
+        ipaddress.ip_address(peer["address"])
+    except ValueError:
+        return f"address {peer['address'][:80]!r} of {peer['name']} is not an IP address; give the node's address on the fast link"
+    return None
+
+
 def main():
     module = AnsibleModule(
         argument_spec=dict(
             source=dict(type="str", required=True),
             interface=dict(type="str"),
-            peers=dict(type="list", elements="dict", default=[]),
+            peers=dict(type="list", elements="dict", default=[], options=dict(name=dict(type="str", required=True), address=dict(type="str", required=True))),
             mtu=dict(type="int", default=9000),
             count=dict(type="int", default=3),
             rdma_devices=dict(type="list", elements="str", default=[]),
@@ -153,9 +175,7 @@ def main():
         if not 1 <= params["count"] <= 100:
             problems.append(f"count: {params['count']} must be from 1 to 100 pings per peer; each takes 0.2 s, and the gate "
                             "must answer before the start it guards")
-        unnamed = [peer for peer in params["peers"] if not peer.get("name") or not peer.get("address")]
-        if unnamed:
-            problems.append(f"peers: {unnamed!r} must each give the other node's name and its address on the fast link")
+        problems += [f"peers[{index}]: {problem}" for index, peer in enumerate(params["peers"]) for problem in [peer_problem(peer)] if problem]
         if problems:
             module.fail_json(msg=" | ".join(problems), ok=False, reasons=problems)
     result = {"changed": False, **read_rdma(tool_runner(module)), "pings": []}

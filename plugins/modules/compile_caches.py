@@ -36,12 +36,28 @@ options:
     required: true
     choices: [back_up, restore, archive, archived, lacking, unpack]
   caches:
-    description: The plan's C(compile_caches) - each with C(jit_dir), C(stamps) (the planned warm stamps) and C(backup).
+    description: The plan's C(compile_caches), one per image folder.
     type: list
     elements: dict
     required: true
+    suboptions:
+      jit_dir:
+        description: The image's compile-cache folder on the host, C(<vllm_cache_dir>/jit/<image key>).
+        type: str
+        required: true
+      stamps:
+        description: The planned warm stamps (16 hex digits each).
+        type: list
+        elements: str
+        required: true
+      backup:
+        description: Its backup, C(<vllm_cache_backup_dir>/<host>/<image key>) (a tar on the controller ends in C(.tar)).
+        type: str
+        required: true
   archived_stamps:
-    description: For C(archived), the stamps each fetched archive holds, by C(jit_dir) (the C(archive) action's result).
+    description:
+      - For C(archived), the stamps each fetched archive holds, by C(jit_dir) (the C(archive) action's result).
+      - A mapping keyed by folder, so its keys are not options; an entry that is no list of stamps records nothing.
     type: dict
     default: {}
 attributes:
@@ -91,7 +107,8 @@ def main():
     module = AnsibleModule(
         argument_spec=dict(
             action=dict(type="str", required=True, choices=["back_up", "restore", "archive", "archived", "lacking", "unpack"]),
-            caches=dict(type="list", elements="dict", required=True),
+            caches=dict(type="list", elements="dict", required=True, options=dict(
+                jit_dir=dict(type="str", required=True), stamps=dict(type="list", elements="str", required=True), backup=dict(type="str", required=True))),
             archived_stamps=dict(type="dict", default={}),
         ),
         supports_check_mode=True,
@@ -100,6 +117,9 @@ def main():
         result = apply(module.params["action"], module.params["caches"], module.check_mode, module.params["archived_stamps"])
     except CacheProblem as error:
         module.fail_json(msg=str(error), done=[])
+    except OSError as error:
+        module.fail_json(msg=f"the compile caches cannot be handled at {error.filename} ({error.strerror or error}); move aside what is there "
+                             "that is not the collection's (a folder where its archive goes), then re-run", done=[])
     module.exit_json(**result)
 
 

@@ -37,14 +37,27 @@ options:
     type: bool
     default: true
   cases:
-    description:
-      - More cases, each a mapping with C(id), C(prompt) and C(check). C(check) holds exactly one of
-        C(has_number) (a number the answer must contain), C(exact) (the whole answer, compared trimmed and
-        case-folded), C(regex) (a Python regular expression searched in the answer) or C(json_fields)
-        (field values the first JSON object in the answer must have).
+    description: More cases.
     type: list
     elements: dict
     default: []
+    suboptions:
+      id:
+        description: The case's name in results and diffs - letters, digits, dots, dashes or underscores, unique among the cases.
+        type: str
+        required: true
+      prompt:
+        description: The question.
+        type: str
+        required: true
+      check:
+        description:
+          - Exactly one of C(has_number) (a number the answer must contain), C(exact) (the whole answer, compared trimmed
+            and case-folded), C(regex) (a Python regular expression searched in the answer) or C(json_fields) (field
+            values the first JSON object in the answer must have).
+          - Each kind takes a value of its own type, so the check is validated by the module, naming the case.
+        type: dict
+        required: true
   reference:
     description:
       - Results to diff against, either a label saved earlier in O(results_dir) or a path to a results file on
@@ -163,82 +176,14 @@ reasons:
   elements: str
 """
 
-import json
-import os
-
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._files import write_atomically
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_client import (
-    ENDPOINT_ARGUMENT_SPEC,
-    discover_model,
-    http,
-    json_object,
-    label_problems,
-    reply_problem,
-    resolve,
-)
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_correctness import (
-    BUILTIN_CASES,
-    TOOL_CALL_MIN_TOKENS,
-    TOOL_CALL_PROMPT,
-    WEATHER_TOOL,
-    diff,
-    judge,
-    reference_problems,
-    stream_mismatches,
-    stream_reason,
-    streamed_text,
-    tool_call_verdict,
-    validate_cases,
-)
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_client import ENDPOINT_ARGUMENT_SPEC, resolve
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_correctness import ResultsNotSaved, correctness, request
 
-
-def payload(endpoint, case, params, stream=False):
-    return {
-        "model": endpoint["model"],
-        "messages": [{"role": "user", "content": case["prompt"]}],
-        "temperature": 0,
-        "max_tokens": params["max_tokens"],
-        "chat_template_kwargs": params["chat_template_kwargs"],
-        **({"stream": True} if stream else {}),
-    }
-
-
-def ask_streamed(endpoint, case, params):
-    url = endpoint["url"] + "/v1/chat/completions"
-    reply = http("POST", url, endpoint["api_key"], payload(endpoint, case, params, stream=True), timeout=params["timeout"])
-    if reply.status != 200:
-        raise ValueError(f"case {case['id']} streamed: {reply_problem(reply, url)}")
-    try:
-        return streamed_text(reply.body)
-    except ValueError as error:
-        raise ValueError(f"case {case['id']} streamed: {url}: {error}") from error
-
-
-def ask_tool_call(endpoint, params):
-    url = endpoint["url"] + "/v1/chat/completions"
-    body = {**payload(endpoint, {"prompt": TOOL_CALL_PROMPT}, params), "tools": [WEATHER_TOOL], "tool_choice": "auto",
-            "max_tokens": max(params["max_tokens"], TOOL_CALL_MIN_TOKENS)}
-    return tool_call_verdict(json_object(http("POST", url, endpoint["api_key"], body, timeout=params["timeout"]), f"the tool-call case: {url}"))
-
-
-def ask(endpoint, case, params):
-    url = endpoint["url"] + "/v1/chat/completions"
-    reply = json_object(http("POST", url, endpoint["api_key"], payload(endpoint, case, params), timeout=params["timeout"]), f"case {case['id']}: {url}")
-    try:
-        content = reply["choices"][0]["message"]["content"] or ""
-    except (KeyError, IndexError, TypeError) as error:
-        raise ValueError(f"case {case['id']}: {url} answered a reply without choices[0].message.content") from error
-    if not isinstance(content, str):
-        raise ValueError(f"case {case['id']}: {url} answered a choices[0].message.content that is not text")
-    return content
-
-
-def reference_path(results_dir, reference):
-    if os.sep in reference or reference.endswith(".json"):
-        return reference
-    return os.path.join(results_dir, f"results-{reference}.json")
+# A case's check holds exactly one of has_number, exact, regex or json_fields, each of its own type: validate_cases
+# checks it, naming the case, as Ansible's suboptions would add the three others as nulls.
+CASE_OPTIONS = {"id": {"type": "str", "required": True}, "prompt": {"type": "str", "required": True}, "check": {"type": "dict", "required": True}}
 
 
 def main():
@@ -247,7 +192,7 @@ def main():
             ENDPOINT_ARGUMENT_SPEC,
             label=dict(type="str", required=True),
             builtin_cases=dict(type="bool", default=True),
-            cases=dict(type="list", elements="dict", default=[]),
+            cases=dict(type="list", elements="dict", default=[], options=CASE_OPTIONS),
             reference=dict(type="str"),
             results_dir=dict(type="path", default="/var/lib/sparkfleet/correctness"),
             max_tokens=dict(type="int", default=96, no_log=False),
@@ -257,96 +202,21 @@ def main():
         ),
         supports_check_mode=True,
     )
-    params = module.params
-    errors = validate_cases("cases", params["cases"])
-    cases = (list(BUILTIN_CASES) if params["builtin_cases"] else []) + params["cases"]
-    if not errors:
-        errors += validate_cases("cases (with the built-in ones)", cases)
-    if not cases:
-        errors.append("cases: nothing to run; give cases or set builtin_cases: true")
-    errors += label_problems("label", params["label"])
-    if params["stream_cases"] < 0:
-        errors.append(f"stream_cases is {params['stream_cases']}: give how many cases to also ask streamed (0 for none)")
-    reference = None
-    if params["reference"] and not errors:
-        path = reference_path(params["results_dir"], params["reference"])
-        if path != params["reference"]:
-            errors += label_problems("reference", params["reference"])
-        try:
-            with open(path, encoding="utf-8") as handle:
-                reference = json.load(handle)
-        except (OSError, ValueError) as error:
-            errors.append(f"reference: cannot read {path} ({error}); run the reference label first or give a results file")
-        if reference is not None:
-            errors += reference_problems(path, reference)
+    cases, reference, errors = request(module.params)
     if errors:
         module.fail_json(msg="vllm_correctness refused: " + "; ".join(errors), ok=False, reasons=errors)
     try:
-        endpoint = resolve(params)
+        endpoint = resolve(module.params)
     except ValueError as error:
         module.fail_json(msg=str(error), ok=False, reasons=[str(error)])
     if module.check_mode:
         module.exit_json(changed=False, ok=True, reasons=["check mode: no prompts sent, nothing saved"])
-
     try:
-        discover_model(endpoint, params["timeout"])
-        answers = {case["id"]: ask(endpoint, case, params) for case in cases}
-        streamed = {case["id"]: ask_streamed(endpoint, case, params) for case in cases[:params["stream_cases"]]}
-        wanted = params["tool_call"] == "always" or (params["tool_call"] == "auto" and endpoint["tool_parser"])
-        tool_call = ask_tool_call(endpoint, params) if wanted else None
+        output = correctness(endpoint, cases, reference, module.params)
     except ValueError as error:
         module.fail_json(msg=str(error), ok=False, reasons=[str(error)])
-    results = judge(cases, answers)
-    mismatches = stream_mismatches(results, streamed)
-    document = {
-        "label": params["label"],
-        "model": endpoint["model"],
-        "url": endpoint["url"],
-        "max_tokens": params["max_tokens"],
-        "results": results,
-        "streamed": len(streamed),
-        "stream_mismatches": mismatches,
-        "tool_call": tool_call,
-    }
-    text = json.dumps(document, indent=1, sort_keys=True) + "\n"
-    results_file = os.path.join(params["results_dir"], f"results-{params['label']}.json")
-    changed = True
-    try:
-        if os.path.exists(results_file):
-            with open(results_file, encoding="utf-8", errors="replace") as handle:
-                changed = handle.read() != text
-        if changed:
-            os.makedirs(params["results_dir"], mode=0o755, exist_ok=True)
-            write_atomically(results_file, text, 0o644)
-    except OSError as error:
-        reason = (f"results_dir: cannot write {results_file} ({error.strerror or error}); give a results_dir the task's user "
-                  "can write, or become: true")
-        module.fail_json(msg=reason, ok=False, reasons=[reason], results=results)
-
-    output = {
-        "changed": changed,
-        "ok": True,
-        "passed": sum(1 for r in results if r["pass"]),
-        "total": len(results),
-        "results": results,
-        "results_file": results_file,
-        "streamed": len(streamed),
-        "stream_mismatches": mismatches,
-        "tool_call": tool_call,
-        "reasons": [],
-    }
-    if reference is not None:
-        comparison = diff(reference, results)
-        output["changed_cases"] = comparison.pop("changed")
-        output["ok"] = comparison.pop("ok")
-        output["reasons"] = comparison.pop("reasons")
-        output["comparison"] = comparison
-    if mismatches:
-        output["ok"] = False
-        output["reasons"].append(stream_reason(mismatches, len(streamed)))
-    if tool_call and not tool_call["pass"]:
-        output["ok"] = False
-        output["reasons"].append(f"the tool-call case failed ({endpoint['tool_parser'] or 'the endpoint'}'s parser): {tool_call['reason']}")
+    except ResultsNotSaved as problem:
+        module.fail_json(msg=str(problem), ok=False, reasons=[str(problem)], results=problem.results)
     if not output["ok"]:
         module.fail_json(msg="correctness failed: " + "; ".join(output["reasons"]), **output)
     module.exit_json(**output)

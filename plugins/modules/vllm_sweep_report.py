@@ -44,12 +44,26 @@ options:
     required: true
   objective:
     description:
-      - C(target_concurrency), C(single_stream) (default 1), C(ttft_budget_ms) (null for none) and C(noise_floor_pct)
-        (least margin a more complex variant must win by, on top of the measured spread).
-      - Checked as the sweep's settings are; the concurrencies among O(concurrencies), C(ttft_budget_ms) above 0 and
-        at most 600000, C(noise_floor_pct) a number from 0 to 50 (C(5%) is refused, not read as 0).
+      - What decides the winner. Its values are checked as the sweep's settings are, each named with its fix (C(5%) is
+        refused, not read as 0), so they take any type here.
     type: dict
     required: true
+    suboptions:
+      target_concurrency:
+        description: The concurrency whose output throughput decides, among O(concurrencies).
+        type: raw
+        required: true
+      single_stream:
+        description: The concurrency of the TPOT tie-break and of the TTFT budget, among O(concurrencies).
+        type: raw
+        default: 1
+      ttft_budget_ms:
+        description: The highest median TTFT at C(single_stream), above 0 and at most 600000; null for none.
+        type: raw
+      noise_floor_pct:
+        description: The least margin a more complex variant must win by on top of the measured spread, a number from 0 to 50.
+        type: raw
+        default: 0
   concurrencies:
     description: The concurrencies measured, for the schedule.
     type: list
@@ -172,7 +186,9 @@ def main():
             dest=dict(type="path", required=True),
             title=dict(type="str", required=True),
             results=dict(type="list", elements="dict", required=True),
-            objective=dict(type="dict", required=True),
+            objective=dict(type="dict", required=True, options=dict(
+                target_concurrency=dict(type="raw", required=True), single_stream=dict(type="raw", default=1), ttft_budget_ms=dict(type="raw"),
+                noise_floor_pct=dict(type="raw", default=0))),
             concurrencies=dict(type="list", elements="int", required=True),
             max_num_seqs=dict(type="int", default=256),
             vllm_version=dict(type="str", default=""),
