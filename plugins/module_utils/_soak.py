@@ -11,7 +11,9 @@ completed plus failed is the prompts sent, a missing count is no zero), a tiny c
 liveness routes keep answering while an engine is wedged, vLLM 39863), NVRM ``NV_ERR_NO_MEMORY`` lines and the
 watchdog's actions. ``vllm bench serve`` has no duration option and its client waits up to 6 h on a stalled
 request, so each round runs under ``timeout`` and the soak keeps its own clock: a round still running at the
-deadline gets ``drain_timeout`` more seconds, then is killed and counted as a failure.
+deadline gets ``drain_timeout`` more seconds, then is killed and counted as a failure. Each round starts a new
+client, whose start (imports, tokenizer, a test request) loads nothing: once a round has shown how long that takes
+against its load, the later rounds grow until the load fills ``BUSY_SHARE`` of a round.
 """
 
 from __future__ import annotations
@@ -67,6 +69,9 @@ KERNEL_OOM = "Killed process"
 EARLYOOM_KILL = re.compile(r"\bsending SIG(?:TERM|KILL) to process \d+")
 INSTANCE_NEEDED = "instance: the soak watches the instance's unit and container, which only its plan names; give the instance's name"
 EVIDENCE_LINES = 5
+# The share of a round its load should fill. Seen on the lab: rounds of 10 s held 1-2 s of load, and 3 of 14 samples
+# saw a request running; the rest was vllm bench's start, during which the engine idles.
+BUSY_SHARE = 0.9
 
 SOAK_RANGES: dict[str, Range] = {
     "duration": Range(10, 604_800, "a week is the longest load one report covers", whole=True, unit="seconds"),
@@ -497,14 +502,13 @@ def bounded(prefix: t.Sequence[str], seconds: int) -> list[str]:
     return [*prefix[:-1], "timeout", *guard]
 
 
-def round_argv(job: Job, index: int, seconds: int) -> tuple[list[str], str]:
+def round_argv(job: Job, index: int, seconds: int, prompts: int) -> tuple[list[str], str]:
     """One round's argv and result file name."""
     params, plan = job.params, job.plan
     filename = f"round-{index:04d}.json"
-    concurrency = params["concurrency"]
     args = bench_args(
-        base_url=plan["base_url"], model=job.endpoint["model"], tokenizer=job.tokenizer, concurrency=concurrency,
-        num_prompts=concurrency * params["prompts_per_concurrency"], dataset="random", input_tokens=params["input_tokens"],
+        base_url=plan["base_url"], model=job.endpoint["model"], tokenizer=job.tokenizer, concurrency=params["concurrency"],
+        num_prompts=prompts, dataset="random", input_tokens=params["input_tokens"],
         output_tokens=params["output_tokens"], dataset_path="", result_dir=plan["data_dir"], result_filename=filename,
         # A seed per round: each round's random prompts differ, so no round reuses another's prefix cache.
         seed=index,
@@ -520,9 +524,9 @@ def read_round(path: str) -> t.Any:
         return f"unreadable: {error.strerror or error}"
 
 
-def one_round(job: Job, host: Host, index: int, seconds: int, started_at: float) -> dict[str, t.Any]:
-    """One ``vllm bench serve`` under its timeout, judged by its result file as vllm_bench judges a run."""
-    argv, filename = round_argv(job, index, seconds)
+def one_round(job: Job, host: Host, index: int, seconds: int, started_at: float, prompts: int) -> dict[str, t.Any]:
+    """One ``vllm bench serve`` of ``prompts`` under its timeout, judged by its result file as vllm_bench judges a run."""
+    argv, filename = round_argv(job, index, seconds, prompts)
     local = os.path.join(job.workdir, filename)
     began = host.clock()
     finished = host.run_round(argv, {"OPENAI_API_KEY": job.endpoint["api_key"] or "EMPTY"}, seconds + KILL_AFTER + BACKSTOP)
@@ -531,7 +535,6 @@ def one_round(job: Job, host: Host, index: int, seconds: int, started_at: float)
         host.run_command([job.docker, "cp", f"{job.endpoint['container']}:{inside}", local])
         host.run_command([job.docker, "exec", job.endpoint["container"], "rm", "-f", inside])
     saved = read_round(local)
-    prompts = job.params["concurrency"] * job.params["prompts_per_concurrency"]
     # timeout(1) exits 124 after its SIGTERM and 137 after its SIGKILL; 137 alone is also a killed container.
     stalled = finished.timed_out or finished.rc == 124 or (finished.rc == 137 and finished.seconds >= seconds)
     if stalled:
@@ -546,8 +549,28 @@ def one_round(job: Job, host: Host, index: int, seconds: int, started_at: float)
         "failed": saved.get("failed") if counted and is_whole(saved.get("failed")) else None,
         # A result file whose counts are missing, not counts, or do not add up to the prompts sent.
         "unaccounted": counted and accounting(saved, prompts) is not None,
+        # vllm bench's own measure of the load's time, without its start.
+        "load_seconds": saved.get("duration") if counted and isinstance(saved.get("duration"), (int, float)) else None,
         "result_file": local if saved is not None else None, "problems": problems,
     }
+
+
+def round_prompts(params: t.Mapping[str, t.Any], last: t.Mapping[str, t.Any] | None, left: float) -> int:
+    """The prompts of the next round: concurrency x prompts_per_concurrency, grown after a round that finished cleanly
+    until its load would fill ``BUSY_SHARE`` of the round at that round's pace, in whole prompts per stream; never more
+    than fit in the ``left`` seconds before the deadline at that pace, nor more than the most prompts_per_concurrency allows."""
+    concurrency = params["concurrency"]
+    configured = concurrency * params["prompts_per_concurrency"]
+    if not last or last["problems"] or not last.get("load_seconds") or not last.get("prompts"):
+        return configured
+    start_seconds = last["seconds"] - last["load_seconds"]
+    if start_seconds <= 0:
+        return configured
+    per_prompt = last["load_seconds"] / last["prompts"]
+    busy = start_seconds * BUSY_SHARE / (1 - BUSY_SHARE) / per_prompt
+    fitting = (left - start_seconds) / per_prompt
+    streams = min(busy, fitting, concurrency * BENCH_RANGES["prompts_per_concurrency"].high) / concurrency
+    return max(configured, concurrency * int(streams))
 
 
 def run_rounds(job: Job, host: Host, started_at: float, deadline: float) -> list[dict[str, t.Any]]:
@@ -557,7 +580,8 @@ def run_rounds(job: Job, host: Host, started_at: float, deadline: float) -> list
     params, rounds = job.params, []
     while not rounds or host.clock() < deadline:
         seconds = max(1, int(min(params["round_timeout"], deadline + params["drain_timeout"] - host.clock())))
-        rounds.append(one_round(job, host, len(rounds) + 1, seconds, started_at))
+        prompts = round_prompts(params, rounds[-1] if rounds else None, deadline - host.clock())
+        rounds.append(one_round(job, host, len(rounds) + 1, seconds, started_at, prompts))
         if rounds[-1]["problems"] and host.clock() < deadline:
             host.pause(min(params["sample_interval"], deadline - host.clock()))
     return rounds
@@ -666,7 +690,8 @@ def soak(params: t.Mapping[str, t.Any], run_command: RunCommand, which: Which, c
     if check_mode:
         plan = (f"check mode: would run vllm bench serve (runner {runner}) against {unit} at concurrency {params['concurrency']}, "
                 f"{params['concurrency'] * params['prompts_per_concurrency']} prompts of {params['input_tokens']} tokens in and "
-                f"{params['output_tokens']} out a round, for {params['duration']} s, sampling every {params['sample_interval']} s; "
+                f"{params['output_tokens']} out in the first round (later rounds grow until their load fills "
+                f"{BUSY_SHARE:.0%} of a round), for {params['duration']} s, sampling every {params['sample_interval']} s; "
                 "nothing was sent")
         # changed as a real soak reports it: it writes its result files.
         return Outcome(None, dict(empty, changed=True, ok=True, passed=None, runner=runner, reasons=[], notes=[plan], thresholds=thresholds))
@@ -800,10 +825,14 @@ def markdown_report(title: str, result: t.Mapping[str, t.Any]) -> str:
         lines += ["Reasons:", "", *[f"- {reason}" for reason in result["reasons"]], ""]
     if result.get("notes"):
         lines += ["Notes:", "", *[f"- {note}" for note in result["notes"]], ""]
+    sizes = [r.get("prompts") for r in result.get("rounds") or [] if isinstance(r, dict) and is_whole(r.get("prompts"))]
+    first_round = result.get("prompts_per_round")
+    grown = (f" (later rounds up to {max(sizes)}, grown until their load fills most of a round)"
+             if sizes and is_whole(first_round) and max(sizes) > first_round else "")
     lines += [
         f"{result.get('instance')} ({result.get('unit')}, model {result.get('model')}), runner {result.get('runner')}: "
-        f"{figure(result.get('duration'), '{:g}')} s at concurrency {result.get('concurrency')}, {result.get('prompts_per_round')} "
-        f"prompts a round of {result.get('input_tokens')} tokens in and {result.get('output_tokens')} out, sampled every "
+        f"{figure(result.get('duration'), '{:g}')} s at concurrency {result.get('concurrency')}, {first_round} "
+        f"prompts a round{grown} of {result.get('input_tokens')} tokens in and {result.get('output_tokens')} out, sampled every "
         f"{figure(result.get('sample_interval'), '{:g}')} s.",
         "",
         "| measure | value | gate |",

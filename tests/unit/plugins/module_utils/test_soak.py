@@ -212,6 +212,50 @@ def test_rounds_stop_at_the_deadline_and_the_last_may_run_into_the_drain(tmp_pat
     assert round_counts(rounds) == {"rounds": 3, "unfinished_rounds": 0, "unaccounted_rounds": 0, "completed_requests": 18, "failed_requests": 0}
 
 
+def test_rounds_grow_until_their_load_fills_most_of_a_round_and_never_past_the_deadline(tmp_path):
+    """Issue 39: rounds of 10 s held 1-2 s of load, the rest vllm bench's start. Here each round takes 8 s to start and
+    0.5 s per prompt at concurrency 2: the first sends the configured 6 prompts (3 s of load), the next grows until its
+    load is nine times the start (72 s, 144 prompts), and the last shrinks to what fits before the deadline."""
+    clock, sent = FakeClock(), []
+
+    def run_round(argv, env, seconds):
+        prompts = int(argv[argv.index("--num-prompts") + 1])
+        sent.append(prompts)
+        load = prompts * 0.5
+        clock.now += 8 + load
+        with open(result_file(argv), "w", encoding="utf-8") as handle:
+            json.dump({"completed": prompts, "failed": 0, "duration": load}, handle)
+        return Finished(0, "", False, 8 + load)
+
+    host = Host(run_command=Machine().run_command, run_round=run_round, clock=clock)
+    start = clock.now
+    rounds = run_rounds(job(tmp_path, duration=200), host, start, start + 200)
+    assert sent == [6, 144, 144, 42], "grown to 144 prompts (72 s of load), then only what the 29 s left hold"
+    assert [r["prompts"] for r in rounds] == sent and [r["load_seconds"] for r in rounds] == [3.0, 72.0, 72.0, 21.0]
+    assert clock.now == start + 200, "the last round ends at the deadline, not past it"
+    assert all(prompts % 2 == 0 for prompts in sent), "whole prompts per stream"
+    assert round_counts(rounds)["completed_requests"] == sum(sent)
+
+
+@pytest.mark.parametrize("last, left, expected", [
+    (None, 1000, 6),
+    # A round that failed, or whose result has no load time, or took no longer than its load, teaches nothing.
+    ({"problems": ["round 1: 2 failed"], "seconds": 11, "load_seconds": 3, "prompts": 6}, 1000, 6),
+    ({"problems": [], "seconds": 11, "load_seconds": None, "prompts": 6}, 1000, 6),
+    ({"problems": [], "seconds": 3, "load_seconds": 3, "prompts": 6}, 1000, 6),
+    ({"problems": [], "seconds": 11, "load_seconds": 3, "prompts": 6}, 1000, 144),
+    # Load already fills the round: the configured size.
+    ({"problems": [], "seconds": 101, "load_seconds": 100, "prompts": 6}, 1000, 6),
+    # Little time left: what fits, but never fewer than configured.
+    ({"problems": [], "seconds": 11, "load_seconds": 3, "prompts": 6}, 28, 40),
+    ({"problems": [], "seconds": 11, "load_seconds": 3, "prompts": 6}, 5, 6),
+    # Never past 256 prompts per stream, however slow the start.
+    ({"problems": [], "seconds": 10_000, "load_seconds": 1, "prompts": 6}, 10 ** 9, 512),
+])
+def test_the_next_round_size(last, left, expected):
+    assert _soak.round_prompts({"concurrency": 2, "prompts_per_concurrency": 3}, last, left) == expected
+
+
 def test_a_round_stalled_at_the_deadline_is_killed_after_the_drain_and_counted(tmp_path):
     clock = FakeClock()
 
@@ -710,7 +754,8 @@ def test_check_mode_sends_nothing_and_says_what_it_would_do(tmp_path, vllm):
     outcome = soak(params, machine.run_command, which, True, Host(run_command=machine.run_command, run_round=None))
     assert outcome.msg is None and outcome.result["passed"] is None and outcome.result["changed"] is True
     assert outcome.result["notes"] == ["check mode: would run vllm bench serve (runner local) against sparkfleet-vllm-llm.service at "
-                                       "concurrency 2, 6 prompts of 64 tokens in and 16 out a round, for 100 s, sampling every 30 s; "
+                                       "concurrency 2, 6 prompts of 64 tokens in and 16 out in the first round (later rounds grow until their load fills 90% "
+                                       "of a round), for 100 s, sampling every 30 s; "
                                        "nothing was sent"]
     assert vllm.probes == [] and not (tmp_path / "results").exists()
     assert {os.path.basename(c[0]) for c in machine.commands} == {"systemctl", "docker"}
@@ -763,6 +808,14 @@ def test_the_report_of_a_pass():
     assert "| largest gap between samples | 30.0 s | at most 90 s |" in markdown
     assert "| probes unanswered | 1 of 4 | at most 0 |" in markdown
     assert "| min MemAvailable | 8,997 MiB | at least 0 MiB |" in markdown
+    assert "concurrency 8, 48 prompts a round of 4096 tokens in" in markdown
+
+
+def test_the_report_says_how_far_the_rounds_grew():
+    grown = dict(soak_result(), rounds=[{"round": 1, "t": 0, "completed": 48, "failed": 0, "prompts": 48, "problems": []},
+                                        {"round": 2, "t": 60, "completed": 400, "failed": 0, "prompts": 400, "problems": []}])
+    assert ("concurrency 8, 48 prompts a round (later rounds up to 400, grown until their load fills most of a round) of 4096 tokens in"
+            in markdown_report("t", grown))
 
 
 def test_the_report_of_a_fail_gives_every_reason():
