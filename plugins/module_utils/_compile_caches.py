@@ -255,9 +255,8 @@ def archived(cache: t.Mapping[str, t.Any], stamps: t.Any, check_mode: bool) -> d
         return None
     path = cache["jit_dir"] + ARCHIVE_SUFFIX
     if not check_mode:
+        guarded(lambda: os.path.lexists(path) and os.unlink(path), path, "removed from")
         record(cache, held)
-        if os.path.lexists(path):
-            os.unlink(path)
     return {"jit_dir": cache["jit_dir"], "stamps": held}
 
 
@@ -284,8 +283,7 @@ def unpack(cache: t.Mapping[str, t.Any], check_mode: bool) -> dict[str, t.Any] |
     try:
         files = guarded(lambda: extract_missing(path, cache["jit_dir"]), path, "restored from")
     finally:
-        if os.path.lexists(path):
-            os.unlink(path)
+        guarded(lambda: os.path.lexists(path) and os.unlink(path), path, "removed from")
     # The controller holds what came from it: the next backup is made only for stamps started since.
     brought = sorted(name.rsplit("/", 1)[1] for name in files if name.startswith(f"{WARM}/"))
     held = stamps_in(cache["jit_dir"])

@@ -20,7 +20,14 @@ import re
 import socket
 import typing as t
 
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._gateway_routes import MASTER_KEY_ENV, ROUTING_FILES, SCHEMA_VERSION, UNIT, host_of
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._gateway_routes import (
+    MASTER_KEY_ENV,
+    ROUTING_FILES,
+    SCHEMA_VERSION,
+    SETTINGS_KEYS,
+    UNIT,
+    host_of,
+)
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_paths import DOCKER_CLIENT
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._plan_file import PLAN_SCHEMA_VERSION
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._settings import Setting, coerced, setting_problems
@@ -311,8 +318,7 @@ def gateway_plan(settings: t.Mapping[str, t.Any], backends: t.Sequence[t.Mapping
         plan["deployments"], plan["groups"] = [], {}
         return plan
     plan["schema_version"] = SCHEMA_VERSION
-    plan["settings"] = {name: settings[name] for name in ("routing_strategy", "health_check_interval", "allowed_fails",
-                                                          "cooldown_seconds", "retries", "request_timeout", "admin_ui")}
+    plan["settings"] = {name: settings[name] for name in SETTINGS_KEYS}
     # One spelling of the address (:: for 0:0::0), the one the URL and LiteLLM's --host get.
     bind_address = str(ipaddress.ip_address(settings["bind_address"]))
     plan["url"] = endpoint_url(bind_address, settings["port"])

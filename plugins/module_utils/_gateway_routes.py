@@ -38,6 +38,8 @@ WATCHDOG_OWNER = "watchdog@"
 # A hook's run: its name, then what tells its runs apart. The watchdog's owners are its own (watchdog_owner).
 HOOK_OWNER = re.compile(r"(?!watchdog@)[a-z][a-z0-9_-]{0,30}@[A-Za-z0-9_.:-]{1,100}")
 PLAN_KEYS = ("schema_version", "deployments", "groups", "settings", "url")
+# The gateway's settings its plan carries, which LiteLLM's config reads (config_document).
+SETTINGS_KEYS = ("routing_strategy", "health_check_interval", "allowed_fails", "cooldown_seconds", "retries", "request_timeout", "admin_ui")
 REWRITE = "re-run site.yml --tags gateway, which rewrites it from the inventory"
 
 
@@ -207,6 +209,10 @@ def plan_problem(plan: t.Any, where: str) -> str | None:
     if missing or broken or not isinstance(plan.get("groups"), dict):
         shown = ", ".join(missing) if missing else "whole deployments and groups"
         return f"{where}: lacks {shown}: the file is incomplete or was edited; {REWRITE}"
+    settings = plan["settings"]
+    lacking = [key for key in SETTINGS_KEYS if not isinstance(settings, dict) or key not in settings]
+    if lacking:
+        return f"{where}: its settings lack {', '.join(lacking)}: the file is incomplete or was edited; {REWRITE}"
     return None
 
 

@@ -85,7 +85,7 @@ def plan_problem(plan: t.Any) -> str | None:
         return (f"plan: schema_version {version!r}, while this release reads {PLAN_SCHEMA_VERSION}; give one instance of the "
                 "plan the vllm role built (__vllm_plan.instances), not a plan file of another release")
     kept = plan.get("kept_files")
-    missing = [key for key in ("name", "unit", "container", "unit_file", "config_hash", "run_image") if not plan.get(key)]
+    missing = [key for key in ("name", "unit", "container", "unit_file", "config_hash", "run_image") if not (isinstance(plan.get(key), str) and plan[key])]
     # The gateway holds no share of the memory pool; its gate reads its URL, timeout and key's name.
     needed = ("url", "health_timeout", "key_env") if is_gateway(plan) else ("gpu_memory_utilization", "memory_probe")
     missing += [key for key in needed if not (is_share(plan.get(key)) if key == "gpu_memory_utilization" else plan.get(key))]

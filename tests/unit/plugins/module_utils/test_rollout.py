@@ -11,9 +11,9 @@ from ansible_collections.sparkfleet.vllm.plugins.filter.sweep import controller_
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._rollout import ROLLOUT_SETTINGS, plan_rollout, rollout_report
 
 ROOT = pathlib.Path(__file__).resolve().parents[4]
-PLAYBOOK_VARS = yaml.safe_load((ROOT / "playbooks" / "rollout.yml").read_text())[0]["vars"]
+PLAYBOOK_VARS = yaml.safe_load((ROOT / "roles" / "measure_defaults" / "defaults" / "main.yml").read_text())
 PLAYBOOK_DIR = str(ROOT / "playbooks")
-# playbooks/rollout.yml's defaults, as its planning task passes them.
+# playbooks/rollout.yml's defaults (the measure_defaults role's), as its planning task passes them.
 SETTINGS = {setting.name: (PLAYBOOK_VARS[setting.name].replace("{{ playbook_dir }}", PLAYBOOK_DIR)
                            if isinstance(PLAYBOOK_VARS[setting.name], str) else PLAYBOOK_VARS[setting.name]) for setting in ROLLOUT_SETTINGS}
 HOSTS = ["spark-1", "spark-2", "spark-3", "spark-4"]
