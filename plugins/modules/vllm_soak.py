@@ -12,6 +12,10 @@ version_added: 0.9.0
 description:
   - Runs rounds of C(vllm bench serve) (random tokens, C(--ignore-eos), C(--max-concurrency) O(concurrency),
     O(concurrency) times O(prompts_per_concurrency) prompts) until O(duration) seconds have passed (seed 000 Step 4).
+  - Each round starts a new C(vllm bench serve) client, and the engine idles while it starts. Once a round has finished
+    cleanly, the next grows, in whole prompts per stream, until its load would fill 90 % of a round at that round's
+    pace, never past what fits before the deadline nor past 256 prompts per stream (seen on the lab, rounds of
+    6 prompts were 1-2 s of load in 10 s).
     C(vllm bench serve) has no duration option and its client waits up to 6 hours on a stalled request, so every
     round runs under C(timeout) (O(round_timeout)), and a round still running at the deadline is given
     O(drain_timeout) more seconds, then killed and counted as a failure.
@@ -46,7 +50,7 @@ options:
     type: int
     default: 8
   prompts_per_concurrency:
-    description: A round sends this many prompts per stream (C(--num-prompts)), from 1 to 256; seed 000 sent 6.
+    description: The first round sends this many prompts per stream (C(--num-prompts)), from 1 to 256, and no round fewer; seed 000 sent 6.
     type: int
     default: 6
   duration:
