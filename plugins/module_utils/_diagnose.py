@@ -431,7 +431,12 @@ class Collector:
                               "skipped": False})
         if status is None:
             self.problems.append(f"{url}: no answer ({body})")
-        self.members[member] = (body if status is not None else f"(no answer: {body})\n").encode()
+            body = f"(no answer: {body})\n"
+        elif status != 200:
+            # An error page is no metrics (seen: a 401's text, which the scrub then redacted into nonsense).
+            self.problems.append(f"{url}: HTTP {status}, no metrics")
+            body = f"(HTTP {status}, no metrics: {body[:200]!r})\n"
+        self.members[member] = body.encode()
 
 
 def output_text(rc: int | None, out: str, err: str) -> str:

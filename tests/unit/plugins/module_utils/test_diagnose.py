@@ -401,6 +401,16 @@ def test_the_total_limit_skips_the_rest_and_says_so(tmp_path, config, keys):
     assert b"(skipped: the bundle's time limit was reached)" in members["versions.txt"]
 
 
+@pytest.mark.parametrize("status, body", [(401, '{"error": "Unauthorized"}'), (404, "Not Found"), (500, "Internal Server Error")])
+def test_an_error_page_is_no_metrics(tmp_path, config, keys, status, body):
+    """Seen: a bundle member that was only a 401's text, which the scrub then redacted into nonsense."""
+    destination = str(tmp_path / "diagnostics" / "sparkfleet-diagnose-spark-1-20261204T094500Z.tar.gz")
+    result = collect_bundle(destination, config, 60, Host(keys), lambda url, timeout: (status, body))
+    members = read_bundle(destination)
+    assert members["metrics/vllm-tiny.txt"].decode().startswith(f"(HTTP {status}, no metrics: ")
+    assert f"http://127.0.0.1:8001/metrics: HTTP {status}, no metrics" in result["problems"]
+
+
 def test_missing_tools_add_no_member_and_are_marked(tmp_path, config, keys):
     gone = (MISSING, "", "not installed")
     host = Host(keys, {("nvidia-smi",): gone, ("nvidia-bug-report.sh",): gone, ("ibdev2netdev",): gone, ("show_gids",): gone})
