@@ -91,6 +91,7 @@ markdown:
 
 import io
 import json
+import math
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
@@ -109,6 +110,12 @@ def correctness_line(correctness):
         line += (
             f"; against {comparison.get('reference_label')} ({comparison.get('reference_passed')} pass): "
             f"{len(changed)} changed answer(s){': ' + ', '.join(changed) if changed else ''}"
+        )
+    elif correctness["passed"] == 0 and correctness.get("total"):
+        line += (
+            ". None passing says little alone: a model too small for these cases answers none (the lab's tiny model), and so"
+            " does a broken one (a wrong chat template, a quantization that garbles its answers); a reference run of the"
+            " unquantized model (bench_correctness_reference) tells the two apart"
         )
     return line + ".\n\n"
 
@@ -130,15 +137,29 @@ def workload_line(metrics):
 
 
 def plot_png(pyplot, title, runs):
+    """Output throughput and mean TPOT against the concurrency, each axis from zero, in one legend; each throughput
+    point names the requests it stands on (two requests make no trend). A figure a run lacks is a gap, not a zero."""
     concurrency = [r["concurrency"] for r in runs]
+
+    def figures(key):
+        return [r[key] if isinstance(r.get(key), (int, float)) and not isinstance(r.get(key), bool) else math.nan for r in runs]
+
     figure, throughput_axis = pyplot.subplots(figsize=(7, 4), dpi=100)
-    throughput_axis.plot(concurrency, [r.get("output_throughput") or 0 for r in runs], marker="o", color="tab:blue")
-    throughput_axis.set_xlabel("concurrent streams")
+    throughput = figures("output_throughput")
+    lines = throughput_axis.plot(concurrency, throughput, marker="o", color="tab:blue", label="output tokens/s")
+    for index, run in enumerate(runs):
+        if not math.isnan(throughput[index]):
+            throughput_axis.annotate(f"{run.get('completed', '?')} req", (concurrency[index], throughput[index]),
+                                     textcoords="offset points", xytext=(0, 7), ha="center", fontsize=8)
+    throughput_axis.set_xlabel("concurrent streams (each point: the requests it completed)")
     throughput_axis.set_ylabel("output tokens/s", color="tab:blue")
     throughput_axis.set_xticks(concurrency)
+    throughput_axis.set_ylim(bottom=0)
     tpot_axis = throughput_axis.twinx()
-    tpot_axis.plot(concurrency, [r.get("mean_tpot_ms") or 0 for r in runs], marker="s", color="tab:red")
+    lines += tpot_axis.plot(concurrency, figures("mean_tpot_ms"), marker="s", color="tab:red", label="mean TPOT ms")
     tpot_axis.set_ylabel("mean TPOT ms", color="tab:red")
+    tpot_axis.set_ylim(bottom=0)
+    throughput_axis.legend(lines, [line.get_label() for line in lines], loc="lower right")
     throughput_axis.set_title(title)
     figure.tight_layout()
     buffer = io.BytesIO()
