@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import glob
 import json
+import math
 import os
 import re
 import signal
@@ -550,25 +551,34 @@ def one_round(job: Job, host: Host, index: int, seconds: int, started_at: float,
         # A result file whose counts are missing, not counts, or do not add up to the prompts sent.
         "unaccounted": counted and accounting(saved, prompts) is not None,
         # vllm bench's own measure of the load's time, without its start.
-        "load_seconds": saved.get("duration") if counted and isinstance(saved.get("duration"), (int, float)) else None,
+        "load_seconds": saved["duration"] if counted and is_positive_seconds(saved.get("duration")) else None,
         "result_file": local if saved is not None else None, "problems": problems,
     }
 
 
-def round_prompts(params: t.Mapping[str, t.Any], last: t.Mapping[str, t.Any] | None, left: float) -> int:
-    """The prompts of the next round: concurrency x prompts_per_concurrency, grown after a round that finished cleanly
-    until its load would fill ``BUSY_SHARE`` of the round at that round's pace, in whole prompts per stream; never more
-    than fit in the ``left`` seconds before the deadline at that pace, nor more than the most prompts_per_concurrency allows."""
+def is_positive_seconds(value: t.Any) -> bool:
+    """A time a result may give: a finite number above zero (JSON readers take NaN and Infinity; a bool is no time)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+
+
+def round_prompts(params: t.Mapping[str, t.Any], last: t.Mapping[str, t.Any] | None, left: float, timeout: float) -> int:
+    """The prompts of the next round: concurrency x prompts_per_concurrency, grown after a round whose every request
+    completed until its load would fill ``BUSY_SHARE`` of the round at that round's pace, in whole prompts per stream;
+    never more than fit in the ``left`` seconds before the deadline at that pace, nor in ``BUSY_SHARE`` of the round's
+    ``timeout``, nor more than the most prompts_per_concurrency allows. A round that failed requests grows nothing: fast
+    failures would read as a fast pace."""
     concurrency = params["concurrency"]
     configured = concurrency * params["prompts_per_concurrency"]
-    if not last or last["problems"] or not last.get("load_seconds") or not last.get("prompts"):
+    if not last or last["problems"] or last.get("failed") != 0 or not is_whole(last.get("prompts")) or last["prompts"] < 1:
+        return configured
+    if not is_positive_seconds(last.get("load_seconds")) or not is_positive_seconds(last.get("seconds")):
         return configured
     start_seconds = last["seconds"] - last["load_seconds"]
-    if start_seconds <= 0:
-        return configured
     per_prompt = last["load_seconds"] / last["prompts"]
+    if start_seconds <= 0 or not is_positive_seconds(per_prompt):
+        return configured
     busy = start_seconds * BUSY_SHARE / (1 - BUSY_SHARE) / per_prompt
-    fitting = (left - start_seconds) / per_prompt
+    fitting = min(left - start_seconds, timeout * BUSY_SHARE - start_seconds) / per_prompt
     streams = min(busy, fitting, concurrency * BENCH_RANGES["prompts_per_concurrency"].high) / concurrency
     return max(configured, concurrency * int(streams))
 
@@ -580,7 +590,7 @@ def run_rounds(job: Job, host: Host, started_at: float, deadline: float) -> list
     params, rounds = job.params, []
     while not rounds or host.clock() < deadline:
         seconds = max(1, int(min(params["round_timeout"], deadline + params["drain_timeout"] - host.clock())))
-        prompts = round_prompts(params, rounds[-1] if rounds else None, deadline - host.clock())
+        prompts = round_prompts(params, rounds[-1] if rounds else None, deadline - host.clock(), seconds)
         rounds.append(one_round(job, host, len(rounds) + 1, seconds, started_at, prompts))
         if rounds[-1]["problems"] and host.clock() < deadline:
             host.pause(min(params["sample_interval"], deadline - host.clock()))

@@ -44,12 +44,21 @@ MEASURING_PLAYBOOKS = ("bench.yml", "soak.yml", "mtp_sweep.yml", "rollout.yml")
 
 
 def test_every_measuring_play_loads_the_defaults_first_and_sets_none_of_them():
-    """A setting in a play's vars would outrank the inventory again (issue 39 item 4)."""
+    """A setting in a play's vars would outrank the inventory again (issue 39 item 4); a play that reads a setting without
+    the role would not see it, and one on the controller would not see the inventory's groups' values either."""
     settings = set(yaml.safe_load((ROOT / "roles" / "measure_defaults" / "defaults" / "main.yml").read_text()))
+    loading = 0
     for name in MEASURING_PLAYBOOKS:
         for play in yaml.safe_load((ROOT / "playbooks" / name).read_text()):
-            assert play["roles"][0] == {"role": "sparkfleet.vllm.measure_defaults"}, (name, play["name"])
+            # A setting read, not an attribute or a private variable of the same name.
+            read = {setting for setting in settings if re.search(rf"(?<![\w.]){setting}\b", yaml.safe_dump(play))}
             assert not settings & set(play.get("vars") or {}), (name, play["name"], settings & set(play["vars"]))
+            if play["hosts"] == "localhost":
+                assert not read, (name, play["name"], read)
+            elif read:
+                assert play["roles"][0] == {"role": "sparkfleet.vllm.measure_defaults"}, (name, play["name"])
+                loading += 1
+    assert loading == 5, "bench, soak and sweep each have one measuring play, the rollout two"
 
 
 def resolved_settings(inventory, *extra):

@@ -237,23 +237,41 @@ def test_rounds_grow_until_their_load_fills_most_of_a_round_and_never_past_the_d
     assert round_counts(rounds)["completed_requests"] == sum(sent)
 
 
-@pytest.mark.parametrize("last, left, expected", [
-    (None, 1000, 6),
-    # A round that failed, or whose result has no load time, or took no longer than its load, teaches nothing.
-    ({"problems": ["round 1: 2 failed"], "seconds": 11, "load_seconds": 3, "prompts": 6}, 1000, 6),
-    ({"problems": [], "seconds": 11, "load_seconds": None, "prompts": 6}, 1000, 6),
-    ({"problems": [], "seconds": 3, "load_seconds": 3, "prompts": 6}, 1000, 6),
-    ({"problems": [], "seconds": 11, "load_seconds": 3, "prompts": 6}, 1000, 144),
-    # Load already fills the round: the configured size.
-    ({"problems": [], "seconds": 101, "load_seconds": 100, "prompts": 6}, 1000, 6),
+def clean(seconds, load, prompts=6, **changes):
+    return {"problems": [], "failed": 0, "seconds": seconds, "load_seconds": load, "prompts": prompts, **changes}
+
+
+@pytest.mark.parametrize("last, left, timeout, expected", [
+    (None, 1000, 1800, 6),
+    (clean(11, 3), 1000, 1800, 144),
+    # A round that failed requests (fast failures read as a fast pace), or had problems, teaches nothing.
+    (clean(11, 3, failed=2), 1000, 1800, 6),
+    (clean(11, 3, failed=None), 1000, 1800, 6),
+    (clean(11, 3, problems=["round 1: 2 failed"]), 1000, 1800, 6),
+    # Nor a round without a time of its load that can be divided: missing, zero, negative, NaN, infinite, a bool, tiny.
+    (clean(11, None), 1000, 1800, 6),
+    (clean(11, 0), 1000, 1800, 6),
+    (clean(11, -3), 1000, 1800, 6),
+    (clean(11, float("nan")), 1000, 1800, 6),
+    (clean(11, float("inf")), 1000, 1800, 6),
+    (clean(11, True), 1000, 1800, 6),
+    (clean(11, 5e-324), 1000, 1800, 6),
+    (clean(float("nan"), 3), 1000, 1800, 6),
+    (clean(11, 3, prompts=0), 1000, 1800, 6),
+    # A round no longer than its load: nothing to win.
+    (clean(3, 3), 1000, 1800, 6),
+    (clean(101, 100), 1000, 1800, 6),
     # Little time left: what fits, but never fewer than configured.
-    ({"problems": [], "seconds": 11, "load_seconds": 3, "prompts": 6}, 28, 40),
-    ({"problems": [], "seconds": 11, "load_seconds": 3, "prompts": 6}, 5, 6),
+    (clean(11, 3), 28, 1800, 40),
+    (clean(11, 3), 5, 1800, 6),
+    # Never a round its own timeout would kill: start plus load within 90 % of it (200 s + 120 x 4/3 s = 360 s of 400).
+    (clean(208, 8), 10 ** 6, 400, 120),
+    (clean(358, 8), 10 ** 6, 400, 6),
     # Never past 256 prompts per stream, however slow the start.
-    ({"problems": [], "seconds": 10_000, "load_seconds": 1, "prompts": 6}, 10 ** 9, 512),
+    (clean(10_000, 1), 10 ** 9, 21_600, 512),
 ])
-def test_the_next_round_size(last, left, expected):
-    assert _soak.round_prompts({"concurrency": 2, "prompts_per_concurrency": 3}, last, left) == expected
+def test_the_next_round_size(last, left, timeout, expected):
+    assert _soak.round_prompts({"concurrency": 2, "prompts_per_concurrency": 3}, last, left, timeout) == expected
 
 
 def test_a_round_stalled_at_the_deadline_is_killed_after_the_drain_and_counted(tmp_path):
