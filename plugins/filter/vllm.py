@@ -21,8 +21,8 @@ description:
   - Every option is required and has no default of its own (the vllm role's defaults are the defaults); a missing or
     unknown option is an error naming it.
   - The same file provides C(vllm_removals) (the instances no longer planned), C(vllm_helper_files), C(vllm_model_folder),
-    C(vllm_pull_reference), C(vllm_run_image), C(meminfo) and
-    C(vllm_models_problems).
+    C(vllm_pull_reference), C(vllm_run_image), C(meminfo), C(vllm_models_problems) and
+    C(measure_documents_folder).
 author: sparkfleet.vllm contributors (@sparkfleet)
 positional: _input
 options:
@@ -213,6 +213,7 @@ from ansible.errors import AnsibleFilterError
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_runtime import runtime_files
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._memory import parse_meminfo
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_bench import documents_folder
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_instance import deployed_instances, pull_reference, removal, run_image
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_models import model_folder, validate_models
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_plan import WILDCARDS, build_plan, canonical_address, pool_share
@@ -260,6 +261,13 @@ def vllm_models_problems(models, allow_branch=False):
     return validate_models("vllm_models", models, bool(allow_branch))
 
 
+def measure_documents_folder(label):
+    try:
+        return documents_folder(label)
+    except ValueError as error:
+        raise AnsibleFilterError(f"measure_documents_folder: {error}") from None
+
+
 class FilterModule:
     def filters(self):
         return {
@@ -270,6 +278,7 @@ class FilterModule:
             "vllm_model_folder": model_folder,
             "vllm_pull_reference": pull_reference,
             "vllm_run_image": run_image,
+            "measure_documents_folder": measure_documents_folder,
             "meminfo": parse_meminfo,
             "vllm_models_problems": vllm_models_problems,
             "vllm_listen_address_problem": vllm_listen_address_problem,

@@ -115,6 +115,18 @@ class Job:
     run_command: RunCommand
 
 
+# Where the measuring playbooks copy their natural text on a host, one folder per measurement's label.
+DOCUMENTS_ROOT = "/var/lib/sparkfleet/bench-documents"
+
+
+def documents_folder(label: str) -> str:
+    """The host folder of a measurement's documents; the label is a plain name (the playbooks check it first)."""
+    problems = label_problems("label", label)
+    if problems:
+        raise ValueError(problems[0])
+    return f"{DOCUMENTS_ROOT}/{label}"
+
+
 def validate(options: t.Mapping[str, t.Any]) -> list[str]:
     """Problems of a benchmark request, each naming the option to fix.
 

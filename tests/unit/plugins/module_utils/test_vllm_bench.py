@@ -265,3 +265,20 @@ def test_a_report_names_what_the_benchmark_did_not_record():
 def test_reasons_of_another_shape_are_refused(reasons):
     assert report_problems({"runs": [RUN], "reasons": reasons}, None, None) == [
         "bench.reasons: not a list of reasons; pass the registered result of vllm_bench itself"]
+
+
+@pytest.mark.parametrize("label", ["tiny-natural", "seqs-8", "v0.34_a"])
+def test_a_measurements_documents_have_one_folder_per_label(label):
+    from ansible_collections.sparkfleet.vllm.plugins.filter.vllm import FilterModule
+
+    folder = FilterModule().filters()["measure_documents_folder"](label)
+    assert folder == f"/var/lib/sparkfleet/bench-documents/{label}"
+
+
+@pytest.mark.parametrize("label", ["../etc", "a/b", "", ".hidden", None, 5, "two words"])
+def test_a_label_that_is_no_plain_name_names_no_folder(label):
+    from ansible.errors import AnsibleFilterError
+    from ansible_collections.sparkfleet.vllm.plugins.filter.vllm import FilterModule
+
+    with pytest.raises(AnsibleFilterError, match="measure_documents_folder: label: .* must be a plain name"):
+        FilterModule().filters()["measure_documents_folder"](label)
