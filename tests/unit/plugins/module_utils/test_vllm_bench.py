@@ -278,6 +278,7 @@ def test_a_measurements_documents_have_one_folder_per_label(label):
 @pytest.mark.parametrize("label", ["../etc", "a/b", "", ".hidden", None, 5, "two words"])
 def test_a_label_that_is_no_plain_name_names_no_folder(label):
     from ansible.errors import AnsibleFilterError
+
     from ansible_collections.sparkfleet.vllm.plugins.filter.vllm import FilterModule
 
     with pytest.raises(AnsibleFilterError, match="measure_documents_folder: label: .* must be a plain name"):
