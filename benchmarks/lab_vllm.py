@@ -46,10 +46,12 @@ def lab_vllm():
 
 
 def serve_command(image, model, key, extra=()):
-    """The tiny model as NAME on 127.0.0.1:PORT."""
+    """The tiny model as NAME on 127.0.0.1:PORT, as the lab's cpu_lab profile starts it: on the CPU backend
+    --gpu-memory-utilization is the share of the machine's memory vLLM reserves, and at its default (0.92) a start
+    beside the lab hosts or the suite's lanes is refused."""
     return [DOCKER, "run", "-d", "--name", NAME, "-p", f"127.0.0.1:{PORT}:8000", "-v", f"{model}:/models/tiny:ro",
             "-e", "VLLM_ENABLE_V1_MULTIPROCESSING=0", "-e", "VLLM_NO_USAGE_STATS=1", "-e", "DO_NOT_TRACK=1",
-            image, "/models/tiny", "--served-model-name", "tiny", "--dtype", "float32",
+            image, "/models/tiny", "--served-model-name", "tiny", "--dtype", "float32", "--gpu-memory-utilization", "0.1",
             "--enforce-eager", "--num-gpu-blocks-override", "32", "--max-model-len", "2048", "--api-key", key, *extra]
 
 
