@@ -638,7 +638,7 @@ def checked(run: Runner, argv: list[str]) -> str:
 
 
 def step(name: str, plan: t.Any, check_mode: bool, run: Runner, env_text: str | None = None,
-         keep_last_good: bool = True) -> dict[str, t.Any]:
+         keep_last_good: bool = True, keep_unjudged_mark: bool = False) -> dict[str, t.Any]:
     """One step of the transaction on one unit; UnitError says what stopped it and the fix."""
     problem = removal_problem(plan) if name == "remove" else plan_problem(plan)
     if problem:
@@ -662,7 +662,7 @@ def step(name: str, plan: t.Any, check_mode: bool, run: Runner, env_text: str | 
     if name == "start":
         return start(plan, check_mode, run)
     if name == "restore":
-        return restore(plan, check_mode, run)
+        return restore(plan, check_mode, run, keep_mark=keep_unjudged_mark)
     if name == "keep":
         return keep_gated(plan, check_mode, run)
     if name == "last_good":

@@ -111,6 +111,13 @@ options:
     type: bool
     default: true
     version_added: 0.11.0
+  keep_unjudged_mark:
+    description:
+      - With O(step=restore), leave the unit's mark of settings nobody judged yet (O(step=hold)) in place, for a relaunch
+        refused before anything stopped (a cluster's admission on another node), whose unjudged settings still run.
+    type: bool
+    default: false
+    version_added: 0.11.0
 attributes:
   check_mode:
     support: full
@@ -240,6 +247,7 @@ def main():
             step=dict(type="str", choices=list(STEPS), default="prepare"),
             env_file=dict(type="str", no_log=True),
             keep_last_good=dict(type="bool", default=True),
+            keep_unjudged_mark=dict(type="bool", default=False),
         ),
         required_if=[("step", "prepare", ("env_file",))],
         supports_check_mode=True,
@@ -249,7 +257,7 @@ def main():
     params = module.params
     try:
         result = step(params["step"], params["plan"], module.check_mode, run, env_text=params["env_file"],
-                      keep_last_good=params["keep_last_good"])
+                      keep_last_good=params["keep_last_good"], keep_unjudged_mark=params["keep_unjudged_mark"])
     except FileProblem as error:
         module.fail_json(msg=str(error))
     if result.get("unjudged"):

@@ -794,6 +794,20 @@ def test_a_mark_that_cannot_be_read_still_marks_and_a_restore_clears_it(host, da
     assert run(host, plan, env_file)["unjudged"] is None
 
 
+def test_a_restore_after_a_refused_admission_keeps_the_mark_of_the_settings_still_running(host):
+    """A cluster's relaunch refused by another node's admission stops nothing: its last good files go back, and the
+    settings a rollout marked as not judged still run, so their mark stays (the next run reports them, never keeps them)."""
+    plan, env_file = planned(host)
+    set_state(host, units=active(plan["unit"]), containers={plan["container"]: running(plan)})
+    run(host, plan, env_file)
+    run(host, plan, step="keep")
+    run(host, plan, step="hold")
+    restored = run(host, plan, step="restore", keep_unjudged_mark=True)
+    assert restored["restored"] and not restored["changed"], "the files were the last good ones already"
+    assert (host / "config" / "last-good" / "tiny.unjudged.json").exists()
+    assert "never judged" in run(host, plan, env_file)["unjudged"]
+
+
 def test_roll_back_without_last_good_settings_fails_with_the_unit_stopped(host, vllm):
     plan, env_file = planned(host, port=vllm.server_port)
     set_state(host, flag=str(host / "run" / "vllm-maintenance"), starts=[(plan["container"], running(plan))])
