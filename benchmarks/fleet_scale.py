@@ -12,7 +12,6 @@ it prints the commands a run starts, in order (each boot wait once; the inventor
 its own), and starts none.
 """
 
-import argparse
 import os
 import pathlib
 import re
@@ -23,6 +22,7 @@ import tempfile
 import time
 
 import yaml
+from lab_vllm import command_line
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DOCKER = "/usr/bin/docker"
@@ -156,18 +156,8 @@ def shell_line(changes, unset, argv):
     return shlex.join(["env", *prefix, *argv] if prefix else argv)
 
 
-def parse_arguments(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--runs", type=int, default=3, help="runs per shape (default 3)")
-    parser.add_argument("--print-commands", action="store_true", help="print the commands a run starts, in order, and start none")
-    arguments = parser.parse_args(argv)
-    if arguments.runs < 1:
-        parser.error(f"--runs {arguments.runs}: give at least 1")
-    return arguments
-
-
 def main(argv=None):
-    arguments = parse_arguments(argv)
+    arguments = command_line(__doc__, argv, "runs per shape")
     runs = arguments.runs
     image = os.environ.get("SPARKFLEET_LAB_IMAGE")
     if not image:

@@ -1,4 +1,4 @@
-"""What the benchmarks that need a real vLLM share: the lab's tiny model served by the CPU build on
+"""What the benchmarks share: their command line; for those that need a real vLLM, the lab's tiny model served by the CPU build on
 this machine's Docker, on loopback only and with vLLM's usage reports off, and a module of the collection run as Ansible runs it (its
 file, the arguments on stdin). Imported by the scripts beside it.
 
@@ -24,14 +24,20 @@ NAME = "sparkfleet-bench-vllm"
 REMOVE_COMMAND = [DOCKER, "rm", "-f", NAME]
 
 
-def benchmark_setup(doc, default_runs, argv=None):
-    """The command line's options (``runs``, ``print_commands``), the lab's image and model, and a fresh key for the endpoint."""
+def command_line(doc, argv, runs_help, print_help="print the commands a run starts, in order, and start none", default_runs=3):
+    """Every benchmark's options, ``runs`` (at least 1) and ``print_commands``; its docstring is the help's epilog."""
     parser = argparse.ArgumentParser(description=doc.splitlines()[0], epilog=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--runs", type=int, default=default_runs, help=f"runs of each case (default {default_runs})")
-    parser.add_argument("--print-commands", action="store_true", help="print the commands a run starts, in order, and start none")
+    parser.add_argument("--runs", type=int, default=default_runs, help=f"{runs_help} (default {default_runs})")
+    parser.add_argument("--print-commands", action="store_true", help=print_help)
     arguments = parser.parse_args(argv)
     if arguments.runs < 1:
         parser.error(f"--runs {arguments.runs}: give at least 1")
+    return arguments
+
+
+def benchmark_setup(doc, default_runs, argv=None):
+    """The command line's options (``runs``, ``print_commands``), the lab's image and model, and a fresh key for the endpoint."""
+    arguments = command_line(doc, argv, "runs of each case", default_runs=default_runs)
     image, model = lab_vllm()
     return arguments, image, model, secrets.token_urlsafe(24)
 

@@ -21,7 +21,6 @@ runs; tasks are the last run's, changed the most any run changed. Beside them, t
 them with the lab hosts.
 """
 
-import argparse
 import glob
 import os
 import pathlib
@@ -31,6 +30,8 @@ import shlex
 import statistics
 import subprocess
 import time
+
+from lab_vllm import command_line
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 INVENTORY = "inventories/lab"
@@ -88,18 +89,8 @@ def reapply():
     return seconds, hosts, controller, containers
 
 
-def parse_arguments(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--runs", type=int, default=3, help="runs of the re-apply (default 3)")
-    parser.add_argument("--print-commands", action="store_true", help="print the command each run runs, and run none")
-    arguments = parser.parse_args(argv)
-    if arguments.runs < 1:
-        parser.error(f"--runs {arguments.runs}: give at least 1")
-    return arguments
-
-
 def main(argv=None):
-    arguments = parse_arguments(argv)
+    arguments = command_line(__doc__, argv, "runs of the re-apply", print_help="print the command each run runs, and run none")
     runs = arguments.runs
     if arguments.print_commands:
         for _run in range(runs):
