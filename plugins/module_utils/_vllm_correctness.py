@@ -21,7 +21,7 @@ import signal
 import threading
 import typing as t
 
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._files import write_atomically
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._files import write_changed
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_client import discover_model, http, json_object, label_problems, reply_problem
 
 CHECK_KINDS = ("has_number", "exact", "regex", "json_fields")
@@ -423,19 +423,6 @@ def ask_tool_call(endpoint: t.Mapping[str, t.Any], params: t.Mapping[str, t.Any]
     return tool_call_verdict(json_object(http("POST", url, endpoint["api_key"], body, timeout=params["timeout"]), f"the tool-call case: {url}"))
 
 
-def save_results(results_file: str, document: t.Mapping[str, t.Any]) -> bool:
-    """Whether the results file was written: one that already holds these results is left alone. OSError when it cannot
-    be read or written."""
-    text = json.dumps(document, indent=1, sort_keys=True) + "\n"
-    if os.path.exists(results_file):
-        with open(results_file, encoding="utf-8", errors="replace") as handle:
-            if handle.read() == text:
-                return False
-    os.makedirs(os.path.dirname(results_file), mode=0o755, exist_ok=True)
-    write_atomically(results_file, text, 0o644)
-    return True
-
-
 def correctness(endpoint: dict[str, t.Any], cases: t.Sequence[t.Mapping[str, t.Any]], reference: t.Mapping[str, t.Any] | None,
                 params: t.Mapping[str, t.Any]) -> dict[str, t.Any]:
     """Ask every case (the first stream_cases also streamed, and the tool-call case when wanted), save the judged results
@@ -452,7 +439,9 @@ def correctness(endpoint: dict[str, t.Any], cases: t.Sequence[t.Mapping[str, t.A
                 "results": results, "streamed": len(streamed), "stream_mismatches": mismatches, "tool_call": tool_call}
     results_file = os.path.join(params["results_dir"], f"results-{params['label']}.json")
     try:
-        changed = save_results(results_file, document)
+        # One that already holds these results is left alone.
+        changed, _paths = write_changed(params["results_dir"], {os.path.basename(results_file): (json.dumps(document, indent=1, sort_keys=True)
+                                                                                                   + "\n").encode()}, False)
     except OSError as error:
         raise ResultsNotSaved(f"results_dir: cannot write {results_file} ({error.strerror or error}); give a results_dir the task's user "
                               "can write, or become: true", results) from error

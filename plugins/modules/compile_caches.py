@@ -100,7 +100,8 @@ done:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._compile_caches import CacheProblem, apply
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._compile_caches import apply
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._files import FileProblem
 
 
 def main():
@@ -115,11 +116,9 @@ def main():
     )
     try:
         result = apply(module.params["action"], module.params["caches"], module.check_mode, module.params["archived_stamps"])
-    except CacheProblem as error:
+    # The caches' own refusals and those of the collection's file reader they read through.
+    except FileProblem as error:
         module.fail_json(msg=str(error), done=[])
-    except OSError as error:
-        module.fail_json(msg=f"the compile caches cannot be handled at {error.filename} ({error.strerror or error}); move aside what is there "
-                             "that is not the collection's (a folder where its archive goes), then re-run", done=[])
     module.exit_json(**result)
 
 

@@ -60,6 +60,16 @@ def test_compile_caches_names_a_folder_where_its_archive_goes(tmp_path, action, 
     assert result["done"] == [] and folder.is_dir()
 
 
+def test_compile_caches_names_a_folder_where_its_record_of_the_archive_goes(tmp_path):
+    """The record of what the controller's archive holds is read through the collection's file reader, whose refusal
+    is a FileProblem, not the caches' own: a folder in its place is named, never a traceback."""
+    jit, caches = caches_of(tmp_path)
+    folder = pathlib.Path(f"{jit}.backed-up")
+    folder.mkdir()
+    result = refused("compile_caches", {"action": "archive", "caches": caches}, str(folder), "cannot be read")
+    assert result["done"] == [] and folder.is_dir() and not pathlib.Path(f"{jit}.backup.tar").exists()
+
+
 @pytest.mark.parametrize(
     ("change", "fragment"),
     [({"stamps": None}, "missing required arguments: stamps found in caches"),
