@@ -307,3 +307,14 @@ def nccl_sizes(arguments: t.Sequence[str]) -> tuple[dict[str, int], str | None]:
         return sizes, (f"the smallest buffer (-b/--minbytes, {sizes['b']} bytes) exceeds the largest (-e/--maxbytes, {sizes['e']} "
                        "bytes; 32M unless given), which nccl-tests refuses; give -e as well")
     return sizes, None
+
+
+def peer_problem(peer: t.Mapping[str, str]) -> str | None:
+    """Why a peer cannot be pinged (None: it can). Ansible gives a list or mapping as its text, so the address is checked as an address."""
+    if not peer["name"].strip():
+        return "name is empty; give the other node's inventory name"
+    try:
+        ipaddress.ip_address(peer["address"])
+    except ValueError:
+        return f"address {peer['address'][:80]!r} of {peer['name']} is not an IP address; give the node's address on the fast link"
+    return None

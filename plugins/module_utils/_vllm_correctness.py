@@ -440,8 +440,8 @@ def correctness(endpoint: dict[str, t.Any], cases: t.Sequence[t.Mapping[str, t.A
     results_file = os.path.join(params["results_dir"], f"results-{params['label']}.json")
     try:
         # One that already holds these results is left alone.
-        changed, _paths = write_changed(params["results_dir"], {os.path.basename(results_file): (json.dumps(document, indent=1, sort_keys=True)
-                                                                                                   + "\n").encode()}, False)
+        text = json.dumps(document, indent=1, sort_keys=True) + "\n"
+        changed, _paths = write_changed(params["results_dir"], {os.path.basename(results_file): text.encode()}, False)
     except OSError as error:
         raise ResultsNotSaved(f"results_dir: cannot write {results_file} ({error.strerror or error}); give a results_dir the task's user "
                               "can write, or become: true", results) from error

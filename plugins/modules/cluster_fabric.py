@@ -127,8 +127,6 @@ nccl:
   type: dict
 """
 
-import ipaddress
-
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._fabric import (
@@ -136,23 +134,13 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._fabric import (
     nccl_verdict,
     parse_nccl_tests,
     parse_ping,
+    peer_problem,
     ping_arguments,
     ping_verdict,
     rdma_reasons,
     read_rdma,
 )
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._tools import tool_runner
-
-
-def peer_problem(peer):
-    """Why a peer cannot be pinged (None: it can). Ansible gives a list or mapping as its text, so the address is checked as an address."""
-    if not peer["name"].strip():
-        return "name is empty; give the other node's inventory name"
-    try:
-        ipaddress.ip_address(peer["address"])
-    except ValueError:
-        return f"address {peer['address'][:80]!r} of {peer['name']} is not an IP address; give the node's address on the fast link"
-    return None
 
 
 def main():
