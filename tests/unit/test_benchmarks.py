@@ -115,18 +115,35 @@ def read_by_roles(variable, roles):
     return any(pattern.search(path.read_text()) for role in roles for path in (ROOT / "roles" / role / "tasks").glob("*.yml"))
 
 
-def check_playbook_command(argv, inventory_hosts):
-    """A command's playbook, inventory, -e variables and --limit hosts exist, and its --tags are tags of the playbook."""
+def extra_variables(argv):
+    """The variables a command's -e options set, given as JSON or as key=value pairs."""
+    names = []
+    for index, word in enumerate(argv[:-1]):
+        if word in ("-e", "--extra-vars"):
+            value = argv[index + 1]
+            names += list(json.loads(value)) if value.startswith("{") else [pair.split("=", 1)[0] for pair in value.split()]
+    return names
+
+
+def read_by_playbook(variable, playbook):
+    """Whether the playbook itself, or a task file of playbooks/tasks it may include, reads the variable (bench_instance)."""
+    pattern = re.compile(rf"\b{re.escape(variable)}\b")
+    return any(pattern.search(path.read_text()) for path in [ROOT / playbook, *(ROOT / "playbooks" / "tasks").glob("*.yml")])
+
+
+def check_playbook_command(argv, inventory_hosts, runs_roles=True):
+    """A command's playbook, inventory, -e variables and --limit hosts exist, and its --tags are tags of the playbook;
+    ``runs_roles``: the playbook runs roles of the collection (a benchmark's does; the reboot test's runs modules only)."""
     assert argv[0] == "ansible-playbook"
     inventory = option(argv, "-i", "--inventory")
     playbook = next(word for index, word in enumerate(argv[1:], 1) if word.endswith(".yml") and argv[index - 1] not in ("-i", "--inventory"))
     assert (ROOT / playbook).is_file(), playbook
     assert (ROOT / inventory).exists(), inventory
     roles = roles_reached(playbook)
-    assert roles, f"{playbook} runs none of the collection's roles"
-    extra = [json.loads(argv[index + 1]) for index, word in enumerate(argv[:-1]) if word in ("-e", "--extra-vars")]
-    for variable in (name for values in extra for name in values):
-        assert variable in declared_variables(roles) or read_by_roles(variable, roles), f"-e {variable}: no role of {playbook} takes it"
+    assert roles or not runs_roles, f"{playbook} runs none of the collection's roles"
+    for variable in extra_variables(argv):
+        assert (variable in declared_variables(roles) or read_by_roles(variable, roles) or read_by_playbook(variable, playbook)), (
+            f"-e {variable}: neither {playbook} nor its roles take it")
     limit = option(argv, "-l", "--limit")
     if limit:
         assert set(limit.split(",")) <= set(inventory_hosts), f"--limit {limit}: not hosts of {inventory}"

@@ -3,7 +3,6 @@
 the playbook or a role it runs takes, and ansible-playbook accepts it (--syntax-check, --list-hosts: no host is
 contacted). Running them on the lab is not part of this file; each one's last run is in the closing notes."""
 
-import json
 import pathlib
 import re
 import shlex
@@ -40,30 +39,13 @@ def test_the_documented_lab_commands_are_these():
     assert {name: commands for name, commands in found.items() if commands} == DOCUMENTED
 
 
-def extra_variables(argv):
-    names = []
-    for index, word in enumerate(argv[:-1]):
-        if word in ("-e", "--extra-vars"):
-            value = argv[index + 1]
-            names += list(json.loads(value)) if value.startswith("{") else [pair.split("=", 1)[0] for pair in value.split()]
-    return names
-
-
 @pytest.mark.parametrize("command", [command for commands in DOCUMENTED.values() for command in commands])
 def test_a_documented_lab_command_is_one_ansible_playbook_accepts(command):
     argv = shlex.split(command)
-    playbook = next(word for word in argv[1:] if word.endswith(".yml"))
-    assert (ROOT / playbook).is_file() and (ROOT / "inventories" / "lab").is_dir()
-    roles = checks.roles_reached(playbook)
-    text = "".join(path.read_text() for path in [ROOT / playbook, *(ROOT / "playbooks" / "tasks").glob("*.yml")])
-    for variable in extra_variables(argv):
-        assert (variable in checks.declared_variables(roles) or checks.read_by_roles(variable, roles)
-                or re.search(rf"\b{variable}\b", text)), f"-e {variable}: neither {playbook} nor its roles take it"
-    limit = checks.option(argv, "-l", "--limit")
     lab_hosts = set(checks.lab_inventory_hosts()["lab"]["hosts"])
-    if limit:
-        assert set(limit.split(",")) <= lab_hosts, f"--limit {limit}: not hosts of inventories/lab"
+    checks.check_playbook_command(argv, lab_hosts, runs_roles=False)
     checks.ansible_playbook(argv, "--syntax-check")
     listed = checks.listed_hosts(argv)
+    limit = checks.option(argv, "-l", "--limit")
     assert listed and all(set(hosts) <= lab_hosts | {"localhost"} for hosts in listed.values()), listed
     assert set(limit.split(",") if limit else lab_hosts) <= {host for hosts in listed.values() for host in hosts}
