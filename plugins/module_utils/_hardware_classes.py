@@ -14,6 +14,7 @@ import re
 import typing as t
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._model_catalog import Range
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._nvidia_driver import KERNEL_LINE_FORMAT
 
 GB10_ENV_SOURCE = (
     "seed 002: MAX_JOBS=2 and FLASHINFER_NVCC_THREADS=1 stop FlashInfer's JIT from spawning 20-32 compiler processes "
@@ -31,6 +32,14 @@ GB10_POOL_SOURCE = (
 GB10_RESIDUE = (
     "; less means residue of failed launches: reboot, and if MemAvailable is still below it after the reboot, cut the AC "
     "power (seed 002 line 23: a reboot keeps the GB10's allocator state on standby power)"
+)
+GB10_FLAVOUR_SOURCE = (
+    "DGX OS ships nvidia-driver-580-open: Blackwell initialises only with the open kernel modules (the proprietary 580.173.02 "
+    "modules never bring up a GB10: Xid 169, RmInitAdapter failed; issue 41's field reading)"
+)
+GB10_KERNEL_SOURCE = (
+    "DGX OS 7 and NVIDIA's playbooks run 6.17 kernels (6.17.0-10xx-nvidia); the 7.x kernels the linux-nvidia-hwe metapackage "
+    "moves to have a RoCE regression on the ConnectX-7 link (issue 41's field reading, 12-01)"
 )
 GB10_LEFT_OUT = {
     "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True": "seed 002's A/B on a Founders Edition: OOM crash at 0.85 "
@@ -54,6 +63,8 @@ CLASSES: dict[str, dict[str, t.Any]] = {
         "free_memory_baseline_gib": 117.0,
         "shm_size_ceiling_gib": 64,
         "driver_branch": "580",
+        "driver_flavour": "open",
+        "kernel_line": "6.17",
         "min_image_cuda": "12.9",
         "production": True,
         "drop_caches": True,
@@ -73,6 +84,8 @@ CLASSES: dict[str, dict[str, t.Any]] = {
             "docs/hardware.md)" + GB10_RESIDUE,
             "shm_size_ceiling_gib": "seed 002's TP=2 launch: --shm-size 64g",
             "driver_branch": "seed 000: 580; 590 had a CUDA-graph deadlock on GB10",
+            "driver_flavour": GB10_FLAVOUR_SOURCE,
+            "kernel_line": GB10_KERNEL_SOURCE,
             "drop_caches": "seed 002: flush the page cache before every launch on the unified pool",
             "min_free_disk_gib": "seed 002: ~170 GB for models and build",
             "env": GB10_ENV_SOURCE,
@@ -90,6 +103,8 @@ CLASSES: dict[str, dict[str, t.Any]] = {
         "free_memory_baseline_gib": 106.0,
         "shm_size_ceiling_gib": 64,
         "driver_branch": "580",
+        "driver_flavour": "open",
+        "kernel_line": "6.17",
         "min_image_cuda": "12.9",
         "production": True,
         "drop_caches": True,
@@ -107,6 +122,8 @@ CLASSES: dict[str, dict[str, t.Any]] = {
             "its hardware ceiling (the older ~103 GiB was cudaMemGetInfo's view, docs/hardware.md)" + GB10_RESIDUE,
             "shm_size_ceiling_gib": "seed 002's TP=2 launch: --shm-size 64g",
             "driver_branch": "seed 000: 580 on GB10",
+            "driver_flavour": GB10_FLAVOUR_SOURCE,
+            "kernel_line": GB10_KERNEL_SOURCE,
             "drop_caches": "seed 002: flush the page cache before every launch",
             "power_wedge_check": "seed 002: the GX10's USB-C power-delivery firmware wedge pins the GPU under 1 GHz and "
             "15 W under load; OOM kills, sleep/wake and crash loops trigger it",
@@ -126,6 +143,8 @@ CLASSES: dict[str, dict[str, t.Any]] = {
         "free_memory_baseline_gib": None,
         "shm_size_ceiling_gib": 32,
         "driver_branch": None,
+        "driver_flavour": None,
+        "kernel_line": None,
         "min_image_cuda": None,
         "production": True,
         "drop_caches": False,
@@ -159,6 +178,8 @@ CLASSES: dict[str, dict[str, t.Any]] = {
         "free_memory_baseline_gib": None,
         "shm_size_ceiling_gib": 16,
         "driver_branch": None,
+        "driver_flavour": None,
+        "kernel_line": None,
         "min_image_cuda": None,
         "production": True,
         "drop_caches": False,
@@ -190,6 +211,8 @@ CLASSES: dict[str, dict[str, t.Any]] = {
         "free_memory_baseline_gib": None,
         "shm_size_ceiling_gib": 2,
         "driver_branch": None,
+        "driver_flavour": None,
+        "kernel_line": None,
         "min_image_cuda": None,
         "production": False,
         "drop_caches": False,
@@ -215,6 +238,8 @@ FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
     "shm_size_ceiling_gib": ((int, float), "largest /dev/shm a container may ask for"),
     "pool_gib": ((float, int, type(None)), "memory the GPU sees, when the host cannot report it"),
     "driver_branch": ((str, type(None)), "the NVIDIA driver branch the host must run"),
+    "driver_flavour": ((str, type(None)), "the kernel-module flavour the driver must have: open, or null for either"),
+    "kernel_line": ((str, type(None)), "the kernel line (major.minor) validated on the board, or null for any"),
     "min_image_cuda": ((str, type(None)), "the oldest CUDA release a vLLM image may be built for"),
     "production": ((bool,), "warn about debugging settings such as enforce_eager"),
     "drop_caches": ((bool,), "drop the page cache right before each launch"),
@@ -242,6 +267,7 @@ WITHIN_POOL = {
     "shm_size_ceiling_gib": "the /dev/shm a container may ask for comes out of the pool",
 }
 DRIVER_BRANCH = re.compile(r"\d{3}")
+DRIVER_FLAVOURS = ("open",)
 CUDA_RELEASE = re.compile(r"\d{2}\.\d{1,2}")
 
 
@@ -292,6 +318,14 @@ def range_problems(name: str, values: t.Mapping[str, t.Any], overrides: t.Mappin
     if branch is not None and not DRIVER_BRANCH.fullmatch(branch):
         errors.append(f"sparkfleet_hardware_overrides.driver_branch: {branch!r} is not a driver branch; give its three-digit "
                       "major version such as '580', or null for any")
+    flavour = values["driver_flavour"]
+    if flavour is not None and flavour not in DRIVER_FLAVOURS:
+        errors.append(f"sparkfleet_hardware_overrides.driver_flavour: {flavour!r} is not a flavour the guard holds to; give "
+                      "'open' (the open kernel modules), or null for either")
+    line = values["kernel_line"]
+    if line is not None and not KERNEL_LINE_FORMAT.fullmatch(line):
+        errors.append(f"sparkfleet_hardware_overrides.kernel_line: {line!r} is not a kernel line; give its major.minor such as "
+                      "'6.17', or null for any")
     cuda = values["min_image_cuda"]
     if cuda is not None and not CUDA_RELEASE.fullmatch(cuda):
         errors.append(f"sparkfleet_hardware_overrides.min_image_cuda: {cuda!r} is not a CUDA release; give one such as '12.9', "

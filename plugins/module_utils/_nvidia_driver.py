@@ -6,7 +6,10 @@ Private to the collection. Seed 000: stay on the 580 branch (590 had a CUDA-grap
 deadlock on GB10), and check the branch an upgrade would bring before rebooting into it. An
 install dpkg did not finish (unpacked, half-configured, awaiting triggers, or needing a
 reinstall) or a removed branch's leftover configuration counts against the rule too: the next
-``dpkg --configure -a`` or apt run would finish it. Standard library only: it runs on the host.
+``dpkg --configure -a`` or apt run would finish it. On a board whose class names a kernel-module
+flavour (GB10: open) and a validated kernel line (GB10: 6.17), the proprietary modules and another
+kernel line, installed, running or incoming, break the rule too. Standard library only: it runs on
+the host.
 """
 
 from __future__ import annotations
@@ -23,6 +26,20 @@ _USERSPACE_PACKAGE = re.compile(r"^(?:lib)?nvidia-(?:[a-z0-9]+-)*?(?P<branch>\d{
 _KERNEL_PACKAGE = re.compile(r"^linux-(?:modules|objects|signatures)-nvidia-(?P<branch>\d{3})(?=-|$)")
 # Inst name [old-version] (new-version suite [arch])
 _APT_INSTALL = re.compile(r"^Inst (?P<name>\S+)(?: \[(?P<old>[^\]]+)\])? \((?P<version>\S+)")
+# The packages that carry the kernel modules, in the open (``-open``) or the proprietary flavour:
+# nvidia-driver-580, nvidia-dkms-580-server-open, linux-modules-nvidia-580-open-6.17.0-1021-nvidia...
+_FLAVOURED_PACKAGE = re.compile(
+    r"^(?:nvidia-(?:driver|dkms|kernel-source)|linux-(?:modules|objects|signatures)-nvidia)-(?P<branch>\d{3})(?P<rest>(?:-[a-z0-9.]+)*)$"
+)
+OPEN, PROPRIETARY = "open", "proprietary"
+# linux-image-6.17.0-1021-nvidia (and its unsigned twin): one kernel release.
+_KERNEL_IMAGE = re.compile(r"^linux-image-(?:unsigned-)?(?P<release>\d+\.\d+\.\d+-[A-Za-z0-9.+-]+)$")
+# linux-nvidia-hwe-24.04, linux-image-generic...: the metapackages that move a host to newer kernels.
+_KERNEL_METAPACKAGE = re.compile(r"^linux-(?:image-|headers-|tools-)?(?:generic|nvidia)(?:-[a-z0-9.]+)*$")
+_KERNEL_RELEASE_IN_NAME = re.compile(r"\d+\.\d+\.\d+-\d+")
+_KERNEL_LINE = re.compile(r"^(?P<line>\d+\.\d+)(?:[.-]|$)")
+# How a validated line is written: major.minor.
+KERNEL_LINE_FORMAT = re.compile(r"\d{1,2}\.\d{1,3}")
 _DRIVER_VERSION = re.compile(r"^(?P<branch>\d{3})\.\d+(?:\.\d+)?$")
 INSTALLED, CONFIG_FILES, NOT_INSTALLED = "installed", "config-files", "not-installed"
 # dpkg's package states (dpkg-query(1), db:Status-Status) as dpkg -l abbreviates them, and what they mean.
@@ -40,6 +57,47 @@ def package_branch(name: str) -> str | None:
     """The driver branch a package belongs to, or None for packages that are not driver packages."""
     match = _USERSPACE_PACKAGE.match(name) or _KERNEL_PACKAGE.match(name)
     return match.group("branch") if match else None
+
+
+def package_flavour(name: str) -> str | None:
+    """open or proprietary for a package that carries the kernel modules; None for any other package."""
+    match = _FLAVOURED_PACKAGE.match(name)
+    if not match:
+        return None
+    return OPEN if OPEN in match.group("rest").split("-") else PROPRIETARY
+
+
+def kernel_line(release: str) -> str | None:
+    """The major.minor line of a kernel release (6.17 of 6.17.0-1021-nvidia)."""
+    match = _KERNEL_LINE.match(release)
+    return match.group("line") if match else None
+
+
+def parse_kernel_packages(output: str) -> dict[str, list[str]]:
+    """The kernel releases and the kernel metapackages dpkg finished installing, from the same
+    ``dpkg-query -W -f DPKG_QUERY_FORMAT`` output the driver packages come from."""
+    releases, metapackages = [], []
+    for line in output.splitlines():
+        fields = line.split("\t")
+        if len(fields) != 4 or fields[2] != INSTALLED:
+            continue
+        image = _KERNEL_IMAGE.match(fields[0])
+        if image:
+            releases.append(image.group("release"))
+        elif _KERNEL_METAPACKAGE.match(fields[0]) and not _KERNEL_RELEASE_IN_NAME.search(fields[0]):
+            metapackages.append(fields[0])
+    return {"releases": sorted(set(releases)), "metapackages": metapackages}
+
+
+def parse_incoming_kernels(output: str) -> list[dict[str, str]]:
+    """The kernel releases an ``apt-get -s`` run would install: package name, version and release."""
+    kernels = []
+    for line in output.splitlines():
+        match = _APT_INSTALL.match(line)
+        image = _KERNEL_IMAGE.match(match.group("name")) if match else None
+        if image:
+            kernels.append({"name": match.group("name"), "version": match.group("version"), "release": image.group("release")})
+    return kernels
 
 
 def parse_dpkg_query(output: str) -> list[dict[str, str]]:
@@ -118,14 +176,58 @@ def parse_apt_simulation(output: str) -> list[dict[str, str | None]]:
     return changes
 
 
+def flavour_reasons(flavour: str | None, packages: t.Sequence[t.Mapping[str, t.Any]],
+                    upgrade_changes: t.Sequence[t.Mapping[str, t.Any]] | None) -> list[str]:
+    """The proprietary kernel modules, installed or incoming, where the board needs the open ones."""
+    if flavour != OPEN:
+        return []
+    reasons = []
+    fix = ("a GB10's Blackwell GPU initialises only with the open kernel modules (the proprietary ones fail with Xid 169, "
+           "RmInitAdapter failed), so install nvidia-driver-{branch}-open, which replaces them, or set "
+           "sparkfleet_hardware_overrides.driver_flavour to null deliberately")
+    proprietary = [p for p in installed(packages) if package_flavour(p["name"]) == PROPRIETARY]
+    if proprietary:
+        listed = ", ".join(f"{p['name']} {p['version']}" for p in proprietary)
+        reasons.append(f"driver packages of the proprietary kernel-module flavour are installed: {listed}; "
+                       + fix.format(branch=proprietary[0]["branch"]))
+    incoming = [c for c in upgrade_changes or () if package_flavour(c["name"]) == PROPRIETARY]
+    if incoming:
+        listed = ", ".join(f"{c['name']} {c['version']}" for c in incoming)
+        reasons.append(f"the upgrade would bring driver packages of the proprietary kernel-module flavour: {listed}; hold or pin "
+                       "the meta package that pulls them in (the open flavour is the one a GB10 runs)")
+    return reasons
+
+
+def kernel_reasons(line: str | None, running_release: str, incoming_kernels: t.Sequence[t.Mapping[str, str]] | None,
+                   metapackages: t.Sequence[str]) -> list[str]:
+    """The running kernel, and a kernel an upgrade would install, off the board's validated line."""
+    if not line:
+        return []
+    reasons = []
+    why = "the line validated on this board (the 7.x kernels behind linux-nvidia-hwe have a RoCE regression on the fast link)"
+    if kernel_line(running_release) != line:
+        reasons.append(f"the running kernel {running_release} is not on the {line} line, {why}; boot a {line} kernel (it stays "
+                       "installed beside the new one: pick it in GRUB, then remove or hold the other), or set "
+                       "sparkfleet_hardware_overrides.kernel_line deliberately")
+    foreign = [k for k in incoming_kernels or () if kernel_line(k["release"]) != line]
+    if foreign:
+        listed = ", ".join(f"{k['name']} {k['version']}" for k in foreign)
+        hold = " ".join(metapackages) or "the kernel metapackage"
+        reasons.append(f"the upgrade would bring a kernel off the {line} line, {why}: {listed}; hold the metapackage that pulls "
+                       f"it in (sudo apt-mark hold {hold}) and run the guard again")
+    return reasons
+
+
 def judge(
     allowed_branch: str,
     packages: t.Sequence[t.Mapping[str, t.Any]],
     smi_versions: t.Sequence[str],
     upgrade_changes: t.Sequence[t.Mapping[str, t.Any]] | None,
+    flavour: str | None = None,
 ) -> list[str]:
-    """Reasons the host breaks the driver-branch rule, each with its fix; empty when it keeps it.
-    ``packages`` is every driver package dpkg knows of (``parse_dpkg_query``)."""
+    """Reasons the host breaks the driver-branch rule (and the flavour rule where ``flavour`` is
+    open), each with its fix; empty when it keeps it. ``packages`` is every driver package dpkg
+    knows of (``parse_dpkg_query``)."""
     reasons = []
     foreign = [p for p in installed(packages) if p["branch"] != allowed_branch]
     if foreign:
@@ -141,4 +243,4 @@ def judge(
         listed = ", ".join(f"{c['name']} {c['version']}" for c in incoming)
         reasons.append(f"the upgrade would bring driver packages of another branch than {allowed_branch}: {listed}; hold or "
                        "pin the meta package that pulls them in")
-    return reasons
+    return reasons + flavour_reasons(flavour, packages, upgrade_changes)

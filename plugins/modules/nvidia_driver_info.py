@@ -18,6 +18,9 @@ description:
     reinstall) breaks the rule, and so do the configuration files a removal of another branch left behind.
     It never fails because of the judgement; the caller decides (see the C(driver_guard) role).
   - Seed 000 keeps DGX Spark hosts on the 580 branch because 590 had a CUDA-graph deadlock on GB10.
+  - Where O(flavour=open), installed or incoming packages of the proprietary kernel-module flavour break the rule (a GB10
+    initialises only with the open modules); where O(kernel_line) is set, so do a running kernel and a kernel the simulated
+    upgrade would install off that line (the hardware class's C(driver_flavour) and C(kernel_line)).
 author: sparkfleet.vllm contributors (@sparkfleet)
 extends_documentation_fragment:
   - sparkfleet.vllm.attributes
@@ -37,6 +40,15 @@ options:
     type: str
     choices: [dist-upgrade, upgrade]
     default: dist-upgrade
+  flavour:
+    description:
+      - The kernel-module flavour the driver must have; C(open) refuses the proprietary modules. Unset, either passes.
+    type: str
+    choices: [open]
+  kernel_line:
+    description:
+      - The kernel line (major.minor, such as C(6.17)) the host must run and an upgrade must keep. Unset, any passes.
+    type: str
 attributes:
   check_mode:
     support: full
@@ -99,6 +111,19 @@ nvidia_smi_versions:
   returned: always
   type: list
   elements: str
+flavour:
+  description: The kernel-module flavour the host was judged against (O(flavour)); null for either.
+  returned: always
+  type: str
+kernel:
+  description:
+    - The validated line it was judged against (O(kernel_line), null for any), the running kernel release, the installed kernel releases, the installed kernel metapackages (what moves a host to
+      newer kernels, held by the C(driver_guard) role where O(kernel_line) is set), and the kernels the simulated upgrade
+      would install (when O(simulate_upgrade) is true).
+  returned: always
+  type: dict
+  sample: {"line": "6.17", "running": "6.17.0-1021-nvidia", "releases": ["6.17.0-1021-nvidia"], "metapackages": ["linux-nvidia-hwe-24.04"],
+           "incoming": []}
 upgrade_changes:
   description: Driver packages the simulated upgrade would install or upgrade.
   returned: when O(simulate_upgrade) is true
@@ -107,15 +132,21 @@ upgrade_changes:
   sample: [{"name": "nvidia-driver-590", "version": "590.44.01-0ubuntu1", "old_version": null, "branch": "590"}]
 """
 
+import os
+
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._nvidia_driver import (
     DPKG_QUERY_FORMAT,
+    KERNEL_LINE_FORMAT,
     NVIDIA_SMI_ARGS,
     installed,
     judge,
+    kernel_reasons,
     parse_apt_simulation,
     parse_dpkg_query,
+    parse_incoming_kernels,
+    parse_kernel_packages,
     parse_nvidia_smi,
     unfinished,
 )
@@ -135,19 +166,26 @@ def main():
             allowed_branch=dict(type="str", default="580"),
             simulate_upgrade=dict(type="bool", default=False),
             upgrade_command=dict(type="str", default="dist-upgrade", choices=["dist-upgrade", "upgrade"]),
+            flavour=dict(type="str", choices=["open"]),
+            kernel_line=dict(type="str"),
         ),
         supports_check_mode=True,
     )
+    line = module.params["kernel_line"]
+    if line is not None and not KERNEL_LINE_FORMAT.fullmatch(line):
+        module.fail_json(msg=f"kernel_line: {line!r} is not a kernel line; give its major.minor such as '6.17', or leave it unset for any")
     dpkg_query = module.get_bin_path("dpkg-query", required=True)
-    known = parse_dpkg_query(run_checked(module, [dpkg_query, "-W", "-f", DPKG_QUERY_FORMAT], "dpkg-query"))
+    listing = run_checked(module, [dpkg_query, "-W", "-f", DPKG_QUERY_FORMAT], "dpkg-query")
+    known = parse_dpkg_query(listing)
     packages = installed(known)
+    kernel = {"running": os.uname().release, "line": line, **parse_kernel_packages(listing), "incoming": []}
 
     smi_versions = []
     nvidia_smi = module.get_bin_path("nvidia-smi")
     if nvidia_smi:
         smi_versions = parse_nvidia_smi(run_checked(module, [nvidia_smi, *NVIDIA_SMI_ARGS], "nvidia-smi"))
 
-    result = dict(changed=False, packages=packages, nvidia_smi_versions=smi_versions,
+    result = dict(changed=False, packages=packages, nvidia_smi_versions=smi_versions, flavour=module.params["flavour"],
                   unfinished=unfinished(module.params["allowed_branch"], known))
     result["branches"] = sorted({p["branch"] for p in packages})
     upgrade_changes = None
@@ -160,8 +198,11 @@ def main():
         )
         upgrade_changes = parse_apt_simulation(simulation)
         result["upgrade_changes"] = upgrade_changes
+        kernel["incoming"] = parse_incoming_kernels(simulation)
+    result["kernel"] = kernel
 
-    result["reasons"] = judge(module.params["allowed_branch"], known, smi_versions, upgrade_changes)
+    result["reasons"] = judge(module.params["allowed_branch"], known, smi_versions, upgrade_changes, module.params["flavour"])
+    result["reasons"] += kernel_reasons(module.params["kernel_line"], kernel["running"], kernel["incoming"], kernel["metapackages"])
     result["ok"] = not result["reasons"]
     module.exit_json(**result)
 

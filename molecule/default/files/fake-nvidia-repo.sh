@@ -40,6 +40,8 @@ mkdeb nvidia-driver-580-open 580.95.05-0ubuntu1 "libnvidia-compute-580, nvidia-u
 mkdeb libnvidia-compute-590 590.44.01-0ubuntu1 ""
 mkdeb nvidia-utils-590 590.44.01-0ubuntu1 "" nvidia-utils-580
 mkdeb nvidia-driver-590-open 590.44.01-0ubuntu1 "libnvidia-compute-590, nvidia-utils-590" nvidia-driver-580-open
+# The proprietary flavour's kernel modules of the 580 branch, which a GB10 cannot initialise.
+mkdeb nvidia-dkms-580 580.95.05-0ubuntu1 ""
 # Kernel-side modules of the 590 branch conflict with nothing, so holds alone do not stop
 # a meta package from pulling them in; only the upgrade simulation does.
 mkdeb linux-modules-nvidia-590-open-6.17.0-1021-nvidia 6.17.0-1021.21 ""

@@ -57,7 +57,7 @@ def spark_apt():
     yield host
     host.check_output(
         "apt-get purge -y -q nvidia-driver-590-open libnvidia-compute-590 nvidia-utils-590"
-        " linux-modules-nvidia-590-open-6.17.0-1021-nvidia"
+        " linux-modules-nvidia-590-open-6.17.0-1021-nvidia nvidia-dkms-580"
     )
     host.check_output("rm -f /srv/fake-nvidia/dgx-gpu-stack_2.0_all.deb")
     host.check_output("cd /srv/fake-nvidia && apt-ftparchive packages . > Packages && apt-get update -q")
@@ -65,18 +65,23 @@ def spark_apt():
 
 
 def test_driver_branch_590_installed_is_refused(spark_apt):
-    # The 590 driver replaces the 580 one, as an operator working around the holds would leave it.
+    """The 590 driver replaces the 580 one, as an operator working around the holds would leave it, beside
+    the proprietary flavour's modules; with a GB10 board's rules (the open flavour, a kernel line this
+    machine's kernel is not on) every broken rule is named in the one refusal."""
     spark_apt.check_output(
         "apt-mark unhold libnvidia-compute-580 nvidia-driver-580-open nvidia-utils-580"
-        " && apt-get install -y -q nvidia-driver-590-open"
+        " && apt-get install -y -q nvidia-driver-590-open nvidia-dkms-580"
     )
     before = host_state(SPARK)
-    result = site("-e", NO_SERVING, limit=SPARK)
+    gb10_rules = '{"sparkfleet_hardware_overrides": {"driver_flavour": "open", "kernel_line": "1.0"}}'
+    result = site("-e", NO_SERVING, "-e", gb10_rules, limit=SPARK)
     assert_refused(
         result,
         "driver_guard_allowed_branch is 580",
         "nvidia-driver-590-open 590.44.01-0ubuntu1",
         "nvidia-smi reports driver 590.44.01",
+        "proprietary kernel-module flavour are installed: nvidia-dkms-580 580.95.05-0ubuntu1",
+        "is not on the 1.0 line",
         "Nothing was changed",
     )
     assert host_state(SPARK) == before

@@ -294,6 +294,13 @@ def test_versions_decide_known_breakage_by_release_and_a_bad_one_is_refused_not_
     pytest.param({"gmu_ceiling": -0.5}, "sparkfleet_hardware_overrides.gmu_ceiling: -0.5 is out of range", id="negative-ceiling"),
     pytest.param({"driver_branch": "58"}, "sparkfleet_hardware_overrides.driver_branch: '58' is not a driver branch; give its "
                  "three-digit major version such as '580'", id="driver-branch"),
+    pytest.param({"driver_flavour": "proprietary"}, "sparkfleet_hardware_overrides.driver_flavour: 'proprietary' is not a flavour the "
+                 "guard holds to; give 'open'", id="driver-flavour"),
+    pytest.param({"driver_flavour": "Open"}, "sparkfleet_hardware_overrides.driver_flavour: 'Open' is not a flavour", id="flavour-case"),
+    pytest.param({"kernel_line": "6.17.0-1021-nvidia"}, "sparkfleet_hardware_overrides.kernel_line: '6.17.0-1021-nvidia' is not a "
+                 "kernel line; give its major.minor such as '6.17'", id="kernel-release-for-line"),
+    pytest.param({"kernel_line": "6"}, "sparkfleet_hardware_overrides.kernel_line: '6' is not a kernel line", id="kernel-major-only"),
+    pytest.param({"kernel_line": 6.17}, "sparkfleet_hardware_overrides.kernel_line: 6.17 has the wrong type", id="kernel-line-float"),
 ])
 def test_hardware_overrides_are_bounded(overrides, expected):
     resolved = resolve_class("dgx_spark", overrides)
@@ -304,6 +311,9 @@ def test_hardware_overrides_in_range_apply():
     values = resolve_class("cpu_lab", {"free_memory_baseline_gib": 20, "shm_size_ceiling_gib": 4, "min_free_disk_gib": 0.5})["values"]
     assert values["free_memory_baseline_gib"] == 20 and values["shm_size_ceiling_gib"] == 4
     assert resolve_class("dgx_spark", {"pool_gib": 110, "free_memory_baseline_gib": 95, "driver_branch": None})["errors"] == []
+    gb10 = resolve_class("asus_gx10", {"kernel_line": "7.0", "driver_flavour": None})["values"]
+    assert (gb10["kernel_line"], gb10["driver_flavour"]) == ("7.0", None)
+    assert (resolve_class("dgx_spark")["values"]["driver_flavour"], resolve_class("dgx_spark")["values"]["kernel_line"]) == ("open", "6.17")
 
 
 @pytest.mark.parametrize(("value", "whole", "number"), [

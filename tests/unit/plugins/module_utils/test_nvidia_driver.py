@@ -20,9 +20,14 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._nvidia_driver imp
     DPKG_QUERY_FORMAT,
     installed,
     judge,
+    kernel_line,
+    kernel_reasons,
     package_branch,
+    package_flavour,
     parse_apt_simulation,
     parse_dpkg_query,
+    parse_incoming_kernels,
+    parse_kernel_packages,
     parse_nvidia_smi,
     unfinished,
 )
@@ -211,3 +216,98 @@ def test_the_allowed_branch_keeps_its_own_config_files_whichever_it_is():
 @pytest.mark.parametrize("line", ["garbled", "a\tb\tc", "nvidia-driver-580\t1\tinstalled\tok\textra", ""])
 def test_dpkg_lines_of_another_shape_are_skipped(line):
     assert parse_dpkg_query(line) == []
+
+
+# Written by hand in dpkg-query's format (DPKG_QUERY_FORMAT), with the package names DGX OS and
+# Ubuntu give the proprietary and the open kernel modules and the kernels; no GB10 is here.
+DPKG_PROPRIETARY_ON_617 = """\
+libnvidia-compute-580\t580.173.02-0ubuntu1\tinstalled\tok
+nvidia-driver-580\t580.173.02-0ubuntu1\tinstalled\tok
+nvidia-dkms-580\t580.173.02-0ubuntu1\tinstalled\tok
+linux-modules-nvidia-580-6.17.0-1021-nvidia\t6.17.0-1021.21\tinstalled\tok
+linux-image-6.17.0-1021-nvidia\t6.17.0-1021.21\tinstalled\tok
+linux-image-6.14.0-1015-nvidia\t6.14.0-1015.15\tconfig-files\tok
+linux-nvidia-hwe-24.04\t6.17.0-1021.21\tinstalled\tok
+linux-image-nvidia-hwe-24.04\t6.17.0-1021.21\tinstalled\tok
+linux-headers-6.17.0-1021-nvidia\t6.17.0-1021.21\tinstalled\tok
+linux-nvidia-6.17-tools-6.17.0-1021\t6.17.0-1021.21\tinstalled\tok
+linux-firmware\t20240318.git3b128b60-0ubuntu2\tinstalled\tok
+linux-libc-dev\t6.8.0-51.52\tinstalled\tok
+"""
+APT_SIMULATION_KERNEL_7 = """\
+Inst linux-image-7.0.0-1004-nvidia (7.0.0-1004.4 Ubuntu:24.04/noble-updates [arm64])
+Inst linux-modules-nvidia-580-open-7.0.0-1004-nvidia (7.0.0-1004.4 Ubuntu:24.04/noble-updates [arm64])
+Inst linux-nvidia-hwe-24.04 [6.17.0-1021.21] (7.0.0-1004.4 Ubuntu:24.04/noble-updates [arm64])
+Inst nvidia-driver-580 [580.95.05-0ubuntu1] (580.173.02-0ubuntu1 Ubuntu:24.04/noble-updates [arm64])
+"""
+
+
+@pytest.mark.parametrize(
+    ("name", "flavour"),
+    [
+        ("nvidia-driver-580-open", "open"),
+        ("nvidia-driver-580-server-open", "open"),
+        ("nvidia-dkms-580-open", "open"),
+        ("linux-modules-nvidia-580-open-6.17.0-1021-nvidia", "open"),
+        ("linux-signatures-nvidia-580-open-6.17.0-1021-nvidia", "open"),
+        ("nvidia-driver-580", "proprietary"),
+        ("nvidia-driver-580-server", "proprietary"),
+        ("nvidia-kernel-source-580", "proprietary"),
+        ("linux-modules-nvidia-580-6.17.0-1021-nvidia", "proprietary"),
+        ("libnvidia-compute-580", None),
+        ("nvidia-utils-580", None),
+        ("nvidia-kernel-common-580", None),
+        ("linux-image-6.17.0-1021-nvidia", None),
+    ],
+)
+def test_package_flavour(name, flavour):
+    assert package_flavour(name) == flavour
+
+
+def test_open_flavour_refuses_the_proprietary_modules_installed_and_incoming():
+    packages = parse_dpkg_query(DPKG_PROPRIETARY_ON_617)
+    reasons = judge("580", packages, ["580.173.02"], parse_apt_simulation(APT_SIMULATION_KERNEL_7), "open")
+    assert len(reasons) == 2, reasons
+    installed_reason, incoming_reason = reasons
+    assert "proprietary kernel-module flavour are installed: nvidia-driver-580 580.173.02-0ubuntu1, nvidia-dkms-580" in installed_reason
+    assert "linux-modules-nvidia-580-6.17.0-1021-nvidia 6.17.0-1021.21" in installed_reason
+    assert "libnvidia-compute-580" not in installed_reason, "userspace libraries are the same in both flavours"
+    assert "Xid 169" in installed_reason and "install nvidia-driver-580-open" in installed_reason
+    assert "sparkfleet_hardware_overrides.driver_flavour" in installed_reason
+    assert incoming_reason.startswith("the upgrade would bring driver packages of the proprietary kernel-module flavour: nvidia-driver-580 ")
+    assert "linux-modules-nvidia-580-open-7.0.0" not in incoming_reason
+
+
+def test_either_flavour_passes_where_the_board_names_none():
+    packages = parse_dpkg_query(DPKG_PROPRIETARY_ON_617)
+    assert judge("580", packages, ["580.173.02"], [], None) == []
+    assert judge("580", parse_dpkg_query(DPKG_QUERY), ["580.178.04"], [], "open") == [], "the open flavour passes"
+
+
+def test_kernel_packages_installed_releases_and_metapackages():
+    kernels = parse_kernel_packages(DPKG_PROPRIETARY_ON_617)
+    assert kernels == {"releases": ["6.17.0-1021-nvidia"], "metapackages": ["linux-nvidia-hwe-24.04", "linux-image-nvidia-hwe-24.04"]}
+    assert parse_kernel_packages(DPKG_QUERY) == {"releases": [], "metapackages": []}
+
+
+@pytest.mark.parametrize(
+    ("release", "line"),
+    [("6.17.0-1021-nvidia", "6.17"), ("7.0.0-1004-nvidia", "7.0"), ("6.18.44-fc-v1272", "6.18"), ("6.8", "6.8"), ("garbled", None)],
+)
+def test_kernel_line(release, line):
+    assert kernel_line(release) == line
+
+
+def test_kernel_off_the_validated_line_is_refused_running_and_incoming():
+    incoming = parse_incoming_kernels(APT_SIMULATION_KERNEL_7)
+    assert incoming == [{"name": "linux-image-7.0.0-1004-nvidia", "version": "7.0.0-1004.4", "release": "7.0.0-1004-nvidia"}]
+    metas = parse_kernel_packages(DPKG_PROPRIETARY_ON_617)["metapackages"]
+    assert kernel_reasons("6.17", "6.17.0-1021-nvidia", [], metas) == []
+    assert kernel_reasons(None, "7.0.0-1004-nvidia", incoming, metas) == [], "no line: any kernel passes"
+    (upgrade,) = kernel_reasons("6.17", "6.17.0-1021-nvidia", incoming, metas)
+    assert "would bring a kernel off the 6.17 line" in upgrade and "linux-image-7.0.0-1004-nvidia 7.0.0-1004.4" in upgrade
+    assert "RoCE regression" in upgrade and "sudo apt-mark hold linux-nvidia-hwe-24.04 linux-image-nvidia-hwe-24.04" in upgrade
+    running, _ = kernel_reasons("6.17", "7.0.0-1004-nvidia", incoming, [])
+    assert running.startswith("the running kernel 7.0.0-1004-nvidia is not on the 6.17 line")
+    assert "sparkfleet_hardware_overrides.kernel_line" in running
+    assert "hold the kernel metapackage" in kernel_reasons("6.17", "6.17.0-1", incoming, [])[0]

@@ -358,3 +358,26 @@ def test_host_facts_read_a_cluster_nodes_rdma_devices_in_the_same_read(tmp_path)
     found = run("spark_facts", {"models_dir": str(tmp_path), "rdma": True}, path=tools)
     assert found["facts"]["rdma"]["tools"] == {"ibdev2netdev": True, "show_gids": False}
     assert [link["device"] for link in found["facts"]["rdma"]["rdma_links"] if link["up"]] == ["rocep1s0f0", "roceP2p1s0f0"]
+
+
+def test_driver_info_judges_the_flavour_and_the_kernel_line_the_board_asks_for(tmp_path):
+    """No GPU or DGX OS here: dpkg-query and apt-get are real processes replaying the names DGX OS gives the
+    proprietary modules and a 7.x kernel; the running kernel is this machine's own, off a line it cannot be on."""
+    listing = ("nvidia-driver-580\t580.173.02-0ubuntu1\tinstalled\tok\n"
+               "linux-image-6.17.0-1021-nvidia\t6.17.0-1021.21\tinstalled\tok\n"
+               "linux-nvidia-hwe-24.04\t6.17.0-1021.21\tinstalled\tok")
+    simulation = "Inst linux-image-7.0.0-1004-nvidia (7.0.0-1004.4 Ubuntu:24.04/noble-updates [arm64])"
+    tools = fake_tools(tmp_path / "bin", **{"dpkg-query": listing, "apt-get": simulation})
+    driver = run("nvidia_driver_info", {"simulate_upgrade": True, "flavour": "open", "kernel_line": "1.0"}, path=tools)
+    assert driver["ok"] is False and driver["flavour"] == "open"
+    assert driver["kernel"] == {"line": "1.0", "running": os.uname().release, "releases": ["6.17.0-1021-nvidia"],
+                                "metapackages": ["linux-nvidia-hwe-24.04"],
+                                "incoming": [{"name": "linux-image-7.0.0-1004-nvidia", "version": "7.0.0-1004.4",
+                                              "release": "7.0.0-1004-nvidia"}]}
+    joined = " | ".join(driver["reasons"])
+    assert "proprietary kernel-module flavour are installed: nvidia-driver-580" in joined
+    assert f"the running kernel {os.uname().release} is not on the 1.0 line" in joined
+    assert "sudo apt-mark hold linux-nvidia-hwe-24.04" in joined
+    either = run("nvidia_driver_info", {"simulate_upgrade": True}, path=tools)
+    assert either["ok"] is True and either["kernel"]["line"] is None and either["flavour"] is None
+    refused("nvidia_driver_info", {"kernel_line": "6.17.0"}, "kernel_line: '6.17.0' is not a kernel line", path=tools)
