@@ -40,6 +40,7 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._model_catalog imp
     catalog_id,
     catalog_problems,
     catalog_reference_problems,
+    version_tuple,
 )
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._plan_file import PLAN_SCHEMA_VERSION, is_share, start_record
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._settings import as_bool, as_float, as_int, normal_path, path_problem
@@ -418,6 +419,51 @@ def speculative_problems(field: str, speculative: t.Any) -> list[str]:
         if clashing:
             errors.append(f"{field}.options: {', '.join(clashing)} belong in speculative itself, not in options")
     return errors
+
+
+# speculative_config keys a vLLM release dropped or deprecates (read in the 0.34.0 wheel's config/speculative.py): a start
+# with a dropped key fails, so the plan refuses it for the release the image carries.
+SPECULATIVE_KEY_RELEASES: dict[str, dict[str, str]] = {
+    "disable_padded_drafter_batch": {"removed_in": "0.34.0"},
+    "use_heterogeneous_vocab": {"removed_in": "0.34.0"},
+    "parallel_drafting": {"deprecated_in": "0.34.0"},
+}
+
+
+def speculative_release_findings(field: str, keys: t.Iterable[str], version: str | None) -> tuple[list[str], list[str]]:
+    """(errors, warnings) of speculative_config keys against the vLLM release that will read them; none when the
+    release is unknown (the pull reads it and judges again)."""
+    if not version or not VERSION.fullmatch(version):
+        return [], []
+    errors, warnings = [], []
+    for key in sorted(set(keys) & set(SPECULATIVE_KEY_RELEASES)):
+        release = SPECULATIVE_KEY_RELEASES[key]
+        if "removed_in" in release and version_tuple(version) >= version_tuple(release["removed_in"]):
+            errors.append(f"{field}.options.{key}: vLLM {version} no longer accepts it (removed in {release['removed_in']}; a start "
+                          "with it fails); drop it from the options")
+        elif "deprecated_in" in release and version_tuple(version) >= version_tuple(release["deprecated_in"]):
+            warnings.append(f"{field}.options.{key}: deprecated since vLLM {release['deprecated_in']}; the next release may refuse "
+                            "it, so drop it while the rollout can compare")
+    return errors, warnings
+
+
+def release_problems(instances: t.Sequence[t.Mapping[str, t.Any]], releases: t.Mapping[str, t.Any], stated: str | None) -> list[str]:
+    """What the vLLM release read from each planned instance's image refuses, before any unit changes: a vllm_version the
+    inventory states that the image contradicts (the plan judged against the stated one), and speculative_config keys
+    the release no longer accepts. ``releases``: image -> the release its pull read (None: unread, judged at the floor)."""
+    problems = []
+    for instance in instances:
+        version = releases.get(instance["image"])
+        if not isinstance(version, str) or not VERSION.fullmatch(version):
+            continue
+        read = version.split("+", 1)[0]
+        if stated and stated.split("+", 1)[0] != read:
+            problems.append(f"vllm_version: {stated} is stated, but {instance['image']} (instance {instance['name']}) carries vLLM "
+                            f"{version}; set vllm_version to {read}, or leave it empty to judge by the image")
+        errors, _warnings = speculative_release_findings(f"instance {instance['name']}.speculative",
+                                                         instance["launch_check"]["speculative_keys"], version)
+        problems += errors
+    return list(dict.fromkeys(problems))
 
 
 def normalised_flag(argument: str) -> str | None:
@@ -826,6 +872,7 @@ def instance_plan(instance: t.Mapping[str, t.Any], start_after: list[str], optio
             "path": weights_host_path,
             "max_model_len": instance.get("max_model_len"),
             "speculative_method": speculative["method"] if speculative else None,
+            "speculative_keys": sorted(speculative) if speculative else [],
             "allow_drafter_on_base_model": bool(instance.get("allow_drafter_on_base_model")),
         },
     }
@@ -1150,6 +1197,9 @@ def instance_findings(instance: dict[str, t.Any], options: t.Mapping[str, t.Any]
     mnbt = instance.get("max_num_batched_tokens")
     entry = catalog_entry(instance, options)
     errors, warnings = setting_findings(where, instance, entry, hardware, mnbt)
+    speculative = speculative_config(instance.get("speculative")) or {}
+    release_errors, release_warnings = speculative_release_findings(f"{where}.speculative", speculative, options["vllm_version"])
+    errors, warnings = errors + release_errors, warnings + release_warnings
     if not entry:
         return errors, warnings, None
     found_errors, found_warnings = catalog_findings(where, instance, instance["catalog"], entry, options["catalog"], mnbt, options["vllm_version"],

@@ -11,7 +11,7 @@ import time
 
 import pytest
 from serving_lab import INSTANCES, KEY, SERVE, container, instances_json, serving_state, status
-from site_runner import assert_refused, docker_host, site
+from site_runner import assert_refused, docker_host, module, site
 
 
 @pytest.fixture(scope="module")
@@ -150,3 +150,20 @@ def test_an_instance_dropped_from_the_inventory_is_removed(serve):
     assert serve.run("docker inspect vllm-second").rc != 0
     assert status(serve, 8002, key=KEY) == "000"
     assert status(serve, 8001, key=KEY) == "200"
+
+
+def test_the_pull_recorded_the_vllm_release_and_a_floor_refuses_what_it_cannot_read(serve):
+    """The converge read the lab image's vLLM (0.32.0+cpu, above the 0.24.0 floor) in a throwaway container and recorded
+    it beside the image's ID, so the next read starts none. Judged as a LiteLLM image it holds no LiteLLM release:
+    refused naming the advisories and the variable, and nothing is recorded for it."""
+    run_image = json.loads(serve.file("/etc/sparkfleet/vllm/first.json").content_string)["run_image"]
+    records = serve.run("ls /var/lib/sparkfleet/image-releases").stdout.split()
+    read = module(SERVE, "image_release", {"image": run_image, "engine": "vllm"})
+    assert read.get("failed") is not True, read.get("msg")
+    assert (read["version"], read["from_record"], read["changed"]) == ("0.32.0+cpu", True, False)
+    assert f"{read['image_id'].replace(':', '-')}.json" in records
+    refused = module(SERVE, "image_release", {"image": run_image, "engine": "litellm"})
+    assert refused.get("failed") is True
+    for fragment in ("has no litellm-<version>.dist-info", "CVE-2026-59822", "gateway_accepted_advisories: [CVE-2026-59822, CVE-2026-49468]"):
+        assert fragment in refused["msg"], refused["msg"]
+    assert serve.run("ls /var/lib/sparkfleet/image-releases").stdout.split() == records

@@ -341,3 +341,18 @@ def test_the_31b_serves_text_only_by_default_where_only_its_text_weights_fit():
     assert "gpu_memory_utilization: 0.92 is too small" in kept[1] and "minus weights 23.55 GiB," in kept[1]
     roomy = plan({**spec, "gpu_memory_utilization": 0.5, "max_num_batched_tokens": 8192}, hardware_class="dgx_spark")
     assert "--language-model-only" not in roomy["instances"][0]["serve_args"] and roomy["instances"][0]["memory"]["weights_gib"] == 23.55
+
+
+def test_the_plan_refuses_speculative_keys_the_stated_release_dropped_before_any_host_changes():
+    """vLLM 0.34 dropped two speculative_config keys (a start with them fails) and deprecated a third; with vllm_version
+    stated the fleet check refuses them, and the plan records the keys the pull's read release is judged against."""
+    speculative = {"method": "ngram", "num_speculative_tokens": 3,
+                   "options": {"prompt_lookup_max": 3, "disable_padded_drafter_batch": True, "parallel_drafting": True}}
+    refused = only_error(instance(speculative=speculative), vllm_version="0.34.0")
+    assert refused.startswith("vllm_instances[0] (llm).speculative.options.disable_padded_drafter_batch: vLLM 0.34.0 no longer")
+    kept = {**speculative, "options": {"prompt_lookup_max": 3, "parallel_drafting": True}}
+    assert any("parallel_drafting: deprecated since vLLM 0.34.0" in w for w in warnings(instance(speculative=kept), vllm_version="0.34.0"))
+    planned = plan(instance(speculative=speculative), vllm_version="0.33.0")
+    assert planned["errors"] == []
+    assert planned["instances"][0]["launch_check"]["speculative_keys"] == [
+        "disable_padded_drafter_batch", "method", "num_speculative_tokens", "parallel_drafting", "prompt_lookup_max"]

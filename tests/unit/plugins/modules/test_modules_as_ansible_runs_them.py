@@ -381,3 +381,14 @@ def test_driver_info_judges_the_flavour_and_the_kernel_line_the_board_asks_for(t
     either = run("nvidia_driver_info", {"simulate_upgrade": True}, path=tools)
     assert either["ok"] is True and either["kernel"]["line"] is None and either["flavour"] is None
     refused("nvidia_driver_info", {"kernel_line": "6.17.0"}, "kernel_line: '6.17.0' is not a kernel line", path=tools)
+
+
+def test_image_release_refuses_what_it_cannot_read_without_a_traceback(tmp_path):
+    """Docker may be absent, stopped or without the image here: each is a refusal naming the image and the fix (the real
+    read, on the lab's images, is the serving scenario's)."""
+    image = "127.0.0.1:5000/sparkfleet/no-such-image@sha256:" + "0" * 64
+    refused("image_release", {"image": image, "engine": "vllm", "record_dir": str(tmp_path)},
+            f"image {image} could not be inspected, so its release is unread", "pull it first")
+    refused("image_release", {"image": image, "engine": "vllm", "timeout": 0}, "timeout: 0 must be 1 to 3600 seconds")
+    refused("image_release", {"image": image, "engine": "sglang"}, "value of engine must be one of: vllm, litellm")
+    assert list(tmp_path.iterdir()) == []

