@@ -328,7 +328,7 @@ def gateway_plan(settings: t.Mapping[str, t.Any], backends: t.Sequence[t.Mapping
     files = gateway_files(settings["config_dir"])
     switches = {**({} if settings["admin_ui"] else ADMIN_UI_OFF_ENV), **({} if settings["api_docs"] else API_DOCS_OFF_ENV),
                 **({} if settings["allow_outbound"] else OFFLINE_ENV)}
-    options = [DOCKER_CLIENT, "run", "--name", CONTAINER, "--network", "host", "--env-file", files["env"],
+    options = [DOCKER_CLIENT, "run", "--name", CONTAINER, "--network", "host", "--env-file", files["env"], "--ulimit", "core=0",
                *[argument for name, value in switches.items() for argument in ("--env", f"{name}={value}")],
                "--volume", f"{files['litellm_dir']}:{CONTAINER_CONFIG_DIR}:ro", "--label", "sparkfleet.gateway=1"]
     command = [settings["image"], "--config", f"{CONTAINER_CONFIG_DIR}/config.yaml",
@@ -375,6 +375,8 @@ def unit_file(run: t.Sequence[str]) -> str:
         # Any exit but a planned stop: a SIGTERM from outside (earlyoom) ends LiteLLM cleanly too.
         "Restart=always",
         "RestartSec=5",
+        # No core dumps from the unit's processes (systemd's DefaultLimitCORE is infinity); the container's are set by --ulimit.
+        "LimitCORE=0",
         "",
         "[Install]",
         "WantedBy=multi-user.target",

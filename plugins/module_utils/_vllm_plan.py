@@ -813,6 +813,9 @@ def instance_plan(instance: t.Mapping[str, t.Any], start_after: list[str], optio
     run += ["--network", "host"] if cluster else []
     # Seed 002's launch: NCCL registers its buffers with the RDMA devices, which needs unlimited locked memory.
     run += ["--device", "/dev/infiniband", "--ulimit", "memlock=-1"] if cluster and cluster["rdma"] else []
+    # A crashed engine dumps its whole address space (a 41 GB core on a GX10's weights disk, issue 41): none, or one
+    # capped at what the operator asks. Containers take their limits from dockerd, not from the unit.
+    run += ["--ulimit", f"core={options['core_dump_mib'] * MIB}"]
     run += ["--volume", f"{options['models_dir']}:/models:ro"]
     run += ["--volume", f"{pathlib.PurePosixPath(RUNTIME_DIR) / GUARD_FILE}:{GUARD_DIR}/{GUARD_FILE}:ro"]
     run += ["--volume", f"{options['cache_dir']}/{HF_CACHE[0]}:{HF_CACHE[1]}"]
@@ -954,6 +957,9 @@ def unit_file(plan: t.Mapping[str, t.Any], options: t.Mapping[str, t.Any]) -> st
         # The readiness wait gives up after the warm or the cold timeout, as the stamp says; systemd after the longer.
         f"TimeoutStartSec={start_seconds(plan['cold_start']['timeout'])}",
         f"TimeoutStopSec={STOP_SECONDS}",
+        # No core dumps from the start door and the Docker client (systemd's DefaultLimitCORE is infinity); the engine's
+        # container takes vllm_core_dump_mib through --ulimit.
+        "LimitCORE=0",
         "",
         "[Install]",
         "WantedBy=multi-user.target",
@@ -970,7 +976,7 @@ PLAN_OPTIONS: tuple[str, ...] = (
     "host_addresses",
     "wait_online_enabled", "memory_admission", "start_limit_interval", "start_limit_burst", "restart_delay", "kv_cache_warn_share",
     "maintenance_flag",
-    "launch_paused_containers", "cache_backup_dir", "cache_backup_location", "host_name",
+    "launch_paused_containers", "cache_backup_dir", "cache_backup_location", "host_name", "core_dump_mib",
 )
 # The options an argument spec types as a switch or a number: given as text by -e (extra variables are text), they are
 # read as validate_argument_spec reads them before anything checks them.
@@ -980,6 +986,10 @@ CACHE_BACKUP_LOCATIONS = ("host", "controller")
 HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
 
 
+MIB = 1024 * 1024
+# The largest core an engine may write where the operator asks for one: enough for a Python-level trace and the
+# engine core's own stacks, far below the weights it maps.
+MAX_CORE_DUMP_MIB = 16_384
 # The settings of the units' restarts and the gate: whole numbers, with the largest any operator means.
 OPTION_BOUNDS = {
     "start_limit_interval": (86_400, "seconds; a day already forgets no crash loop"),
@@ -1032,6 +1042,10 @@ def option_problems(options: t.Mapping[str, t.Any]) -> list[str]:
             errors.append(f"vllm_{switch}: {options[switch]!r} must be true or false")
     errors += paused_containers_problems("vllm_launch_paused_containers", options["launch_paused_containers"])
     errors += cache_backup_problems(options)
+    core = options["core_dump_mib"]
+    if not is_int(core) or not 0 <= core <= MAX_CORE_DUMP_MIB:
+        errors.append(f"vllm_core_dump_mib: {core!r} must be a whole number of MiB from 0 (no core dump, the default) to "
+                      f"{MAX_CORE_DUMP_MIB:,}: an engine's full core runs to tens of GB and fills the weights disk")
     for name, (maximum, why) in OPTION_BOUNDS.items():
         if not is_int(options[name]) or not 1 <= options[name] <= maximum:
             errors.append(f"vllm_{name}: {options[name]!r} must be a whole number from 1 to {maximum:,} ({why})")
@@ -1097,7 +1111,7 @@ def pool_share(instances: t.Any, defaults: t.Any) -> float:
 def text_read(given: t.Mapping[str, t.Any]) -> dict[str, t.Any]:
     """The options with each text switch or number read as the role's argument spec reads it (``-e vllm_health_timeout=30``
     arrives as "30"); text that reads as neither is left for the checks to name, and so is any other type."""
-    readers = {**dict.fromkeys(OPTION_BOUNDS, as_int), **dict.fromkeys(SWITCH_OPTIONS, as_bool), **dict.fromkeys(FRACTION_OPTIONS, as_float)}
+    readers = {**dict.fromkeys((*OPTION_BOUNDS, "core_dump_mib"), as_int), **dict.fromkeys(SWITCH_OPTIONS, as_bool), **dict.fromkeys(FRACTION_OPTIONS, as_float)}
     options = dict(given)
     for name, reader in readers.items():
         read = reader(options[name]) if isinstance(options.get(name), str) and options[name].strip() else None

@@ -167,3 +167,10 @@ def test_the_pull_recorded_the_vllm_release_and_a_floor_refuses_what_it_cannot_r
     for fragment in ("has no litellm-<version>.dist-info", "CVE-2026-59822", "gateway_accepted_advisories: [CVE-2026-59822, CVE-2026-49468]"):
         assert fragment in refused["msg"], refused["msg"]
     assert serve.run("ls /var/lib/sparkfleet/image-releases").stdout.split() == records
+
+
+def test_a_crashing_engine_dumps_no_core(serve):
+    """dockerd, not the unit, gives the container its limits: the running engine's own limit says no core."""
+    ulimits = json.loads(serve.check_output("docker inspect --format '{{json .HostConfig.Ulimits}}' vllm-first"))
+    assert {"Name": "core", "Hard": 0, "Soft": 0} in ulimits
+    assert serve.check_output("docker exec vllm-first sh -c 'ulimit -c'").strip() == "0"

@@ -97,6 +97,7 @@ def test_the_container_runs_the_digest_on_the_bound_address():
     assert run[-6:] == ["--host", "192.0.2.30", "--port", "4001", "--num_workers", "1"]
     assert plan["url"] == "http://192.0.2.30:4001"
     assert "ExecStart=" + " ".join(quote_exec_argument(a) for a in run) in plan["unit_file"]
+    assert run[run.index("--ulimit") + 1] == "core=0" and "LimitCORE=0" in plan["unit_file"].splitlines(), "no core fills the disk"
 
 
 def test_the_plan_names_the_files_the_container_reads():

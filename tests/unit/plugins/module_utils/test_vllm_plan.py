@@ -786,3 +786,19 @@ def test_no_image_anywhere_is_refused_naming_vllm_image():
     """vllm_image defaults to empty: an inventory that sets neither it nor the instance's image got a traceback."""
     found = errors(instance(), image="")
     assert found == ["vllm_instances[0] (llm).image: missing; The image, `repo[:tag]@sha256:<64 hex>`; here or through `vllm_image`, its default."]
+
+
+def test_no_engine_or_unit_process_dumps_a_core_unless_the_operator_caps_one():
+    """A crash wrote a 41 GB core to a GX10's weights disk (systemd's DefaultLimitCORE is infinity): the container gets
+    --ulimit core=0 (dockerd, not the unit, gives a container its limits) and the unit LimitCORE=0."""
+    llm = plan(instance())["instances"][0]
+    run = llm["docker_run"]
+    assert run[run.index("--ulimit") + 1] == "core=0" and "LimitCORE=0" in llm["unit_file"].splitlines()
+    capped = plan(instance(), core_dump_mib="512")["instances"][0]["docker_run"]
+    assert f"core={512 * 1024 * 1024}" in capped, "-e gives text; read as the argument spec reads it"
+    assert capped != run, "another limit is another container: drift, a relaunch"
+
+
+@pytest.mark.parametrize("value", [-1, 16385, "lots", 1.5, True, None])
+def test_a_core_dump_limit_out_of_its_bounds_is_refused(value):
+    assert only_error(instance(), core_dump_mib=value).startswith(f"vllm_core_dump_mib: {value!r} must be a whole number of MiB from 0")
