@@ -21,7 +21,7 @@ description:
   - Every option is required and has no default of its own (the vllm role's defaults are the defaults); a missing or
     unknown option is an error naming it.
   - The same file provides C(vllm_removals) (the instances no longer planned), C(vllm_helper_files), C(vllm_model_folder),
-    C(vllm_pull_reference), C(vllm_run_image), C(meminfo), C(vllm_models_problems), C(vllm_release_problems) and
+    C(vllm_pull_reference), C(vllm_run_image), C(meminfo), C(vllm_models_problems), C(vllm_pulled_image_problems) and
     C(measure_documents_folder).
 author: sparkfleet.vllm contributors (@sparkfleet)
 positional: _input
@@ -216,7 +216,7 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._memory import par
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_bench import documents_folder
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_instance import deployed_instances, pull_reference, removal, run_image
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_models import model_folder, validate_models
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_plan import WILDCARDS, build_plan, canonical_address, pool_share, release_problems
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_plan import WILDCARDS, build_plan, canonical_address, pool_share, pulled_image_problems
 
 
 def vllm_plan(instances, defaults, **options):
@@ -261,8 +261,8 @@ def vllm_models_problems(models, allow_branch=False):
     return validate_models("vllm_models", models, bool(allow_branch))
 
 
-def vllm_release_problems(instances, releases, stated_version=""):
-    return release_problems(instances or [], releases or {}, stated_version or None)
+def vllm_pulled_image_problems(instances, pulled, stated_version=""):
+    return pulled_image_problems(instances or [], pulled or {}, stated_version or None)
 
 
 def measure_documents_folder(label):
@@ -287,5 +287,5 @@ class FilterModule:
             "vllm_models_problems": vllm_models_problems,
             "vllm_listen_address_problem": vllm_listen_address_problem,
             "vllm_pool_share": pool_share,
-            "vllm_release_problems": vllm_release_problems,
+            "vllm_pulled_image_problems": vllm_pulled_image_problems,
         }

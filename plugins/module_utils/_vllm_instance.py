@@ -91,6 +91,51 @@ def parse_image_reference(image: str) -> dict[str, str | None] | None:
     return match.groupdict() if match else None
 
 
+# How each kind of vLLM image starts the server: the entrypoint the image declares and what the container's command
+# puts before vllm serve's arguments. An entrypoint the image needs is never replaced (the Ray ranks of a kind whose
+# entrypoint runs the command hand theirs to it instead of overriding it).
+IMAGE_KINDS: dict[str, dict[str, t.Any]] = {
+    "vllm-openai": {
+        "entrypoint": ["vllm", "serve"], "serve_command": [], "keeps_entrypoint": False,
+        "source": "vLLM's own images (vllm/vllm-openai, and the lab's CPU build): ENTRYPOINT [\"vllm\", \"serve\"]",
+    },
+    "ngc": {
+        "entrypoint": ["/opt/nvidia/nvidia_entrypoint.sh"], "serve_command": ["vllm", "serve"], "keeps_entrypoint": True,
+        "source": "NVIDIA's NGC vLLM images (nvcr.io/nvidia/vllm): their entrypoint enables CUDA forward compatibility, then "
+        "runs the command (seed 003: docker run nvcr.io/nvidia/vllm:TAG vllm serve MODEL); replacing it made FlashInfer's JIT "
+        "fail with cudaErrorUnsupportedPtxVersion on a Spark",
+    },
+}
+# The repositories whose kind is known without the inventory saying so; any other is vllm-openai unless
+# vllm_image_kinds maps it.
+KNOWN_REPOSITORIES = {"nvcr.io/nvidia/vllm": "ngc"}
+
+
+def image_kind(image: str, kinds: t.Mapping[str, str]) -> str:
+    """The kind of a pinned image: the inventory's mapping of its repository, else the known repositories', else
+    vllm-openai."""
+    reference = parse_image_reference(image) or {}
+    repository = reference.get("repository") or ""
+    return kinds.get(repository) or KNOWN_REPOSITORIES.get(repository) or "vllm-openai"
+
+
+def entrypoint_problem(image: str, kind: str, entrypoint: t.Any) -> str | None:
+    """Why the entrypoint a pulled image declares cannot start the plan's command for its kind; None when it can."""
+    expected = IMAGE_KINDS[kind]["entrypoint"]
+    declared = list(entrypoint) if isinstance(entrypoint, list) else []
+    if declared == expected:
+        return None
+    other = next((name for name, known in IMAGE_KINDS.items() if known["entrypoint"] == declared), None)
+    shown = declared or "none"
+    if other:
+        fix = f"map its repository to {other} in vllm_image_kinds"
+    else:
+        known = ", ".join(f"{name}: {kind_of['entrypoint']}" for name, kind_of in IMAGE_KINDS.items())
+        fix = f"pin an image whose entrypoint is {expected}, or one of the known kinds ({known})"
+    return (f"{image} declares the entrypoint {shown}, not the {kind} kind's {expected}: the serve arguments would reach "
+            f"{shown} instead of vllm serve and the engine would not start; {fix}")
+
+
 def speculative_config(speculative: t.Mapping[str, t.Any] | None) -> dict[str, t.Any] | None:
     """The --speculative-config JSON object, or None when speculative decoding is off (k=0)."""
     if not speculative or not speculative.get("num_speculative_tokens"):

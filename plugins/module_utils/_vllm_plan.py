@@ -55,7 +55,10 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_guards impor
 )
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_instance import (
     CONTAINER_PORT,
+    IMAGE_KINDS,
     INSTANCE_LABEL,
+    entrypoint_problem,
+    image_kind,
     instance_files,
     parse_image_reference,
     run_image,
@@ -447,13 +450,19 @@ def speculative_release_findings(field: str, keys: t.Iterable[str], version: str
     return errors, warnings
 
 
-def release_problems(instances: t.Sequence[t.Mapping[str, t.Any]], releases: t.Mapping[str, t.Any], stated: str | None) -> list[str]:
-    """What the vLLM release read from each planned instance's image refuses, before any unit changes: a vllm_version the
-    inventory states that the image contradicts (the plan judged against the stated one), and speculative_config keys
-    the release no longer accepts. ``releases``: image -> the release its pull read (None: unread, judged at the floor)."""
+def pulled_image_problems(instances: t.Sequence[t.Mapping[str, t.Any]], pulled: t.Mapping[str, t.Any], stated: str | None) -> list[str]:
+    """What each planned instance's pulled image refuses, before any unit changes: an entrypoint that cannot start the
+    plan's command for the image's kind, a vllm_version the inventory states that the image contradicts (the plan judged
+    against the stated one), and speculative_config keys the release no longer accepts. ``pulled``: image -> {release
+    (None: unread, judged at the floor), entrypoint}, for the images the pull read."""
     problems = []
     for instance in instances:
-        version = releases.get(instance["image"])
+        read = pulled.get(instance["image"])
+        if not isinstance(read, dict):
+            continue
+        problem = entrypoint_problem(instance["image"], instance["image_kind"], read.get("entrypoint"))
+        problems += [f"instance {instance['name']}: {problem}"] if problem else []
+        version = read.get("release")
         if not isinstance(version, str) or not VERSION.fullmatch(version):
             continue
         read = version.split("+", 1)[0]
@@ -734,17 +743,20 @@ def serve_args(instance: t.Mapping[str, t.Any], cluster: t.Mapping[str, t.Any] |
     return args + [*GUARD_ARGS] + (serve_cluster_args(cluster) if cluster else []) + list(instance.get("extra_args") or [])
 
 
-def container_command(image: str, args: list[str], cluster: t.Mapping[str, t.Any] | None) -> list[str]:
-    """What follows ``docker run``'s options: the image and ``vllm serve``'s arguments; on the Ray
-    backend a worker runs only ``ray start``, and the head starts Ray before handing over to vLLM
-    (the arguments reach vLLM as positional parameters, never through the shell's parsing)."""
+def container_command(image: str, args: list[str], cluster: t.Mapping[str, t.Any] | None, kind: str) -> list[str]:
+    """What follows ``docker run``'s options: the image and ``vllm serve``'s arguments as the image's kind starts them; on
+    the Ray backend a worker runs only ``ray start``, and the head starts Ray before handing over to vLLM (the arguments
+    reach vLLM as positional parameters, never through the shell's parsing). A kind whose entrypoint must run (NGC's)
+    gets these as its command; the others have their entrypoint replaced."""
+    started = IMAGE_KINDS[kind]
     if not cluster or cluster["backend"] != "ray":
-        return [image, *args]
+        return [image, *started["serve_command"], *args]
     ray = ray_start_args(cluster)
     if cluster["rank"] > 0:
-        return ["--entrypoint", "ray", image, *ray]
+        return [image, "ray", *ray] if started["keeps_entrypoint"] else ["--entrypoint", "ray", image, *ray]
     script = "ray " + " ".join(ray[:1] + [a for a in ray[1:] if a != "--block"]) + ' && exec vllm serve "$@"'
-    return ["--entrypoint", "/bin/sh", image, "-c", script, "vllm-serve", *args]
+    shell = [image, "/bin/sh"] if started["keeps_entrypoint"] else ["--entrypoint", "/bin/sh", image]
+    return [*shell, "-c", script, "vllm-serve", *args]
 
 
 def published_ports(instance: t.Mapping[str, t.Any]) -> list[str]:
@@ -822,7 +834,8 @@ def instance_plan(instance: t.Mapping[str, t.Any], start_after: list[str], optio
     run += [argument for cache, target in JIT_CACHES for argument in ("--volume", f"{jit}/{cache}:{target}")]
     run += ["--gpus", "all"] if options["gpus"] else []
     args = serve_args(instance, cluster)
-    command = container_command(image, args, cluster)
+    kind = image_kind(instance["image"], options["image_kinds"])
+    command = container_command(image, args, cluster, kind)
     # The middleware's own text too: a fixed guard restarts the containers that load it.
     digest = config_hash([*run, *command, options["guard_digest"]], env_text)
     run += ["--label", f"{INSTANCE_LABEL}={name}", "--label", f"{CONFIG_HASH_LABEL}={digest}", *command]
@@ -837,6 +850,7 @@ def instance_plan(instance: t.Mapping[str, t.Any], start_after: list[str], optio
         "container_url": url if cluster else f"http://127.0.0.1:{CONTAINER_PORT}",
         "image": instance["image"],
         "run_image": image,
+        "image_kind": kind,
         "serve_args": args,
         "docker_run": run,
         "env_names": ["VLLM_API_KEY", *sorted(environment)],
@@ -976,7 +990,7 @@ PLAN_OPTIONS: tuple[str, ...] = (
     "host_addresses",
     "wait_online_enabled", "memory_admission", "start_limit_interval", "start_limit_burst", "restart_delay", "kv_cache_warn_share",
     "maintenance_flag",
-    "launch_paused_containers", "cache_backup_dir", "cache_backup_location", "host_name", "core_dump_mib",
+    "launch_paused_containers", "cache_backup_dir", "cache_backup_location", "host_name", "core_dump_mib", "image_kinds",
 )
 # The options an argument spec types as a switch or a number: given as text by -e (extra variables are text), they are
 # read as validate_argument_spec reads them before anything checks them.
@@ -998,6 +1012,24 @@ OPTION_BOUNDS = {
     "health_timeout": (14_400, "seconds; seed 002's coldest first boot took 45 minutes, a gate of hours hides a hung start"),
     "cold_timeout": (14_400, "seconds; seed 002's coldest first boot took 45 minutes, a gate of hours hides a hung start"),
 }
+
+
+# An image repository as a pin names it before its tag and digest: registry[:port]/path.
+REPOSITORY = re.compile(r"[a-z0-9][a-z0-9._-]*(?::[0-9]{1,5})?(?:/[a-z0-9][a-z0-9._-]*){0,8}")
+
+
+def image_kinds_problems(kinds: t.Any) -> list[str]:
+    """vllm_image_kinds: an image repository (without tag or digest) to one of the kinds the plan knows how to start."""
+    if not isinstance(kinds, dict):
+        return [f"vllm_image_kinds: {kinds!r} must map image repositories to kinds ({', '.join(IMAGE_KINDS)})"]
+    errors = []
+    for repository, kind in kinds.items():
+        if not (isinstance(repository, str) and REPOSITORY.fullmatch(repository)):
+            errors.append(f"vllm_image_kinds: {repository!r} is not an image repository such as nvcr.io/nvidia/vllm (no tag, no digest)")
+        elif kind not in IMAGE_KINDS:
+            errors.append(f"vllm_image_kinds.{repository}: {kind!r} is not a kind the collection knows how to start "
+                          f"({', '.join(IMAGE_KINDS)})")
+    return errors
 
 
 def host_folder_problems(variable: str, value: t.Any, least_parts: int = 1) -> list[str]:
@@ -1042,6 +1074,7 @@ def option_problems(options: t.Mapping[str, t.Any]) -> list[str]:
             errors.append(f"vllm_{switch}: {options[switch]!r} must be true or false")
     errors += paused_containers_problems("vllm_launch_paused_containers", options["launch_paused_containers"])
     errors += cache_backup_problems(options)
+    errors += image_kinds_problems(options["image_kinds"])
     core = options["core_dump_mib"]
     if not is_int(core) or not 0 <= core <= MAX_CORE_DUMP_MIB:
         errors.append(f"vllm_core_dump_mib: {core!r} must be a whole number of MiB from 0 (no core dump, the default) to "

@@ -570,3 +570,26 @@ def test_each_ranks_plan_carries_the_wave_the_heads_watchdog_restarts_it_in(back
     started = [host for verb, host in recorded if verb == "start"]
     assert sorted(started, key=lambda host: plans[host]["cluster"]["start_wave"]) == started, "the role's waves are the watchdog's order"
     assert {plans[host]["cluster"]["start_wave"] for host in ("spark-2", "spark-3")} == {int(backend == "ray")}
+
+
+def test_ngc_ranks_keep_the_images_entrypoint_and_hand_it_their_commands():
+    """NVIDIA's NGC images must run their entrypoint (it enables CUDA forward compatibility; replacing it broke
+    FlashInfer's JIT on a Spark): each Ray rank gives its command to it instead of overriding it, and a native node
+    passes vllm serve as the command."""
+    ngc = f"nvcr.io/nvidia/vllm:26.05.post1-py3@{DIGEST}"
+    cluster = declaration(backend="ray")
+    nodes = planned(cluster)["nodes"]
+    head = node_plan(cluster, nodes["spark-1"], image=ngc)["instances"][0]
+    worker = node_plan(cluster, nodes["spark-2"], image=ngc, host_addresses=None)["instances"][0]
+    assert head["image_kind"] == worker["image_kind"] == "ngc"
+    assert "--entrypoint" not in head["docker_run"] and "--entrypoint" not in worker["docker_run"]
+    run, image = worker["docker_run"], worker["run_image"]
+    assert run[run.index(image) + 1:run.index(image) + 3] == ["ray", "start"]
+    run = head["docker_run"]
+    assert run[run.index(image) + 1:run.index(image) + 3] == ["/bin/sh", "-c"] and run[run.index(image) + 4] == "vllm-serve"
+    native = declaration()
+    rank = node_plan(native, planned(native)["nodes"]["spark-1"], image=ngc)["instances"][0]
+    assert rank["docker_run"][rank["docker_run"].index(image) + 1:][:3] == ["vllm", "serve", "/models/qwen"]
+    mirrored = node_plan(native, planned(native)["nodes"]["spark-1"], image=f"mirror.local:5000/nvidia/vllm@{DIGEST}",
+                         image_kinds={"mirror.local:5000/nvidia/vllm": "ngc"})["instances"][0]
+    assert mirrored["image_kind"] == "ngc", "a mirror's copy is mapped by the inventory"

@@ -20,7 +20,7 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._image_release imp
     record_text,
     recorded_versions,
 )
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_plan import release_problems, speculative_release_findings
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_plan import pulled_image_problems, speculative_release_findings
 
 LAB_LISTING = "/opt/vllm/lib/python3.11/site-packages/vllm-0.32.0+cpu.dist-info\n"
 IMAGE = "vllm/vllm-openai@sha256:" + "a" * 64
@@ -143,14 +143,39 @@ def test_speculative_keys_the_release_dropped_are_refused_and_deprecated_ones_wa
 
 
 def test_the_pulls_release_judges_the_plan_before_any_unit_changes():
-    instance = {"name": "chat", "image": IMAGE, "launch_check": {"speculative_keys": ["use_heterogeneous_vocab", "method"]}}
-    plain = {"name": "embed", "image": "other@sha256:" + "d" * 64, "launch_check": {"speculative_keys": []}}
-    assert release_problems([instance, plain], {IMAGE: "0.33.0", plain["image"]: "0.33.0"}, "0.33.0") == []
-    problems = release_problems([instance, plain], {IMAGE: "0.34.0", plain["image"]: "0.34.0"}, "0.33.0")
+    instance = {"name": "chat", "image": IMAGE, "image_kind": "vllm-openai",
+                "launch_check": {"speculative_keys": ["use_heterogeneous_vocab", "method"]}}
+    plain = {"name": "embed", "image": "other@sha256:" + "d" * 64, "image_kind": "vllm-openai", "launch_check": {"speculative_keys": []}}
+
+    def read(version):
+        return {"release": version, "entrypoint": ["vllm", "serve"]}
+
+    assert pulled_image_problems([instance, plain], {IMAGE: read("0.33.0"), plain["image"]: read("0.33.0")}, "0.33.0") == []
+    problems = pulled_image_problems([instance, plain], {IMAGE: read("0.34.0"), plain["image"]: read("0.34.0")}, "0.33.0")
     assert problems[0] == (f"vllm_version: 0.33.0 is stated, but {IMAGE} (instance chat) carries vLLM 0.34.0; set vllm_version to 0.34.0, "
                            "or leave it empty to judge by the image")
     assert "instance chat.speculative.options.use_heterogeneous_vocab: vLLM 0.34.0 no longer accepts it" in problems[1]
     assert len(problems) == 3, "the embedding instance's image contradicts the stated release too"
-    assert release_problems([instance], {IMAGE: "0.32.0+cpu"}, "0.32.0") == [], "the local tag is no other release"
-    assert release_problems([instance], {IMAGE: None}, "0.33.0") == [], "an unread release was refused at the floor already"
-    assert release_problems([instance], {}, "") == []
+    assert pulled_image_problems([instance], {IMAGE: read("0.32.0+cpu")}, "0.32.0") == [], "the local tag is no other release"
+    assert pulled_image_problems([instance], {IMAGE: read(None)}, "0.33.0") == [], "an unread release was refused at the floor already"
+    assert pulled_image_problems([instance], {}, "") == [], "not read in this run (a check run before its pull)"
+
+
+NGC = "nvcr.io/nvidia/vllm:26.05.post1-py3@sha256:" + "e" * 64
+
+
+@pytest.mark.parametrize(("kind", "entrypoint", "fragments"), [
+    ("vllm-openai", ["/opt/nvidia/nvidia_entrypoint.sh"], ["not the vllm-openai kind's ['vllm', 'serve']",
+                                                           "map its repository to ngc in vllm_image_kinds"]),
+    ("ngc", ["vllm", "serve"], ["not the ngc kind's ['/opt/nvidia/nvidia_entrypoint.sh']", "map its repository to vllm-openai"]),
+    ("vllm-openai", None, ["declares the entrypoint none", "pin an image whose entrypoint is ['vllm', 'serve']"]),
+    ("vllm-openai", ["/bin/sh", "-c", "exec vllm serve $MODEL"], ["the serve arguments would reach ['/bin/sh', '-c'",
+                                                                  "vllm-openai: ['vllm', 'serve'], ngc: ['/opt/nvidia/nvidia_entrypoint.sh']"]),
+    ("vllm-openai", ["python3", "-m", "vllm.entrypoints.openai.api_server"], ["would not start"]),
+], ids=["ngc-image-as-vllm-openai", "vllm-image-as-ngc", "no-entrypoint", "shell-swallows-the-arguments", "old-api-server"])
+def test_an_entrypoint_that_cannot_start_the_plans_command_is_refused(kind, entrypoint, fragments):
+    instance = {"name": "chat", "image": NGC, "image_kind": kind, "launch_check": {"speculative_keys": []}}
+    (problem,) = pulled_image_problems([instance], {NGC: {"release": "0.34.0", "entrypoint": entrypoint}}, "")
+    assert problem.startswith(f"instance chat: {NGC} declares the entrypoint")
+    for fragment in fragments:
+        assert fragment in problem, problem

@@ -802,3 +802,20 @@ def test_no_engine_or_unit_process_dumps_a_core_unless_the_operator_caps_one():
 @pytest.mark.parametrize("value", [-1, 16385, "lots", 1.5, True, None])
 def test_a_core_dump_limit_out_of_its_bounds_is_refused(value):
     assert only_error(instance(), core_dump_mib=value).startswith(f"vllm_core_dump_mib: {value!r} must be a whole number of MiB from 0")
+
+
+@pytest.mark.parametrize(("kinds", "fragment"), [
+    ([], "vllm_image_kinds: [] must map image repositories to kinds (vllm-openai, ngc)"),
+    ({"nvcr.io/nvidia/vllm:26.05": "ngc"}, "vllm_image_kinds: 'nvcr.io/nvidia/vllm:26.05' is not an image repository"),
+    ({"Registry/vllm": "ngc"}, "is not an image repository"),
+    ({"registry.local/vllm": "sglang"}, "vllm_image_kinds.registry.local/vllm: 'sglang' is not a kind the collection knows"),
+    ({"registry.local/vllm; rm -rf /": "ngc"}, "is not an image repository"),
+], ids=["list", "tag", "upper-case", "unknown-kind", "injection"])
+def test_an_image_kind_mapping_of_another_shape_is_refused(kinds, fragment):
+    assert fragment in only_error(instance(), image_kinds=kinds)
+
+
+def test_an_instance_of_vllms_own_image_serves_through_its_entrypoint():
+    llm = plan(instance())["instances"][0]
+    assert llm["image_kind"] == "vllm-openai" and "--entrypoint" not in llm["docker_run"]
+    assert llm["docker_run"][llm["docker_run"].index(llm["run_image"]) + 1] == llm["serve_args"][0]
