@@ -405,6 +405,34 @@ PROBE_KINDS = ("generate", "pooling")
 WRONG_TASK_STATUSES = frozenset({400, 404, 405})
 
 
+# vLLM 0.34's checkpoint cycle (GET /checkpoint/status with --enable-sleep-mode; vllm/v1/engine CheckpointState): an
+# engine preparing for, held at or restoring from a checkpoint serves nothing on purpose.
+CHECKPOINT_HOLDS = frozenset({"preparing", "prepared", "restoring"})
+# Where an engine says it is held on purpose: the checkpoint cycle (sleep mode), and a pause (dev mode's /is_paused).
+HOLD_ROUTES = ("/checkpoint/status", "/is_paused")
+
+
+def engine_hold(route: str, status: int | None, text: str) -> str | None:
+    """Why an engine answering ``route`` with ``status`` and ``text`` serves nothing on purpose (a checkpoint state or
+    paused), or None: a route the release or the settings do not serve (404), a running engine, a failed checkpoint
+    (that engine is broken) or an answer of another shape. /checkpoint/status answers 200 once prepared and 503 or 500
+    otherwise, always with {state, error}."""
+    if status is None or status in (401, 403, 404):
+        return None
+    try:
+        body = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(body, dict):
+        return None
+    if route == "/checkpoint/status":
+        state = body.get("state")
+        return f"checkpoint {state}" if state in CHECKPOINT_HOLDS else None
+    if route == "/is_paused" and status == 200:
+        return "paused" if body.get("is_paused") is True else None
+    return None
+
+
 def planned_probe_kind(serve_args: t.Any) -> str:
     """The task the plan's serve arguments name, in either spelling argparse takes: ``--runner pooling``, or any
     ``--convert`` but ``auto`` and ``none`` (vLLM 0.32's model config: a conversion forces the pooling runner);
@@ -482,8 +510,8 @@ def assess(plan: t.Mapping[str, t.Any], memory: dict[str, t.Any], seen: t.Mappin
     ``seen``: ``person_needed`` (the give-up file exists), ``flag_age`` (seconds, or None without a
     flag), ``container`` (docker's state, ``missing``, or ``unknown`` when docker did not answer), ``active_state``/``sub_state`` (systemd's),
     ``job_pending`` (systemd has a start or stop queued), ``metrics`` (parse_metrics, or None),
-    ``probe`` (None when not sent, else {outcome: ok|timeout|error|refused, seconds, detail}) and ``after_probe`` (the
-    metrics read again after an answered probe, or None).
+    ``probe`` (None when not sent, else {outcome: ok|timeout|error|refused, seconds, detail}), ``after_probe`` (the
+    metrics read again after an answered probe, or None) and ``hold`` (engine_hold's answer after an unanswered probe).
     The action is one of none, start, restart, give_up."""
     decision: dict[str, t.Any] = {"unit": plan["unit"], "container": seen.get("container"), "action": "none"}
     if seen.get("person_needed"):
@@ -542,6 +570,11 @@ def assess(plan: t.Mapping[str, t.Any], memory: dict[str, t.Any], seen: t.Mappin
         verdict = "progress" if probe is None else "answers"
         return {**decision, "verdict": verdict,
                 "why": "the token counters moved" if probe is None else f"a probe completion answered in {probe['seconds']} s"}
+    hold = seen.get("hold")
+    if hold:
+        memory.update(failures=0, evidence=[])
+        return {**decision, "verdict": "held",
+                "why": f"the engine says it is held on purpose ({hold}): a held engine is not wedged, and it serves again when released"}
     outcome = (probe or {}).get("outcome")
     if outcome == "refused":
         return {**decision, "verdict": "inconclusive", "why": f"the probe was refused ({probe.get('detail')}): progress cannot be judged"}

@@ -51,6 +51,11 @@ def test_routes_vllm_leaves_open_ask_for_the_key(serve):
     assert post_status(serve, 8002, "/reset_prefix_cache", {}, key=KEY) == "200"
     for path in ("/health", "/metrics", "/version"):
         assert status(serve, 8001, path) == "200", path
+    # vLLM 0.34's sleep mode adds /checkpoint/* outside its own key check; the middleware guards them whatever the release
+    # (the lab's 0.32 has no such route: with the key, 404).
+    for path in ("/checkpoint/prepare", "/checkpoint/restore"):
+        assert post_status(serve, 8001, path, {}) == "401" and post_status(serve, 8001, path, {}, key=KEY) == "404", path
+    assert status(serve, 8001, "/checkpoint/status") == "401" and status(serve, 8001, "/checkpoint/status", key=KEY) == "404"
 
 
 @pytest.mark.parametrize(("name", "port", "model"), INSTANCES)

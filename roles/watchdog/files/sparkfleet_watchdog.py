@@ -57,6 +57,7 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._watchdog import (
     DOWN_STATES,
     DRAINS_FILE,
     GATEWAYS_FILE,
+    HOLD_ROUTES,
     KNOWN_HOSTS,
     PEER_DIR,
     PEER_KEY,
@@ -69,6 +70,7 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._watchdog import (
     assess,
     deployed_ranks,
     drained_names,
+    engine_hold,
     head_address,
     is_worker,
     journal_line,
@@ -200,6 +202,22 @@ def send_probe(plan, settings, kind):
         timed_out = isinstance(reason, TimeoutError) or "timed out" in str(reason)
         outcome, detail = ("timeout" if timed_out else "error"), str(reason)[:200]
     return {"outcome": outcome, "seconds": round(time.monotonic() - started, 2), "detail": detail}, status
+
+
+def read_hold(plan, timeout):
+    """Whether the engine says it is held on purpose (a checkpoint cycle, a pause), asked only after a probe went
+    unanswered; a route the engine does not serve says nothing."""
+    for route in HOLD_ROUTES:
+        try:
+            status, text = call(plan["url"].rstrip("/") + route, timeout, api_key(plan))
+        except urllib.error.HTTPError as error:
+            status, text = error.code, error.read().decode("utf-8", "replace")
+        except (OSError, ValueError, http.client.HTTPException):
+            continue
+        hold = engine_hold(route, status, text)
+        if hold:
+            return hold
+    return None
 
 
 def probe(plan, settings, memory):
@@ -585,6 +603,8 @@ def watch(plan, settings, memories, now):
         seen["probe"] = probe(plan, settings, memory)
         if seen["probe"]["outcome"] == "ok" and metrics:
             seen["after_probe"] = read_metrics(plan, min(10, settings["probe_timeout"]))
+        elif seen["probe"]["outcome"] in ("timeout", "error"):
+            seen["hold"] = read_hold(plan, min(10, settings["probe_timeout"]))
     decision = assess(plan, memory, seen, settings, now)
     # Kept before acting: an action that raises must not leave the unit's budget and give-up unrecorded.
     memories[plan["unit"]] = memory

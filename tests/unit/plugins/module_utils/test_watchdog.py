@@ -17,6 +17,7 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._watchdog import (
     assess,
     counters_moved,
     deployed_ranks,
+    engine_hold,
     has_peers,
     host_addresses,
     journal_line,
@@ -546,3 +547,76 @@ def test_the_caches_warm_stamp_decides_the_grace_not_the_watchdogs_memory(tmp_pa
     memory = new_memory()
     warm = [assess(plan, memory, down, SETTINGS_DEFAULT, 1000.0 + 30 * index) for index in range(3)][-1]
     assert f"warm grace of {SETTINGS_DEFAULT['warm_grace']} s" in warm["why"], warm["why"]
+
+
+# vLLM 0.34.0's answers, read in its wheel (entrypoints/serve/checkpoint/api_router.py, rl/online/api_router.py): GET
+# /checkpoint/status is {state, error?}, 200 once prepared, 500 failed, 503 otherwise; GET /is_paused is {is_paused}.
+@pytest.mark.parametrize(("route", "status", "body", "hold"), [
+    ("/checkpoint/status", 200, {"state": "prepared"}, "checkpoint prepared"),
+    ("/checkpoint/status", 503, {"state": "preparing"}, "checkpoint preparing"),
+    ("/checkpoint/status", 503, {"state": "restoring"}, "checkpoint restoring"),
+    ("/checkpoint/status", 503, {"state": "running"}, None),
+    ("/checkpoint/status", 500, {"state": "failed", "error": "cuda"}, None),
+    ("/checkpoint/status", 404, {"detail": "Not Found"}, None),
+    ("/checkpoint/status", 401, {"error": {"message": "Unauthorized"}}, None),
+    ("/is_paused", 200, {"is_paused": True}, "paused"),
+    ("/is_paused", 200, {"is_paused": False}, None),
+    ("/is_paused", 200, {"is_paused": "true"}, None),
+    ("/is_paused", 500, {"error": "x"}, None),
+    ("/checkpoint/status", 200, ["prepared"], None),
+], ids=["prepared", "preparing", "restoring", "running", "failed", "no-route", "key-refused", "paused", "not-paused",
+        "paused-as-text", "pause-unknown", "other-shape"])
+def test_an_engine_held_on_purpose_is_told_from_its_answers(route, status, body, hold):
+    assert engine_hold(route, status, json.dumps(body)) == hold
+    assert engine_hold(route, None, "") is None and engine_hold(route, 200, "<html>") is None
+
+
+def test_a_held_engine_is_not_restarted_as_wedged_and_judged_again_once_released():
+    memory = new_memory()
+    held = seen(metrics=metrics(7.0, running=0.0), probe=TIMEOUT, hold="checkpoint prepared")
+    decisions = samples(memory, [held] * 5)
+    assert {d["verdict"] for d in decisions} == {"held"} and {d["action"] for d in decisions} == {"none"}
+    assert "checkpoint prepared" in decisions[0]["why"] and memory["failures"] == 0
+    released = samples(memory, [seen(metrics=metrics(7.0, running=0.0), probe=TIMEOUT)] * 3, start=2000.0)
+    assert [d["verdict"] for d in released] == ["wedged"] * 3 and released[-1]["action"] == "restart"
+
+
+def test_the_daemon_asks_a_silent_engine_whether_it_is_held(tmp_path):
+    """The daemon's own reader against a real HTTP server answering as vLLM 0.34 does: the checkpoint route first, with
+    the unit's key, then dev mode's pause route; a server without either route (the lab's 0.32) holds nothing."""
+    import http.server
+    import importlib.util
+
+    from threaded_server import serving
+
+    spec = importlib.util.spec_from_file_location("sparkfleet_watchdog", ROOT / "roles" / "watchdog" / "files" / "sparkfleet_watchdog.py")
+    daemon = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(daemon)
+    answers = {}
+    asked = []
+
+    class Engine(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            asked.append((self.path, self.headers.get("Authorization")))
+            status, body = answers.get(self.path, (404, {"detail": "Not Found"}))
+            payload = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+        def log_message(self, *args):
+            pass
+
+    (tmp_path / "llm.env").write_text("VLLM_API_KEY=" + "k" * 32 + "\n")
+    with serving(http.server.ThreadingHTTPServer(("127.0.0.1", 0), Engine)) as server:
+        plan = {**PLAN, "url": f"http://127.0.0.1:{server.server_address[1]}", "env_path": str(tmp_path / "llm.env")}
+        assert daemon.read_hold(plan, 5) is None
+        assert [path for path, _key in asked] == ["/checkpoint/status", "/is_paused"]
+        answers["/checkpoint/status"] = (503, {"state": "preparing"})
+        assert daemon.read_hold(plan, 5) == "checkpoint preparing"
+        answers["/checkpoint/status"] = (503, {"state": "running"})
+        answers["/is_paused"] = (200, {"is_paused": True})
+        assert daemon.read_hold(plan, 5) == "paused"
+    assert {key for _path, key in asked} == {"Bearer " + "k" * 32}
