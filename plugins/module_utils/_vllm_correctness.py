@@ -14,6 +14,7 @@ The vllm_correctness module's work is here too, so its main() only wires its opt
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import re
@@ -362,6 +363,9 @@ def request(params: t.Mapping[str, t.Any]) -> tuple[list[dict[str, t.Any]], dict
     errors += label_problems("label", params["label"])
     if params["stream_cases"] < 0:
         errors.append(f"stream_cases is {params['stream_cases']}: give how many cases to also ask streamed (0 for none)")
+    if not 0 <= params["load_concurrency"] <= MAX_LOAD_CONCURRENCY:
+        errors.append(f"load_concurrency is {params['load_concurrency']}: give the requests to keep in flight, 0 or 1 for none, at most "
+                      f"{MAX_LOAD_CONCURRENCY}")
     reference = None
     if params["reference"] and not errors:
         path = reference_path(params["results_dir"], params["reference"])
@@ -423,6 +427,90 @@ def ask_tool_call(endpoint: t.Mapping[str, t.Any], params: t.Mapping[str, t.Any]
     return tool_call_verdict(json_object(http("POST", url, endpoint["api_key"], body, timeout=params["timeout"]), f"the tool-call case: {url}"))
 
 
+# The most requests the load check keeps in flight: the benchmarks' highest concurrency on these boxes is far below.
+MAX_LOAD_CONCURRENCY = 256
+# A run of one short unit repeated this often, over at least half an answer, is a model stuck in a loop.
+REPEATS = 8
+_REPEATED_RUN = re.compile(r"(.{1,16}?)\1{" + str(REPEATS - 1) + ",}", re.DOTALL)
+# Characters no healthy text answer is made of: the replacement character (broken UTF-8 from mixed-up token ids) and
+# control characters but tab and newline.
+_SOUP = re.compile(r"[\ufffd\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+
+
+def degenerate(answer: str) -> str | None:
+    """Why an answer is degenerate output (a short unit repeated over most of it, or token soup), None when it is not."""
+    if not answer:
+        return None
+    soup = len(_SOUP.findall(answer))
+    if soup * 5 >= len(answer):
+        return f"token soup ({soup} of {len(answer)} characters are replacement or control characters)"
+    longest = max((match.end() - match.start() for match in _REPEATED_RUN.finditer(answer)), default=0)
+    if longest * 2 >= len(answer) and longest >= 2 * REPEATS:
+        return f"a repetition loop ({longest} of {len(answer)} characters repeat one short run)"
+    return None
+
+
+def load_schedule(cases: t.Sequence[t.Mapping[str, t.Any]], concurrency: int) -> list[t.Mapping[str, t.Any]]:
+    """The requests of the load check: the cases round-robin, twice as many as can be in flight (the batch stays full
+    while the first ones finish), each case at least once."""
+    total = max(len(cases), 2 * concurrency)
+    return [cases[index % len(cases)] for index in range(total)]
+
+
+def ask_under_load(endpoint: t.Mapping[str, t.Any], cases: t.Sequence[t.Mapping[str, t.Any]], params: t.Mapping[str, t.Any],
+                   concurrency: int) -> list[tuple[str, str | None, str | None]]:
+    """Each scheduled case asked with ``concurrency`` requests in flight: (case id, answer or None, why it has none)."""
+    schedule = load_schedule(cases, concurrency)
+
+    def one(case: t.Mapping[str, t.Any]) -> tuple[str, str | None, str | None]:
+        try:
+            return case["id"], ask(endpoint, case, params), None
+        except (ValueError, OSError) as error:
+            return case["id"], None, str(error)[:200]
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=concurrency) as pool:
+        return list(pool.map(one, schedule))
+
+
+def load_corruptions(cases: t.Sequence[t.Mapping[str, t.Any]], alone: t.Sequence[t.Mapping[str, t.Any]],
+                     under_load: t.Sequence[tuple[str, str | None, str | None]]) -> list[dict[str, t.Any]]:
+    """The cases a model answered right alone and not under load: a known answer wrong, degenerate output, or no answer.
+    Batch-size numerics may change a greedy answer's wording without counting; a case wrong alone says nothing here
+    (the sequential diff judges it). One entry per case, with how many of its requests went wrong."""
+    checks = {case["id"]: case["check"] for case in cases}
+    right_alone = {result["id"]: result["answer"] for result in alone if result["pass"]}
+    found: dict[str, dict[str, t.Any]] = {}
+    for case_id, answer, error in under_load:
+        if case_id not in right_alone:
+            continue
+        if answer is None:
+            reason = f"no answer under load ({error})"
+        else:
+            try:
+                still_right = passes(checks[case_id], answer)
+            except RegexTimeout:
+                still_right = True
+            why = degenerate(answer)
+            if why and not degenerate(right_alone[case_id]):
+                reason = f"{why} under load, none alone"
+            elif not still_right:
+                reason = "its known answer was right alone and wrong under load"
+            else:
+                continue
+        entry = found.setdefault(case_id, {"id": case_id, "answer": answer, "alone": right_alone[case_id], "reason": reason, "wrong": 0})
+        entry["wrong"] += 1
+    asked = {case_id: sum(1 for asked_id, _a, _e in under_load if asked_id == case_id) for case_id in found}
+    return [{**entry, "asked": asked[case_id]} for case_id, entry in found.items()]
+
+
+def load_reason(corrupted: t.Sequence[t.Mapping[str, t.Any]], concurrency: int) -> str:
+    shown = "; ".join(f"{c['id']} ({c['wrong']} of {c['asked']}: {c['reason']}; alone {c['alone'][:40]!r}, under load "
+                      f"{(c['answer'] or '')[:40]!r})" for c in corrupted[:4])
+    return (f"{len(corrupted)} cases answered right alone went wrong with {concurrency} requests in flight: {shown}. Speculative "
+            "decoding with async scheduling corrupts answers only at concurrency above 1 (vllm 46669): try "
+            "--no-async-scheduling or fewer draft tokens")
+
+
 def correctness(endpoint: dict[str, t.Any], cases: t.Sequence[t.Mapping[str, t.Any]], reference: t.Mapping[str, t.Any] | None,
                 params: t.Mapping[str, t.Any]) -> dict[str, t.Any]:
     """Ask every case (the first stream_cases also streamed, and the tool-call case when wanted), save the judged results
@@ -434,9 +522,12 @@ def correctness(endpoint: dict[str, t.Any], cases: t.Sequence[t.Mapping[str, t.A
     wanted = params["tool_call"] == "always" or (params["tool_call"] == "auto" and endpoint["tool_parser"])
     tool_call = ask_tool_call(endpoint, params) if wanted else None
     results = judge(cases, answers)
+    concurrency = params["load_concurrency"]
+    corrupted = load_corruptions(cases, results, ask_under_load(endpoint, cases, params, concurrency)) if concurrency > 1 else []
+    load = {"concurrency": concurrency, "requests": len(load_schedule(cases, concurrency)), "corrupted": corrupted} if concurrency > 1 else None
     mismatches = stream_mismatches(results, streamed)
     document = {"label": params["label"], "model": endpoint["model"], "url": endpoint["url"], "max_tokens": params["max_tokens"],
-                "results": results, "streamed": len(streamed), "stream_mismatches": mismatches, "tool_call": tool_call}
+                "results": results, "streamed": len(streamed), "stream_mismatches": mismatches, "tool_call": tool_call, "load": load}
     results_file = os.path.join(params["results_dir"], f"results-{params['label']}.json")
     try:
         # One that already holds these results is left alone.
@@ -446,7 +537,8 @@ def correctness(endpoint: dict[str, t.Any], cases: t.Sequence[t.Mapping[str, t.A
         raise ResultsNotSaved(f"results_dir: cannot write {results_file} ({error.strerror or error}); give a results_dir the task's user "
                               "can write, or become: true", results) from error
     output = {"changed": changed, "ok": True, "passed": sum(1 for r in results if r["pass"]), "total": len(results), "results": results,
-              "results_file": results_file, "streamed": len(streamed), "stream_mismatches": mismatches, "tool_call": tool_call, "reasons": []}
+              "results_file": results_file, "streamed": len(streamed), "stream_mismatches": mismatches, "tool_call": tool_call, "load": load,
+              "reasons": []}
     if reference is not None:
         comparison = diff(reference, results)
         output["changed_cases"] = comparison.pop("changed")
@@ -456,6 +548,9 @@ def correctness(endpoint: dict[str, t.Any], cases: t.Sequence[t.Mapping[str, t.A
     if mismatches:
         output["ok"] = False
         output["reasons"].append(stream_reason(mismatches, len(streamed)))
+    if corrupted:
+        output["ok"] = False
+        output["reasons"].append(load_reason(corrupted, concurrency))
     if tool_call and not tool_call["pass"]:
         output["ok"] = False
         output["reasons"].append(f"the tool-call case failed ({endpoint['tool_parser'] or 'the endpoint'}'s parser): {tool_call['reason']}")

@@ -219,6 +219,9 @@ INSTANCE_KEYS: tuple[Key, ...] = (
         flag="--language-model-only"),
     Key("prefix_caching", "tristate", "true or false renders `--enable-prefix-caching` or `--no-enable-prefix-caching`; "
         "unset keeps vLLM's default.", flag="--enable-prefix-caching"),
+    Key("async_scheduling", "tristate", "true or false renders `--async-scheduling` or `--no-async-scheduling`; unset keeps vLLM's "
+        "default. With drafts, async scheduling corrupts some answers above concurrency 1 (vllm 46669): a sweep dimension, "
+        "checked by the correctness step under load.", flag="--async-scheduling"),
     Key("enforce_eager", "switch", "No CUDA graphs (slow; for tests and debugging).", flag="--enforce-eager"),
     Key("trust_remote_code", "switch", "Run the checkpoint's own Python code.", flag="--trust-remote-code"),
     Key("speculative", "speculative", "`method`, `num_speculative_tokens` (0 turns it off), `model` for drafter methods, `options`.",

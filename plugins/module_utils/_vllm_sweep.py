@@ -102,7 +102,7 @@ FIGURES = ("output_throughput", "mean_tpot_ms", "mean_ttft_ms", "median_ttft_ms"
 # Settings a variant may change; the rest (name, port, key, addresses, served names) is the instance's.
 OVERRIDABLE = frozenset({"speculative", "max_num_batched_tokens", "max_num_seqs", "attention_backend", "moe_backend",
                          "kv_cache_dtype", "catalog", "model", "quantization", "prefix_caching", "extra_args", "env",
-                         "gpu_memory_utilization", "max_model_len", "enforce_eager", "dtype"})
+                         "gpu_memory_utilization", "max_model_len", "enforce_eager", "dtype", "async_scheduling"})
 # The first release whose SpeculativeConfig has num_speculative_tokens_per_batch_size, as checked in the lab's image.
 SCHEDULE_SINCE = "0.32.0"
 
@@ -392,14 +392,20 @@ def not_recorded(summary: t.Mapping[t.Any, t.Any], concurrency: int, where: str)
 
 
 def correctness_gate(baseline: t.Mapping[str, t.Any] | None, variant: t.Mapping[str, t.Any]) -> dict[str, t.Any]:
-    """The variant passes no fewer cases than the baseline, streams what it answers whole and, where the instance has a
-    tool-call parser, calls the tool (seed 003: a speculative MoE variant can scramble streams); its changed greedy
-    answers are listed either way. The baseline is held to the last two itself."""
+    """The variant passes no fewer cases than the baseline, streams what it answers whole, keeps under load the answers
+    it gave right alone (vllm 46669: async scheduling with drafts corrupts answers only above concurrency 1) and, where
+    the instance has a tool-call parser, calls the tool (seed 003: a speculative MoE variant can scramble streams); its
+    changed greedy answers are listed either way. The baseline is held to the last three itself."""
     changed = [case.get("id") for case in variant.get("changed_cases") or []]
     broken = [f"{len(variant['stream_mismatches'])} streamed answers differ from the whole ones"
               f" ({', '.join(str(m.get('id')) for m in variant['stream_mismatches'])})"] if variant.get("stream_mismatches") else []
     tool_call = variant.get("tool_call")
     broken += [f"the tool-call case failed: {tool_call.get('reason')}"] if isinstance(tool_call, dict) and tool_call.get("pass") is False else []
+    load = variant.get("load") if isinstance(variant.get("load"), dict) else {}
+    corrupted = [c for c in load.get("corrupted") or [] if isinstance(c, dict)]
+    if corrupted:
+        named = ", ".join(f"{c.get('id')}: {c.get('reason')}" for c in corrupted)
+        broken.append(f"{len(corrupted)} answers right alone went wrong with {load.get('concurrency')} requests in flight ({named})")
     if baseline is None:
         return {"ok": not broken, "passed": variant.get("passed"), "baseline_passed": None, "changed": changed,
                 "reason": "; ".join(["the baseline itself", *broken])}

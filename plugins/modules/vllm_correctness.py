@@ -94,6 +94,17 @@ options:
     choices: [auto, always, never]
     default: auto
     version_added: 0.10.0
+  load_concurrency:
+    description:
+      - Also asks the cases again with this many requests in flight (twice as many requests as that, round-robin), the
+        load the benchmark's highest concurrency puts on the engine. A case answered right alone that is wrong under
+        load, answers with degenerate output (a repetition loop, token soup) or gets no answer fails the run, naming the
+        cases (speculative decoding with async scheduling corrupts answers only above concurrency 1, vllm 46669). A
+        greedy answer whose wording changes but stays right does not count (batch-size numerics). C(0) or C(1) asks
+        nothing more; at most 256.
+    type: int
+    default: 0
+    version_added: 0.11.0
 attributes:
   check_mode:
     support: partial
@@ -155,6 +166,13 @@ stream_mismatches:
   type: list
   elements: dict
   version_added: 0.10.0
+load:
+  description:
+    - The check under load, C(concurrency), C(requests) and C(corrupted) (per case, C(id), C(reason), C(answer) under load,
+      C(alone), and how many of its requests went C(wrong) of those C(asked)); null when O(load_concurrency) is below 2.
+  returned: when prompts were sent
+  type: dict
+  version_added: 0.11.0
 tool_call:
   description: The tool-call case's C(pass), C(reason) and C(call) (the called C(name) and raw C(arguments)); null when not sent.
   returned: when prompts were sent
@@ -199,6 +217,7 @@ def main():
             chat_template_kwargs=dict(type="dict", default={"enable_thinking": False}),
             stream_cases=dict(type="int", default=4),
             tool_call=dict(type="str", choices=["auto", "always", "never"], default="auto"),
+            load_concurrency=dict(type="int", default=0),
         ),
         supports_check_mode=True,
     )

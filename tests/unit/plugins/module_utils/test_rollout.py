@@ -168,6 +168,18 @@ def test_scrambled_streams_are_a_regression():
     assert "1 streamed answers differ from the whole ones (count)" in record["reasons"][0]
 
 
+def test_answers_corrupted_under_load_are_a_regression_naming_the_cases():
+    """vllm 46669: a draft with async scheduling corrupts answers only above concurrency 1; the correctness step asks
+    again under the benchmark's load, and a case it got right alone going wrong there regresses the change."""
+    load = {"concurrency": 4, "requests": 40, "corrupted": [{"id": "arith-2", "reason": "its known answer was right alone and wrong "
+                                                             "under load"}, {"id": "str-1", "reason": "token soup under load, none alone"}]}
+    record = verdict(bench(100.0, 104.0), {**CORRECT, "load": load})
+    assert record["verdict"] == "regressed"
+    assert ("2 answers right alone went wrong with 4 requests in flight (arith-2: its known answer was right alone and wrong under "
+            "load, str-1: token soup under load, none alone)") in record["reasons"][0]
+    assert verdict(bench(100.0, 104.0), {**CORRECT, "load": {**load, "corrupted": []}})["verdict"] == "upgraded"
+
+
 def test_a_unit_that_did_not_serve_failed_and_one_not_measured_is_not_upgraded():
     failed = verdict([], launch={"ok": False, "msg": "vLLM instance chat failed its relaunch"})
     assert failed["verdict"] == "failed" and failed["reasons"] == ["the new settings did not serve: vLLM instance chat failed its relaunch"]

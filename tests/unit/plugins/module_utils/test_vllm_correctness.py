@@ -4,8 +4,11 @@ import pytest
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_correctness import (
     BUILTIN_CASES,
+    degenerate,
     diff,
     judge,
+    load_corruptions,
+    load_schedule,
     normalise,
     passes,
     reference_problems,
@@ -171,3 +174,38 @@ def test_a_tool_call_passes_only_with_get_weather_and_arguments_that_parse(answe
 def test_a_stream_of_another_shape_is_named_not_a_traceback(event):
     with pytest.raises(ValueError, match="choices are not a list|carried an error|ended without"):
         streamed_text(event + "\n\ndata: [DONE]")
+
+
+@pytest.mark.parametrize(("answer", "why"), [
+    ("Paris", None),
+    ("", None),
+    ("The the the the the the the the the the the", "a repetition loop"),
+    ("Paris is the capital of France; Lyon, Marseille and Lille are cities.", None),
+    ("ab" * 40, "a repetition loop (80 of 80 characters"),
+    ("Paris " + "\n" * 30, "a repetition loop"),
+    ("\ufffd\ufffd x \x07\x01", "token soup (4 of 7 characters"),
+    ("The answer is 42, " + "42, " * 12, "a repetition loop"),
+    ("Liste: 1, 2, 3, 4, 5, 6, 7, 8, 9, 10.", None),
+])
+def test_degenerate_output_is_a_loop_or_token_soup(answer, why):
+    found = degenerate(answer)
+    assert (found is None) if why is None else found.startswith(why), found
+
+
+def test_only_cases_right_alone_count_under_load_and_each_is_named_once():
+    cases = [{"id": "a", "check": {"exact": "4"}}, {"id": "b", "check": {"exact": "9"}}, {"id": "c", "check": {"has_number": 7}}]
+    alone = [{"id": "a", "pass": True, "answer": "4"}, {"id": "b", "pass": False, "answer": "8"},
+             {"id": "c", "pass": True, "answer": "It is 7."}]
+    under_load = [("a", "4", None), ("b", "zzzz", None), ("c", "Seven, so 7.", None), ("a", "5", None), ("a", "5", None),
+                  ("c", None, "HTTP 500"), ("b", None, "timeout")]
+    corrupted = load_corruptions(cases, alone, under_load)
+    assert [(c["id"], c["wrong"], c["asked"]) for c in corrupted] == [("a", 2, 3), ("c", 1, 2)]
+    assert corrupted[0]["reason"] == "its known answer was right alone and wrong under load" and corrupted[0]["answer"] == "5"
+    assert corrupted[1]["reason"] == "no answer under load (HTTP 500)", "every request is accounted for"
+    assert load_corruptions(cases, alone, [("a", "4", None), ("c", "7 it is", None)]) == [], "reworded but right: batch numerics"
+
+
+def test_the_load_keeps_the_batch_full_and_asks_every_case():
+    cases = [{"id": str(n)} for n in range(3)]
+    assert [c["id"] for c in load_schedule(cases, 4)] == ["0", "1", "2", "0", "1", "2", "0", "1"]
+    assert len(load_schedule([{"id": str(n)} for n in range(20)], 4)) == 20

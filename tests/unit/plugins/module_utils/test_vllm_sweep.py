@@ -266,6 +266,10 @@ def test_records_gate_on_passes_and_changed_answers():
     # Seed 003: a variant that scrambles its streams or no longer calls the tool is out, however it scores.
     scrambled = vllm_sweep_record(variant, "ok", None, {"passed": 18, "total": 20, "stream_mismatches": [{"id": "arith-1"}]}, baseline, bench)
     assert not scrambled["gate"]["ok"] and scrambled["gate"]["reason"].endswith("; 1 streamed answers differ from the whole ones (arith-1)")
+    corrupted = vllm_sweep_record(variant, "ok", None, {"passed": 18, "total": 20, "load": {"concurrency": 8, "corrupted": [
+        {"id": "json-1", "reason": "a repetition loop under load, none alone"}]}}, baseline, bench)
+    assert not corrupted["gate"]["ok"] and corrupted["gate"]["reason"].endswith(
+        "; 1 answers right alone went wrong with 8 requests in flight (json-1: a repetition loop under load, none alone)")
     no_call = vllm_sweep_record(dict(variant, rank=0), "ok", None, {"passed": 18, "total": 20, "tool_call": {"pass": False, "reason": "no tool"}})
     assert no_call["gate"] == {"ok": False, "passed": 18, "baseline_passed": None, "changed": [],
                                "reason": "the baseline itself; the tool-call case failed: no tool"}

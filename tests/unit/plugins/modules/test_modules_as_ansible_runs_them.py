@@ -392,3 +392,63 @@ def test_image_release_refuses_what_it_cannot_read_without_a_traceback(tmp_path)
     refused("image_release", {"image": image, "engine": "vllm", "timeout": 0}, "timeout: 0 must be 1 to 3600 seconds")
     refused("image_release", {"image": image, "engine": "sglang"}, "value of engine must be one of: vllm, litellm")
     assert list(tmp_path.iterdir()) == []
+
+
+class Garbling(http.server.BaseHTTPRequestHandler):
+    """A chat endpoint that answers every case right alone and garbles one answer in four while other requests are in
+    flight (the first such, then every fourth): the corruption vllm 46669 shows (speculative decoding with async
+    scheduling, concurrency above 1)."""
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+        server = self.server
+        with server.lock:
+            server.in_flight += 1
+            crowded = server.in_flight > 1
+            if crowded:
+                server.crowded_answers += 1
+            garble = crowded and server.crowded_answers % 4 == 1
+        # Long enough that the load check's requests overlap on a busy machine.
+        time.sleep(0.3)
+        right = server.answers[body["messages"][0]["content"]]
+        content = server.garbled if garble else right
+        payload = json.dumps({"choices": [{"message": {"content": content}}]}).encode()
+        with server.lock:
+            server.in_flight -= 1
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def log_message(self, *_args):
+        pass
+
+
+@pytest.mark.parametrize("garbled", ["Lyon", "\ufffd\x07q\ufffd\ufffd\x01"], ids=["wrong-answer", "token-soup"])
+def test_correctness_under_load_fails_a_server_that_garbles_answers_only_in_a_batch(tmp_path, garbled):
+    cases = [{"id": f"capital-{n}", "prompt": f"Capital of country {n}?", "check": {"exact": f"City {n}"}} for n in range(3)]
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Garbling)
+    server.lock, server.in_flight, server.crowded_answers = threading.Lock(), 0, 0
+    server.answers = {case["prompt"]: case["check"]["exact"] for case in cases}
+    server.garbled = garbled
+    args = {"url": f"http://127.0.0.1:{server.server_address[1]}", "model": "m", "label": "load", "builtin_cases": False,
+            "cases": cases, "stream_cases": 0, "tool_call": "never", "results_dir": str(tmp_path), "load_concurrency": 4}
+    with serving(server):
+        alone = run("vllm_correctness", dict(args, load_concurrency=0))
+        assert alone.get("failed") is not True and alone["passed"] == 3 and alone["load"] is None, alone.get("msg")
+        result = refused("vllm_correctness", args, "went wrong with 4 requests in flight", "--no-async-scheduling")
+    load = result["load"]
+    assert (load["concurrency"], load["requests"]) == (4, 8)
+    assert 1 <= len(load["corrupted"]) <= 3 and all(c["alone"].startswith("City ") for c in load["corrupted"])
+    expected = "its known answer was right alone and wrong under load" if garbled == "Lyon" else "token soup"
+    assert all(c["reason"].startswith(expected) for c in load["corrupted"]), load["corrupted"]
+    assert sum(c["wrong"] for c in load["corrupted"]) == (server.crowded_answers + 3) // 4, "the first crowded answer, then every fourth"
+
+
+def test_correctness_under_load_passes_a_server_that_answers_the_same_in_a_batch(server, tmp_path):
+    server.routes["/v1/chat/completions"] = (200, '{"choices": [{"message": {"content": "The answer is 42."}}]}', 0.02)
+    args = {"url": server.url, "model": "m", "label": "x", "results_dir": str(tmp_path), "stream_cases": 0, "load_concurrency": 3}
+    steady = run("vllm_correctness", args)
+    assert steady.get("failed") is not True, steady.get("msg")
+    assert steady["load"] == {"concurrency": 3, "requests": 20, "corrupted": []}
+    refused("vllm_correctness", dict(args, load_concurrency=257), "load_concurrency is 257", "at most 256")
