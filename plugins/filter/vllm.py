@@ -261,8 +261,8 @@ def vllm_models_problems(models, allow_branch=False):
     return validate_models("vllm_models", models, bool(allow_branch))
 
 
-def vllm_pulled_image_problems(instances, pulled, stated_version=""):
-    return pulled_image_problems(instances or [], pulled or {}, stated_version or None)
+def vllm_pulled_image_problems(instances, pulled, stated_version="", stated_image=""):
+    return pulled_image_problems(instances or [], pulled or {}, stated_version or None, stated_image or "")
 
 
 def measure_documents_folder(label):

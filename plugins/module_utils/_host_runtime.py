@@ -65,7 +65,7 @@ ENTRY = f"{RUNTIME_DIR}/sparkfleet_runtime.py"
 ENTRY_SOURCE = "roles/serving_host/files/sparkfleet_runtime.py"
 # What the host's programs import of the collection (this file, the watchdog's daemon, the ranks' fabric wait): a unit
 # test keeps the list closed under their imports.
-RUNTIME_MODULES = ("_cluster_sequence", "_diagnose", "_fabric", "_files", "_gateway_routes", "_host_paths", "_host_runtime",
+RUNTIME_MODULES = ("_cluster_sequence", "_diagnose", "_fabric", "_files", "_gateway_routes", "_host_paths", "_host_runtime", "_image_kinds",
                    "_host_state", "_launch_checks", "_plan_file", "_settings", "_vllm_health", "_vllm_instance", "_watchdog")
 # Which unit stopped which container for its start: kept on disk, because a container stopped before a reboot is started
 # again only by the release of a unit that stopped it.

@@ -61,9 +61,20 @@ FIND_DEPTH = 7
 _DIST_INFO = re.compile(r"(?:^|/)(?P<name>[A-Za-z0-9_.]+)-(?P<version>[^/-]+)\.dist-info$")
 
 
+_PRE_RELEASE = re.compile(r"(?:a|b|rc)\d+|\.dev\d+")
+
+
+def release_order(version: str) -> tuple[int, ...]:
+    """A release's place in order: its numbers padded to three (0.34 is 0.34.0), a pre-release or development build
+    below the release it leads to (0.24.0rc1 and 0.24.0.dev5 may lack 0.24.0's fixes), the local tag ignored."""
+    public = public_version(version)
+    numbers = version_tuple(public)
+    return (*numbers, *(0,) * (3 - len(numbers)), 0 if _PRE_RELEASE.search(public) else 1)
+
+
 def floor(engine: str) -> str:
     """The lowest release that fixes every advisory of the engine."""
-    return max((a["fixed_in"] for a in ADVISORIES if a["engine"] == engine), key=version_tuple)
+    return max((a["fixed_in"] for a in ADVISORIES if a["engine"] == engine), key=release_order)
 
 
 def probe_argv(image: str, engine: str) -> list[str]:
@@ -82,7 +93,7 @@ def parse_versions(output: str, engine: str) -> list[str]:
         match = _DIST_INFO.search(line.strip())
         if match and match["name"].lower() == engine and VERSION.fullmatch(match["version"]):
             found.add(match["version"])
-    return sorted(found, key=version_tuple)
+    return sorted(found, key=release_order)
 
 
 def public_version(version: str) -> str:
@@ -104,8 +115,8 @@ def judge(engine: str, versions: t.Sequence[str], image: str, accepted: t.Sequen
         if reason:
             problems.append(f"{image} carries {title} {version}: {reason}. No acknowledgement runs it; pin an image of another "
                             f"release ({title} {floor(engine)} or newer)")
-    lowest = version_tuple(versions[0]) if versions else None
-    below = [a for a in ADVISORIES if a["engine"] == engine and (lowest is None or lowest < version_tuple(a["fixed_in"]))]
+    lowest = release_order(versions[0]) if versions else None
+    below = [a for a in ADVISORIES if a["engine"] == engine and (lowest is None or lowest < release_order(a["fixed_in"]))]
     acknowledged = [a["id"] for a in below if a["id"] in accepted]
     missing = [a for a in below if a["id"] not in accepted]
     if missing:
@@ -141,4 +152,4 @@ def recorded_versions(text: str | bytes, engine: str, image_id: str) -> list[str
     versions = record["versions"]
     if not all(isinstance(v, str) and VERSION.fullmatch(v) for v in versions):
         return None
-    return sorted(versions, key=version_tuple)
+    return sorted(versions, key=release_order)

@@ -71,13 +71,14 @@ TIMED_OUT = 124
 KILLED = 137
 
 
-def memory_probe_argv(image: str, gpus: bool) -> list[str]:
+def memory_probe_argv(image: str, gpus: bool, keeps_entrypoint: bool = False) -> list[str]:
     """The throwaway container that reads the memory: the plan's image, never pulled here (serving_host pulled and
     verified it), no network, the GPU handed over as the instance's own container gets it, stopped after
-    PROBE_SECONDS."""
+    PROBE_SECONDS. An image whose entrypoint must run (NGC's: CUDA forward compatibility) gets python3 as its command."""
+    python = [image, "python3"] if keeps_entrypoint else ["--entrypoint", "python3", image]
     return [TIMEOUT_CLIENT, "--signal=TERM", f"--kill-after={PROBE_KILL_AFTER}", str(PROBE_SECONDS),
             DOCKER_CLIENT, "run", "--rm", "--init", "--pull", "never", "--network", "none", "--security-opt", "no-new-privileges",
-            *(["--gpus", "all"] if gpus else []), "--entrypoint", "python3", image, "-c", MEMORY_PROBE]
+            *(["--gpus", "all"] if gpus else []), *python, "-c", MEMORY_PROBE]
 
 
 def probe_figures(rc: int, out: str, err: str) -> dict[str, t.Any] | str:

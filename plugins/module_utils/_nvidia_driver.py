@@ -36,6 +36,8 @@ OPEN, PROPRIETARY = "open", "proprietary"
 _KERNEL_IMAGE = re.compile(r"^linux-image-(?:unsigned-)?(?P<release>\d+\.\d+\.\d+-[A-Za-z0-9.+-]+)$")
 # linux-nvidia-hwe-24.04, linux-image-generic...: the metapackages that move a host to newer kernels.
 _KERNEL_METAPACKAGE = re.compile(r"^linux-(?:image-|headers-|tools-)?(?:generic|nvidia)(?:-[a-z0-9.]+)*$")
+# Shared files of a kernel line (linux-nvidia-tools-common...): no metapackage, and a hold would block their updates.
+_NOT_METAPACKAGE = re.compile(r"-common$")
 _KERNEL_RELEASE_IN_NAME = re.compile(r"\d+\.\d+\.\d+-\d+")
 _KERNEL_LINE = re.compile(r"^(?P<line>\d+\.\d+)(?:[.-]|$)")
 # How a validated line is written: major.minor.
@@ -84,7 +86,8 @@ def parse_kernel_packages(output: str) -> dict[str, list[str]]:
         image = _KERNEL_IMAGE.match(fields[0])
         if image:
             releases.append(image.group("release"))
-        elif _KERNEL_METAPACKAGE.match(fields[0]) and not _KERNEL_RELEASE_IN_NAME.search(fields[0]):
+        elif _KERNEL_METAPACKAGE.match(fields[0]) and not _KERNEL_RELEASE_IN_NAME.search(fields[0]) \
+                and not _NOT_METAPACKAGE.search(fields[0]):
             metapackages.append(fields[0])
     return {"releases": sorted(set(releases)), "metapackages": metapackages}
 
@@ -128,10 +131,11 @@ def unfinished(allowed_branch: str, packages: t.Sequence[t.Mapping[str, str]]) -
     return [dict(p) for p in packages if p["error_flag"] != "ok" or p["status"] not in (INSTALLED, CONFIG_FILES)]
 
 
-def unfinished_reasons(allowed_branch: str, packages: t.Sequence[t.Mapping[str, str]]) -> list[str]:
+def unfinished_reasons(allowed_branch: str, packages: t.Sequence[t.Mapping[str, str]], flavour: str | None = None) -> list[str]:
     """Why the unfinished packages break the rule, each with its fix: the allowed branch's are
-    finished, another branch's are purged (finishing them would install that branch)."""
-    left = unfinished(allowed_branch, packages)
+    finished, another branch's are purged (finishing them would install that branch). Where the board
+    needs the open flavour, the proprietary flavour's are the flavour rule's to name (purge, not finish)."""
+    left = [p for p in unfinished(allowed_branch, packages) if not (flavour == OPEN and package_flavour(p["name"]) == PROPRIETARY)]
     own = [p for p in left if p["branch"] == allowed_branch]
     other = [p for p in left if p["branch"] != allowed_branch]
     reasons = []
@@ -185,11 +189,12 @@ def flavour_reasons(flavour: str | None, packages: t.Sequence[t.Mapping[str, t.A
     fix = ("a GB10's Blackwell GPU initialises only with the open kernel modules (the proprietary ones fail with Xid 169, "
            "RmInitAdapter failed), so install nvidia-driver-{branch}-open, which replaces them, or set "
            "sparkfleet_hardware_overrides.driver_flavour to null deliberately")
-    proprietary = [p for p in installed(packages) if package_flavour(p["name"]) == PROPRIETARY]
+    # Half-installed ones too: finishing them (dpkg --configure -a) would install modules a GB10 cannot run.
+    proprietary = [p for p in packages if p.get("status") != CONFIG_FILES and package_flavour(p["name"]) == PROPRIETARY]
     if proprietary:
         listed = ", ".join(f"{p['name']} {p['version']}" for p in proprietary)
         reasons.append(f"driver packages of the proprietary kernel-module flavour are installed: {listed}; "
-                       + fix.format(branch=proprietary[0]["branch"]))
+                       + fix.format(branch=proprietary[0]["branch"]) + f" (sudo apt-get purge {' '.join(p['name'] for p in proprietary)})")
     incoming = [c for c in upgrade_changes or () if package_flavour(c["name"]) == PROPRIETARY]
     if incoming:
         listed = ", ".join(f"{c['name']} {c['version']}" for c in incoming)
@@ -198,9 +203,15 @@ def flavour_reasons(flavour: str | None, packages: t.Sequence[t.Mapping[str, t.A
     return reasons
 
 
+def release_order(release: str) -> tuple[int, ...]:
+    """A kernel release's numbers in order (6.17.0-1021-nvidia: 6, 17, 0, 1021), to tell which GRUB boots first."""
+    return tuple(int(number) for number in re.findall(r"\d+", release.split("-nvidia")[0])[:4])
+
+
 def kernel_reasons(line: str | None, running_release: str, incoming_kernels: t.Sequence[t.Mapping[str, str]] | None,
-                   metapackages: t.Sequence[str]) -> list[str]:
-    """The running kernel, and a kernel an upgrade would install, off the board's validated line."""
+                   metapackages: t.Sequence[str], installed_releases: t.Sequence[str] = ()) -> list[str]:
+    """The running kernel, an installed kernel newer than it (GRUB boots the newest at the next reboot) and a kernel an
+    upgrade would install, off the board's validated line."""
     if not line:
         return []
     reasons = []
@@ -209,6 +220,13 @@ def kernel_reasons(line: str | None, running_release: str, incoming_kernels: t.S
         reasons.append(f"the running kernel {running_release} is not on the {line} line, {why}; boot a {line} kernel (it stays "
                        "installed beside the new one: pick it in GRUB, then remove or hold the other), or set "
                        "sparkfleet_hardware_overrides.kernel_line deliberately")
+    waiting = [release for release in installed_releases
+               if kernel_line(release) != line and release_order(release) > release_order(running_release)]
+    if waiting:
+        packages = " ".join(f"linux-image-{release}" for release in waiting)
+        reasons.append(f"a kernel off the {line} line is installed and newer than the running one, so GRUB boots it at the next "
+                       f"reboot: {', '.join(waiting)}, {why}; remove it before rebooting (sudo apt-get purge {packages}) and hold "
+                       f"the metapackage that pulled it in (sudo apt-mark hold {' '.join(metapackages) or 'the kernel metapackage'})")
     foreign = [k for k in incoming_kernels or () if kernel_line(k["release"]) != line]
     if foreign:
         listed = ", ".join(f"{k['name']} {k['version']}" for k in foreign)
@@ -234,7 +252,7 @@ def judge(
         listed = ", ".join(f"{p['name']} {p['version']}" for p in foreign)
         reasons.append(f"installed driver packages of another branch than {allowed_branch}: {listed}; remove them, or change "
                        "driver_guard_allowed_branch deliberately")
-    reasons += unfinished_reasons(allowed_branch, packages)
+    reasons += unfinished_reasons(allowed_branch, packages, flavour)
     running = sorted({v for v in smi_versions if _DRIVER_VERSION.match(v).group("branch") != allowed_branch})
     if running:
         reasons.append(f"nvidia-smi reports driver {', '.join(running)}, not branch {allowed_branch}")

@@ -22,6 +22,7 @@ import typing as t
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._cluster_sequence import BACKENDS
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_paths import DOCKER_CLIENT
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._image_kinds import keeps_entrypoint
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._launch_checks import memory_probe_argv, paused_containers_problems
 
 # The shape of a unit's plan file, written by the plan builder (_vllm_plan.instance_plan). 2: the start door's keys
@@ -99,7 +100,7 @@ def unusable_keys(plan: t.Mapping[str, t.Any]) -> list[str]:
     if not is_argv(plan.get("docker_run")) or plan["docker_run"][:2] != [DOCKER_CLIENT, "run"]:
         wrong.append("docker_run")
     gpus = is_argv(plan.get("docker_run")) and "--gpus" in plan["docker_run"]
-    if plan.get("memory_probe") != memory_probe_argv(str(plan.get("run_image")), gpus):
+    if plan.get("memory_probe") != memory_probe_argv(str(plan.get("run_image")), gpus, keeps_entrypoint(plan)):
         wrong.append("memory_probe")
     if not is_share(plan.get("gpu_memory_utilization")):
         wrong.append("gpu_memory_utilization")

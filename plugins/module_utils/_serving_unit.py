@@ -38,6 +38,7 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_runtime impo
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_runtime import pause as host_pause
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_runtime import release as host_release
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_state import StateUnanswered, inspect_container, show_units, started_at
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._image_kinds import keeps_entrypoint
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._launch_checks import memory_probe_argv, paused_containers_problems
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._plan_file import (
     PLAN_SCHEMA_VERSION,
@@ -91,7 +92,7 @@ def plan_problem(plan: t.Any) -> str | None:
     missing += [key for key in needed if not (is_share(plan.get(key)) if key == "gpu_memory_utilization" else plan.get(key))]
     # The only command a plan brings to run is the memory check the plan builder wrote for its own image.
     gpus = isinstance(plan.get("docker_run"), list) and "--gpus" in plan["docker_run"]
-    if "memory_probe" in needed and plan.get("memory_probe") and plan["memory_probe"] != memory_probe_argv(str(plan.get("run_image")), gpus):
+    if "memory_probe" in needed and plan.get("memory_probe") and plan["memory_probe"] != memory_probe_argv(str(plan.get("run_image")), gpus, keeps_entrypoint(plan)):
         missing.append("memory_probe (the memory check the plan builder writes for the plan's run_image)")
     if not is_gateway(plan) and not (cold_start_usable(plan.get("cold_start")) and STAMP_PATH.fullmatch(plan["cold_start"]["stamp"])):
         missing.append("cold_start (its timeout, restarts, restart window and the warm stamp under the cache folder's jit/<image>/warm/)")

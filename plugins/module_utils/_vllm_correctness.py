@@ -23,6 +23,7 @@ import threading
 import typing as t
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._files import write_changed
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_bench import CONCURRENCY
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_client import discover_model, http, json_object, label_problems, reply_problem
 
 CHECK_KINDS = ("has_number", "exact", "regex", "json_fields")
@@ -427,8 +428,8 @@ def ask_tool_call(endpoint: t.Mapping[str, t.Any], params: t.Mapping[str, t.Any]
     return tool_call_verdict(json_object(http("POST", url, endpoint["api_key"], body, timeout=params["timeout"]), f"the tool-call case: {url}"))
 
 
-# The most requests the load check keeps in flight: the benchmarks' highest concurrency on these boxes is far below.
-MAX_LOAD_CONCURRENCY = 256
+# The most requests the load check keeps in flight: as many as a benchmark may run, whose highest it is given.
+MAX_LOAD_CONCURRENCY = int(CONCURRENCY.high)
 # A run of one short unit repeated this often, over at least half an answer, is a model stuck in a loop.
 REPEATS = 8
 _REPEATED_RUN = re.compile(r"(.{1,16}?)\1{" + str(REPEATS - 1) + ",}", re.DOTALL)
@@ -506,9 +507,14 @@ def load_corruptions(cases: t.Sequence[t.Mapping[str, t.Any]], alone: t.Sequence
 def load_reason(corrupted: t.Sequence[t.Mapping[str, t.Any]], concurrency: int) -> str:
     shown = "; ".join(f"{c['id']} ({c['wrong']} of {c['asked']}: {c['reason']}; alone {c['alone'][:40]!r}, under load "
                       f"{(c['answer'] or '')[:40]!r})" for c in corrupted[:4])
-    return (f"{len(corrupted)} cases answered right alone went wrong with {concurrency} requests in flight: {shown}. Speculative "
-            "decoding with async scheduling corrupts answers only at concurrency above 1 (vllm 46669): try "
-            "--no-async-scheduling or fewer draft tokens")
+    advice = []
+    if any(c["answer"] is not None for c in corrupted):
+        advice.append("Speculative decoding with async scheduling corrupts answers only at concurrency above 1 (vllm 46669): try "
+                      "--no-async-scheduling or fewer draft tokens")
+    if any(c["answer"] is None for c in corrupted):
+        advice.append(f"A request that gets no answer at {concurrency} in flight is a capacity problem: check max_num_seqs, the "
+                      "engine's log and the correctness timeout")
+    return f"{len(corrupted)} cases answered right alone went wrong with {concurrency} requests in flight: {shown}. {' '.join(advice)}"
 
 
 def correctness(endpoint: dict[str, t.Any], cases: t.Sequence[t.Mapping[str, t.Any]], reference: t.Mapping[str, t.Any] | None,

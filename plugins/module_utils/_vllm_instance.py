@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 import typing as t
 
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._image_kinds import IMAGE_KINDS
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._watchdog import STATE_DIR as WATCHDOG_STATE_DIR
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._watchdog import person_needed_path
 
@@ -91,21 +92,6 @@ def parse_image_reference(image: str) -> dict[str, str | None] | None:
     return match.groupdict() if match else None
 
 
-# How each kind of vLLM image starts the server: the entrypoint the image declares and what the container's command
-# puts before vllm serve's arguments. An entrypoint the image needs is never replaced (the Ray ranks of a kind whose
-# entrypoint runs the command hand theirs to it instead of overriding it).
-IMAGE_KINDS: dict[str, dict[str, t.Any]] = {
-    "vllm-openai": {
-        "entrypoint": ["vllm", "serve"], "serve_command": [], "keeps_entrypoint": False,
-        "source": "vLLM's own images (vllm/vllm-openai, and the lab's CPU build): ENTRYPOINT [\"vllm\", \"serve\"]",
-    },
-    "ngc": {
-        "entrypoint": ["/opt/nvidia/nvidia_entrypoint.sh"], "serve_command": ["vllm", "serve"], "keeps_entrypoint": True,
-        "source": "NVIDIA's NGC vLLM images (nvcr.io/nvidia/vllm): their entrypoint enables CUDA forward compatibility, then "
-        "runs the command (seed 003: docker run nvcr.io/nvidia/vllm:TAG vllm serve MODEL); replacing it made FlashInfer's JIT "
-        "fail with cudaErrorUnsupportedPtxVersion on a Spark",
-    },
-}
 # The repositories whose kind is known without the inventory saying so; any other is vllm-openai unless
 # vllm_image_kinds maps it.
 KNOWN_REPOSITORIES = {"nvcr.io/nvidia/vllm": "ngc"}

@@ -32,6 +32,8 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._hardware_classes 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_paths import DOCKER_CLIENT
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_runtime import ENTRY as RUNTIME_ENTRY
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_runtime import REFUSED, RUNTIME_DIR
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._image_kinds import IMAGE_KINDS
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._image_release import public_version, release_order
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._launch_checks import memory_probe_argv, paused_containers_problems
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._model_catalog import (
     CATALOG,
@@ -40,7 +42,6 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._model_catalog imp
     catalog_id,
     catalog_problems,
     catalog_reference_problems,
-    version_tuple,
 )
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._plan_file import PLAN_SCHEMA_VERSION, is_share, start_record
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._settings import as_bool, as_float, as_int, normal_path, path_problem
@@ -55,7 +56,6 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_guards impor
 )
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_instance import (
     CONTAINER_PORT,
-    IMAGE_KINDS,
     INSTANCE_LABEL,
     entrypoint_problem,
     image_kind,
@@ -442,22 +442,25 @@ def speculative_release_findings(field: str, keys: t.Iterable[str], version: str
     if not version or not VERSION.fullmatch(version):
         return [], []
     errors, warnings = [], []
+    # A release candidate of a release already has its changes: compared by its numbers alone, padded (0.34 is 0.34.0).
+    reached = release_order(version)[:3]
     for key in sorted(set(keys) & set(SPECULATIVE_KEY_RELEASES)):
         release = SPECULATIVE_KEY_RELEASES[key]
-        if "removed_in" in release and version_tuple(version) >= version_tuple(release["removed_in"]):
+        if "removed_in" in release and reached >= release_order(release["removed_in"])[:3]:
             errors.append(f"{field}.options.{key}: vLLM {version} no longer accepts it (removed in {release['removed_in']}; a start "
                           "with it fails); drop it from the options")
-        elif "deprecated_in" in release and version_tuple(version) >= version_tuple(release["deprecated_in"]):
+        elif "deprecated_in" in release and reached >= release_order(release["deprecated_in"])[:3]:
             warnings.append(f"{field}.options.{key}: deprecated since vLLM {release['deprecated_in']}; the next release may refuse "
                             "it, so drop it while the rollout can compare")
     return errors, warnings
 
 
-def pulled_image_problems(instances: t.Sequence[t.Mapping[str, t.Any]], pulled: t.Mapping[str, t.Any], stated: str | None) -> list[str]:
+def pulled_image_problems(instances: t.Sequence[t.Mapping[str, t.Any]], pulled: t.Mapping[str, t.Any], stated: str | None,
+                          stated_image: str = "") -> list[str]:
     """What each planned instance's pulled image refuses, before any unit changes: an entrypoint that cannot start the
-    plan's command for the image's kind, a vllm_version the inventory states that the image contradicts (the plan judged
-    against the stated one), and speculative_config keys the release no longer accepts. ``pulled``: image -> {release
-    (None: unread, judged at the floor), entrypoint}, for the images the pull read."""
+    plan's command for the image's kind, a vllm_version the inventory states for ``stated_image`` that the image
+    contradicts (the plan judged against the stated one), and speculative_config keys the release no longer accepts.
+    ``pulled``: image -> {release (None: unread, judged at the floor), entrypoint}, for the images the pull read."""
     problems = []
     for instance in instances:
         read = pulled.get(instance["image"])
@@ -468,8 +471,8 @@ def pulled_image_problems(instances: t.Sequence[t.Mapping[str, t.Any]], pulled: 
         version = read.get("release")
         if not isinstance(version, str) or not VERSION.fullmatch(version):
             continue
-        read = version.split("+", 1)[0]
-        if stated and stated.split("+", 1)[0] != read:
+        read = public_version(version)
+        if stated and VERSION.fullmatch(stated) and instance["image"] == stated_image and release_order(stated) != release_order(read):
             problems.append(f"vllm_version: {stated} is stated, but {instance['image']} (instance {instance['name']}) carries vLLM "
                             f"{version}; set vllm_version to {read}, or leave it empty to judge by the image")
         errors, _warnings = speculative_release_findings(f"instance {instance['name']}.speculative",
@@ -865,7 +868,7 @@ def instance_plan(instance: t.Mapping[str, t.Any], start_after: list[str], optio
         "weights": instance["model"],
         "weights_host_path": weights_host_path,
         "gpu_memory_utilization": instance["gpu_memory_utilization"],
-        "memory_probe": memory_probe_argv(image, bool(options["gpus"])),
+        "memory_probe": memory_probe_argv(image, bool(options["gpus"]), IMAGE_KINDS[kind]["keeps_entrypoint"]),
         "paused_containers": [str(name) for name in options["launch_paused_containers"]]
         if isinstance(options["launch_paused_containers"], list) else [],
         "catalog": instance.get("catalog"),

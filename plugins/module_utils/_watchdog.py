@@ -514,6 +514,9 @@ def assess(plan: t.Mapping[str, t.Any], memory: dict[str, t.Any], seen: t.Mappin
     metrics read again after an answered probe, or None) and ``hold`` (engine_hold's answer after an unanswered probe).
     The action is one of none, start, restart, give_up."""
     decision: dict[str, t.Any] = {"unit": plan["unit"], "container": seen.get("container"), "action": "none"}
+    if not seen.get("hold"):
+        # A hold is timed from its first sample: any sample that does not see it ends it.
+        memory.pop("held_since", None)
     if seen.get("person_needed"):
         memory["person_needed"] = True
         return {**decision, "verdict": "person_needed",
@@ -571,19 +574,22 @@ def assess(plan: t.Mapping[str, t.Any], memory: dict[str, t.Any], seen: t.Mappin
         return {**decision, "verdict": verdict,
                 "why": "the token counters moved" if probe is None else f"a probe completion answered in {probe['seconds']} s"}
     hold = seen.get("hold")
-    if hold:
+    held_for = now - memory.setdefault("held_since", now) if hold else 0.0
+    if hold and held_for <= settings["maintenance_max_age"]:
         memory.update(failures=0, evidence=[])
         return {**decision, "verdict": "held",
-                "why": f"the engine says it is held on purpose ({hold}): a held engine is not wedged, and it serves again when released"}
+                "why": f"the engine says it is held on purpose ({hold}, {int(held_for)} s so far): a held engine is not wedged, and it "
+                       f"serves again when released; judged as any other after {settings['maintenance_max_age']} s"}
+    stale_hold = f" (held as {hold} for {int(held_for)} s, longer than {settings['maintenance_max_age']} s)" if hold else ""
     outcome = (probe or {}).get("outcome")
     if outcome == "refused":
         return {**decision, "verdict": "inconclusive", "why": f"the probe was refused ({probe.get('detail')}): progress cannot be judged"}
     running = metrics.get("vllm:num_requests_running", 0.0) if metrics else 0.0
     if outcome == "timeout":
         return failing(plan, memory, seen, settings, now, "wedged",
-                       f"the counters did not move ({running:g} requests running by the last gauge) and a {settings['probe_tokens']}-token "
-                       f"probe got no answer in {settings['probe_timeout']} s while the container runs" if metrics is not None else
-                       f"{no_series} and a probe got no answer in {settings['probe_timeout']} s while the container runs")
+                       (f"the counters did not move ({running:g} requests running by the last gauge) and a {settings['probe_tokens']}-token "
+                        f"probe got no answer in {settings['probe_timeout']} s while the container runs" if metrics is not None else
+                        f"{no_series} and a probe got no answer in {settings['probe_timeout']} s while the container runs") + stale_hold)
     return failing(plan, memory, seen, settings, now, "unanswered",
                    f"the container {seen.get('container')} but the server does not answer: {(probe or {}).get('detail') or no_series}")
 

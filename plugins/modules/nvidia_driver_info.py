@@ -202,7 +202,8 @@ def main():
     result["kernel"] = kernel
 
     result["reasons"] = judge(module.params["allowed_branch"], known, smi_versions, upgrade_changes, module.params["flavour"])
-    result["reasons"] += kernel_reasons(module.params["kernel_line"], kernel["running"], kernel["incoming"], kernel["metapackages"])
+    result["reasons"] += kernel_reasons(module.params["kernel_line"], kernel["running"], kernel["incoming"], kernel["metapackages"],
+                                        kernel["releases"])
     result["ok"] = not result["reasons"]
     module.exit_json(**result)
 

@@ -101,7 +101,7 @@ options:
         load, answers with degenerate output (a repetition loop, token soup) or gets no answer fails the run, naming the
         cases (speculative decoding with async scheduling corrupts answers only above concurrency 1, vllm 46669). A
         greedy answer whose wording changes but stays right does not count (batch-size numerics). C(0) or C(1) asks
-        nothing more; at most 256.
+        nothing more; at most 1024, as a benchmark.
     type: int
     default: 0
     version_added: 0.11.0

@@ -211,7 +211,11 @@ def read_hold(plan, timeout):
         try:
             status, text = call(plan["url"].rstrip("/") + route, timeout, api_key(plan))
         except urllib.error.HTTPError as error:
-            status, text = error.code, error.read().decode("utf-8", "replace")
+            status = error.code
+            try:
+                text = error.read().decode("utf-8", "replace")
+            except (OSError, http.client.HTTPException):
+                continue
         except (OSError, ValueError, http.client.HTTPException):
             continue
         hold = engine_hold(route, status, text)

@@ -150,15 +150,23 @@ def test_the_pulls_release_judges_the_plan_before_any_unit_changes():
     def read(version):
         return {"release": version, "entrypoint": ["vllm", "serve"]}
 
-    assert pulled_image_problems([instance, plain], {IMAGE: read("0.33.0"), plain["image"]: read("0.33.0")}, "0.33.0") == []
-    problems = pulled_image_problems([instance, plain], {IMAGE: read("0.34.0"), plain["image"]: read("0.34.0")}, "0.33.0")
+    assert pulled_image_problems([instance, plain], {IMAGE: read("0.33.0"), plain["image"]: read("0.33.0")}, "0.33.0", IMAGE) == []
+    problems = pulled_image_problems([instance, plain], {IMAGE: read("0.34.0"), plain["image"]: read("0.34.0")}, "0.33.0", IMAGE)
     assert problems[0] == (f"vllm_version: 0.33.0 is stated, but {IMAGE} (instance chat) carries vLLM 0.34.0; set vllm_version to 0.34.0, "
                            "or leave it empty to judge by the image")
     assert "instance chat.speculative.options.use_heterogeneous_vocab: vLLM 0.34.0 no longer accepts it" in problems[1]
-    assert len(problems) == 3, "the embedding instance's image contradicts the stated release too"
-    assert pulled_image_problems([instance], {IMAGE: read("0.32.0+cpu")}, "0.32.0") == [], "the local tag is no other release"
-    assert pulled_image_problems([instance], {IMAGE: read(None)}, "0.33.0") == [], "an unread release was refused at the floor already"
-    assert pulled_image_problems([instance], {}, "") == [], "not read in this run (a check run before its pull)"
+    assert len(problems) == 2, "vllm_version is vllm_image's release: an instance pinned to another image is not held to it"
+    assert pulled_image_problems([instance], {IMAGE: read("0.32.0+cpu")}, "0.32.0", IMAGE) == [], "the local tag is no other release"
+    assert pulled_image_problems([instance], {IMAGE: read("0.34.0")}, "0.34", IMAGE)[0].startswith("instance chat.speculative"), \
+        "0.34 is 0.34.0, and its dropped keys are refused"
+    assert pulled_image_problems([instance], {IMAGE: read(None)}, "0.33.0", IMAGE) == [], "an unread release was refused at the floor already"
+    assert pulled_image_problems([instance], {}, "", IMAGE) == [], "not read in this run (a check run before its pull)"
+
+
+@pytest.mark.parametrize("version", ["0.24.0rc1", "0.24.0.dev5", "0.24.0rc2.dev3+g1a2b3c"])
+def test_a_pre_release_of_the_floor_is_below_it(version):
+    (problem,) = judge("vllm", [version], IMAGE, [])["problems"]
+    assert "CVE-2026-48710" in problem and "CVE-2026-48746" not in problem
 
 
 NGC = "nvcr.io/nvidia/vllm:26.05.post1-py3@sha256:" + "e" * 64

@@ -233,6 +233,7 @@ linux-headers-6.17.0-1021-nvidia\t6.17.0-1021.21\tinstalled\tok
 linux-nvidia-6.17-tools-6.17.0-1021\t6.17.0-1021.21\tinstalled\tok
 linux-firmware\t20240318.git3b128b60-0ubuntu2\tinstalled\tok
 linux-libc-dev\t6.8.0-51.52\tinstalled\tok
+linux-nvidia-tools-common\t6.17.0-1021.21\tinstalled\tok
 """
 APT_SIMULATION_KERNEL_7 = """\
 Inst linux-image-7.0.0-1004-nvidia (7.0.0-1004.4 Ubuntu:24.04/noble-updates [arm64])
@@ -311,3 +312,25 @@ def test_kernel_off_the_validated_line_is_refused_running_and_incoming():
     assert running.startswith("the running kernel 7.0.0-1004-nvidia is not on the 6.17 line")
     assert "sparkfleet_hardware_overrides.kernel_line" in running
     assert "hold the kernel metapackage" in kernel_reasons("6.17", "6.17.0-1", incoming, [])[0]
+
+
+def test_a_newer_kernel_off_the_line_waiting_for_the_next_boot_is_refused():
+    """GRUB boots the newest installed kernel: a 7.x one installed beside the running 6.17 takes over at the reboot the
+    guard is run before; an older one off the line (a previous install's 6.14) stays unused."""
+    installed = ["6.14.0-1015-nvidia", "6.17.0-1021-nvidia", "7.0.0-1004-nvidia"]
+    (waiting,) = kernel_reasons("6.17", "6.17.0-1021-nvidia", [], ["linux-nvidia-hwe-24.04"], installed)
+    assert waiting.startswith("a kernel off the 6.17 line is installed and newer than the running one, so GRUB boots it at the next "
+                              "reboot: 7.0.0-1004-nvidia")
+    assert "sudo apt-get purge linux-image-7.0.0-1004-nvidia" in waiting and "apt-mark hold linux-nvidia-hwe-24.04" in waiting
+    assert kernel_reasons("6.17", "6.17.0-1021-nvidia", [], [], installed[:2]) == []
+
+
+def test_half_installed_proprietary_modules_are_purged_not_finished_on_a_gb10():
+    """Finishing them (dpkg --configure -a) would install modules a GB10 cannot run."""
+    packages = parse_dpkg_query("nvidia-driver-580-open\t580.159.04-0ubuntu1\tinstalled\tok\n"
+                                "nvidia-dkms-580\t580.159.04-0ubuntu1\thalf-configured\tok\n")
+    (reason,) = judge("580", packages, [], None, "open")
+    assert "proprietary kernel-module flavour are installed: nvidia-dkms-580" in reason and "sudo apt-get purge nvidia-dkms-580" in reason
+    assert "dpkg --configure -a" not in reason
+    either = judge("580", packages, [], None, None)
+    assert len(either) == 1 and "sudo dpkg --configure -a" in either[0], "without the flavour rule: finish it, as before"

@@ -8,6 +8,7 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_correctness 
     diff,
     judge,
     load_corruptions,
+    load_reason,
     load_schedule,
     normalise,
     passes,
@@ -209,3 +210,12 @@ def test_the_load_keeps_the_batch_full_and_asks_every_case():
     cases = [{"id": str(n)} for n in range(3)]
     assert [c["id"] for c in load_schedule(cases, 4)] == ["0", "1", "2", "0", "1", "2", "0", "1"]
     assert len(load_schedule([{"id": str(n)} for n in range(20)], 4)) == 20
+
+
+def test_the_load_reason_gives_the_advice_that_fits_what_went_wrong():
+    wrong = {"id": "a", "wrong": 1, "asked": 4, "reason": "its known answer was right alone and wrong under load", "alone": "4", "answer": "5"}
+    silent = {"id": "b", "wrong": 2, "asked": 4, "reason": "no answer under load (timed out)", "alone": "9", "answer": None}
+    assert "--no-async-scheduling" in load_reason([wrong], 8) and "capacity" not in load_reason([wrong], 8)
+    assert "capacity problem: check max_num_seqs" in load_reason([silent], 8) and "async" not in load_reason([silent], 8)
+    both = load_reason([wrong, silent], 8)
+    assert both.startswith("2 cases answered right alone went wrong with 8 requests in flight: a (1 of 4") and "async" in both and "capacity" in both

@@ -579,6 +579,17 @@ def test_a_held_engine_is_not_restarted_as_wedged_and_judged_again_once_released
     assert "checkpoint prepared" in decisions[0]["why"] and memory["failures"] == 0
     released = samples(memory, [seen(metrics=metrics(7.0, running=0.0), probe=TIMEOUT)] * 3, start=2000.0)
     assert [d["verdict"] for d in released] == ["wedged"] * 3 and released[-1]["action"] == "restart"
+    assert "held_since" not in memory, "the hold ended with the first sample that did not see it"
+
+
+def test_an_engine_held_longer_than_the_maintenance_limit_is_judged_again():
+    """An engine stuck restoring, or a checkpoint nobody restores, would otherwise never serve again."""
+    memory = new_memory()
+    held = seen(metrics=metrics(7.0, running=0.0), probe=TIMEOUT, hold="checkpoint restoring")
+    assert assess(PLAN, memory, held, SETTINGS_DEFAULT, 1000.0)["verdict"] == "held"
+    assert assess(PLAN, memory, held, SETTINGS_DEFAULT, 1000.0 + 7200)["verdict"] == "held"
+    late = assess(PLAN, memory, held, SETTINGS_DEFAULT, 1000.0 + 7230)
+    assert late["verdict"] == "wedged" and "(held as checkpoint restoring for 7230 s, longer than 7200 s); failing sample 1" in late["why"]
 
 
 def test_the_daemon_asks_a_silent_engine_whether_it_is_held(tmp_path):

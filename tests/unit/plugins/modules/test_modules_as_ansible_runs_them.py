@@ -451,4 +451,4 @@ def test_correctness_under_load_passes_a_server_that_answers_the_same_in_a_batch
     steady = run("vllm_correctness", args)
     assert steady.get("failed") is not True, steady.get("msg")
     assert steady["load"] == {"concurrency": 3, "requests": 20, "corrupted": []}
-    refused("vllm_correctness", dict(args, load_concurrency=257), "load_concurrency is 257", "at most 256")
+    refused("vllm_correctness", dict(args, load_concurrency=1025), "load_concurrency is 1025", "at most 1024")
