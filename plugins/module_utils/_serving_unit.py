@@ -92,7 +92,8 @@ def plan_problem(plan: t.Any) -> str | None:
     missing += [key for key in needed if not (is_share(plan.get(key)) if key == "gpu_memory_utilization" else plan.get(key))]
     # The only command a plan brings to run is the memory check the plan builder wrote for its own image.
     gpus = isinstance(plan.get("docker_run"), list) and "--gpus" in plan["docker_run"]
-    if "memory_probe" in needed and plan.get("memory_probe") and plan["memory_probe"] != memory_probe_argv(str(plan.get("run_image")), gpus, keeps_entrypoint(plan)):
+    expected_probe = memory_probe_argv(str(plan.get("run_image")), gpus, keeps_entrypoint(plan))
+    if "memory_probe" in needed and plan.get("memory_probe") and plan["memory_probe"] != expected_probe:
         missing.append("memory_probe (the memory check the plan builder writes for the plan's run_image)")
     if not is_gateway(plan) and not (cold_start_usable(plan.get("cold_start")) and STAMP_PATH.fullmatch(plan["cold_start"]["stamp"])):
         missing.append("cold_start (its timeout, restarts, restart window and the warm stamp under the cache folder's jit/<image>/warm/)")

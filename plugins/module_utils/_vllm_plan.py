@@ -1150,7 +1150,8 @@ def pool_share(instances: t.Any, defaults: t.Any) -> float:
 def text_read(given: t.Mapping[str, t.Any]) -> dict[str, t.Any]:
     """The options with each text switch or number read as the role's argument spec reads it (``-e vllm_health_timeout=30``
     arrives as "30"); text that reads as neither is left for the checks to name, and so is any other type."""
-    readers = {**dict.fromkeys((*OPTION_BOUNDS, "core_dump_mib"), as_int), **dict.fromkeys(SWITCH_OPTIONS, as_bool), **dict.fromkeys(FRACTION_OPTIONS, as_float)}
+    readers = {**dict.fromkeys((*OPTION_BOUNDS, "core_dump_mib"), as_int), **dict.fromkeys(SWITCH_OPTIONS, as_bool),
+               **dict.fromkeys(FRACTION_OPTIONS, as_float)}
     options = dict(given)
     for name, reader in readers.items():
         read = reader(options[name]) if isinstance(options.get(name), str) and options[name].strip() else None

@@ -117,9 +117,10 @@ flavour:
   type: str
 kernel:
   description:
-    - The validated line it was judged against (O(kernel_line), null for any), the running kernel release, the installed kernel releases, the installed kernel metapackages (what moves a host to
-      newer kernels, held by the C(driver_guard) role where O(kernel_line) is set), and the kernels the simulated upgrade
-      would install (when O(simulate_upgrade) is true).
+    - The validated line it was judged against (O(kernel_line), null for any), the running kernel release, the installed
+      kernel releases, the installed kernel metapackages (what moves a host to newer kernels, held by the C(driver_guard)
+      role where O(kernel_line) is set), and the kernels the simulated upgrade would install (when O(simulate_upgrade) is
+      true).
   returned: always
   type: dict
   sample: {"line": "6.17", "running": "6.17.0-1021-nvidia", "releases": ["6.17.0-1021-nvidia"], "metapackages": ["linux-nvidia-hwe-24.04"],

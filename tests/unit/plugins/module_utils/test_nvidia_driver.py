@@ -308,7 +308,7 @@ def test_kernel_off_the_validated_line_is_refused_running_and_incoming():
     (upgrade,) = kernel_reasons("6.17", "6.17.0-1021-nvidia", incoming, metas)
     assert "would bring a kernel off the 6.17 line" in upgrade and "linux-image-7.0.0-1004-nvidia 7.0.0-1004.4" in upgrade
     assert "RoCE regression" in upgrade and "sudo apt-mark hold linux-nvidia-hwe-24.04 linux-image-nvidia-hwe-24.04" in upgrade
-    running, _ = kernel_reasons("6.17", "7.0.0-1004-nvidia", incoming, [])
+    running = kernel_reasons("6.17", "7.0.0-1004-nvidia", incoming, [])[0]
     assert running.startswith("the running kernel 7.0.0-1004-nvidia is not on the 6.17 line")
     assert "sparkfleet_hardware_overrides.kernel_line" in running
     assert "hold the kernel metapackage" in kernel_reasons("6.17", "6.17.0-1", incoming, [])[0]
