@@ -30,6 +30,9 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterable, Sequence
 
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._files import prune_oldest, write_atomically
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_paths import PY_SPY, STACKS_DIR
+
 # argv and a timeout in seconds -> (exit status, stdout, stderr); the status is None when the command
 # did not finish in time and MISSING when its tool is not installed. (Aliases are evaluated at import,
 # where ansible-test's pylint holds module_utils to Pythons older than 3.10: hence Optional.)
@@ -89,6 +92,15 @@ KERNEL_LINES = re.compile(r"out of memory|oom[-_ ]?kill|oom_reaper|\boom\b|kille
 PLAN_FOLDERS = ("", "last-good", "litellm")
 PLAN_SUFFIXES = (".json", ".yaml")
 OTHER_UNITS = ("earlyoom.service", "docker.service")
+# The name of every bundle diagnose_bundle writes starts so: what it prunes from its folder, and nothing else.
+BUNDLE_PREFIX = "sparkfleet-diagnose-"
+# An engine's processes whose stacks a bundle reads: vLLM's API server, engine core and workers, with room for Ray's.
+STACK_PROCESSES = 16
+# The watchdog's stack files kept on a host, the newest (each a few kilobytes per process).
+STACK_FILES_KEPT = 20
+# Read while the watchdog holds a wedged engine's restart: short, so the restart is not held long.
+STACKS_TIME_LIMIT = 10.0
+STACKS_TOTAL_LIMIT = 60.0
 # Tools such as ibdev2netdev live in sbin, which a non-login PATH can lack.
 SBIN = ("/usr/local/sbin", "/usr/sbin", "/sbin")
 
@@ -139,7 +151,7 @@ def http_get(url: str, timeout: float) -> tuple[int | None, str]:
 def bundle_path(folder: str, host: str, when: float) -> str:
     """Where a host's bundle made at `when` (seconds since the epoch) goes."""
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(when))
-    return os.path.join(folder, f"sparkfleet-diagnose-{re.sub(r'[^A-Za-z0-9._-]', '_', host)}-{stamp}.tar.gz")
+    return os.path.join(folder, f"{BUNDLE_PREFIX}{re.sub(r'[^A-Za-z0-9._-]', '_', host)}-{stamp}.tar.gz")
 
 
 def secret_env(name: str) -> bool:
@@ -458,8 +470,67 @@ def section(argv: list[str], result: tuple[int | None, str, str] | None, keep: C
     return f"$ {shlex.join(argv)}\n{output_text(rc, out, err)}\n"
 
 
+def container_pids(listing: str) -> list[str]:
+    """The host PIDs in `docker top CONTAINER -eo pid,comm`'s answer, in its order: its header and any line that starts
+    with no PID left out."""
+    return [words[0] for words in (line.split() for line in listing.splitlines()) if words and words[0].isdigit()]
+
+
+def engine_stacks(bundle: Collector, container: str) -> str:
+    """The Python stack of each of the container's processes, under its command line, as the member it returns. py-spy
+    reads them from the processes' memory without pausing them (--nonblocking): a bundle never stalls a serving engine,
+    and a frozen one (SIGSTOP, a hang in a collective) is read all the same. A wedge reported upstream needs them."""
+    member = f"stacks/{container}.txt"
+    listing = [DOCKER, "top", container, "-eo", "pid,comm"]
+    listed = bundle.command(member, listing)
+    text = section(listing, listed)
+    pids = container_pids(listed[1]) if listed is not None and listed[0] == 0 else []
+    for pid in pids[:STACK_PROCESSES]:
+        argv = [PY_SPY, "dump", "--nonblocking", "--pid", pid]
+        result = bundle.command(member, argv)
+        if result is not None and result[0] == MISSING:
+            text += f"(py-spy is not installed at {PY_SPY}, so no stack was read: docs/diagnose.md says how it is installed)\n"
+            break
+        text += section(argv, result)
+    if len(pids) > STACK_PROCESSES:
+        text += f"({len(pids) - STACK_PROCESSES} more processes not read: the first {STACK_PROCESSES} are the engine's own)\n"
+    bundle.members[member] = text.encode()
+    return member
+
+
+def save_engine_stacks(container: str, unit: str, config_dirs: Sequence[str], when: float, folder: str = STACKS_DIR,
+                       run: Runner = run_command) -> str:
+    """The container's engine stacks, scrubbed of every key the config folders hold, written 0600 to a file of `folder`
+    named after the unit and `when` (seconds since the epoch): the watchdog's record of a wedged engine, read before it
+    kills the engine and taken into every later bundle. The oldest files beyond STACK_FILES_KEPT go. Returns its path;
+    raises DiagnoseError or OSError as collect_bundle does."""
+    if not PLAN_NAME.fullmatch(container) or not PLAN_NAME.fullmatch(unit):
+        raise DiagnoseError(f"{container!r} or {unit!r} is no name the collection writes")
+    secrets = survey(config_dirs)["secrets"]
+    bundle = Collector(run, http_get, STACKS_TIME_LIMIT, STACKS_TOTAL_LIMIT, time.monotonic)
+    member = engine_stacks(bundle, container)
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    path = os.path.join(folder, f"{unit}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime(when))}.txt")
+    write_atomically(path, scrub(bundle.members[member], secrets), 0o600)
+    prune_oldest(folder, "", ".txt", STACK_FILES_KEPT)
+    return path
+
+
+def saved_stacks(folder: str) -> dict[str, bytes]:
+    """The watchdog's stack files (save_engine_stacks), newest first, by name; never followed through a link."""
+    try:
+        names = [entry.name for entry in os.scandir(folder) if entry.name.endswith(".txt") and entry.is_file(follow_symlinks=False)]
+    except OSError:
+        return {}
+    files = {}
+    for name in sorted(names, reverse=True)[:STACK_FILES_KEPT]:
+        with open(os.path.join(folder, name), "rb") as handle:
+            files[name] = handle.read()
+    return files
+
+
 def collect_bundle(destination: str, config_dirs: Sequence[str], time_limit: float, run: Runner, fetch: Fetcher,
-                   total_limit: float = 300.0, clock: Callable[[], float] = time.monotonic) -> dict[str, t.Any]:
+                   total_limit: float = 300.0, clock: Callable[[], float] = time.monotonic, stacks_dir: str = STACKS_DIR) -> dict[str, t.Any]:
     """Collect the host's bundle and write it to `destination` (.tar.gz, mode 0600; its folder created
     0700 when missing). Returns {path, members, problems, size}; raises DiagnoseError or OSError when
     the bundle cannot be made safely or written."""
@@ -500,6 +571,9 @@ def collect_bundle(destination: str, config_dirs: Sequence[str], time_limit: flo
                 text = "(docker inspect gave no JSON: left out, so that no value escapes unredacted)\n" + output_text(inspected[0], "", inspected[2])
             bundle.members[member] = text.encode()
         bundle.output(f"containers/{container}.log", [DOCKER, "logs", "--tail", "500", "--timestamps", container])
+        engine_stacks(bundle, container)
+    for name, data in saved_stacks(stacks_dir).items():
+        bundle.members[f"watchdog-stacks/{name}"] = data
     for stem, url in found["metrics"].items():
         bundle.get(f"metrics/{stem}.txt", url.rstrip("/") + "/metrics")
     for unit in [*sorted(set(found["units"]) | listed_units), *OTHER_UNITS]:

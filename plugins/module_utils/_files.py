@@ -68,6 +68,25 @@ def write_atomically(path: str, text: str | bytes, mode: int) -> None:
         os.close(directory)
 
 
+def prune_oldest(folder: str, prefix: str, suffix: str, keep: int) -> list[str]:
+    """Remove the regular files of ``folder`` whose names start with ``prefix`` and end with ``suffix`` beyond the newest ``keep`` (by modification
+    time, then name), never through a link; returns the paths removed. What the collection writes on its own (bundles,
+    stack files) is bounded by this rule, so it never fills a disk that holds the weights."""
+    try:
+        entries = [entry for entry in os.scandir(folder) if entry.name.startswith(prefix) and entry.name.endswith(suffix) and entry.is_file(follow_symlinks=False)]
+    except OSError:
+        return []
+    newest_first = sorted(entries, key=lambda entry: (entry.stat(follow_symlinks=False).st_mtime, entry.name), reverse=True)
+    removed = []
+    for entry in newest_first[max(keep, 0):]:
+        try:
+            os.unlink(entry.path)
+        except FileNotFoundError:
+            continue
+        removed.append(entry.path)
+    return removed
+
+
 def write_changed(dest: str, contents: t.Mapping[str, bytes], check_mode: bool) -> tuple[bool, list[str]]:
     """Write each name -> bytes under ``dest`` whose content differs, readable by all (reports); (changed, paths)."""
     changed, paths = False, []

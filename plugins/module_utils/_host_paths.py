@@ -10,3 +10,7 @@ RUNTIME_DIR = "/usr/local/libexec/sparkfleet"
 PACKAGE = "ansible_collections/sparkfleet/vllm/plugins/module_utils"
 # The Docker client every unit runs (spark_facts reports whether a host has it).
 DOCKER_CLIENT = "/usr/bin/docker"
+# py-spy, which reads the engines' Python stacks into the diagnostics bundles (serving_host installs it).
+PY_SPY = f"{RUNTIME_DIR}/py-spy"
+# The engines' stacks the watchdog read before it killed a wedged engine, kept for the bundles.
+STACKS_DIR = "/var/lib/sparkfleet/watchdog/stacks"

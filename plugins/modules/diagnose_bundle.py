@@ -66,6 +66,13 @@ options:
     description: Seconds the whole collection may take, more than 0 and at most 3600; the commands left are skipped.
     type: float
     default: 300
+  keep:
+    description:
+      - How many bundles O(dest) keeps, the new one among them, from 1 to 1000; the oldest beyond them are removed once the
+        new one is written (only files named C(sparkfleet-diagnose-*.tar.gz), never through a link), so repeated runs never
+        fill the host's disk.
+    type: int
+    default: 10
 attributes:
   check_mode:
     support: full
@@ -118,6 +125,11 @@ size:
   description: The bundle's size in bytes; 0 in check mode.
   returned: always
   type: int
+removed:
+  description: The older bundles removed from O(dest) by O(keep); empty in check mode.
+  returned: always
+  type: list
+  elements: str
 would_collect:
   description: What the plans name, C(plan_files), C(units), C(containers), C(metrics) (name to URL) and C(cluster) (whether
     the fabric is read); the systemd units listed, earlyoom and docker, and the host's own commands come on top.
@@ -131,6 +143,7 @@ import time
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._diagnose import (
+    BUNDLE_PREFIX,
     CONFIG_DIRS,
     DiagnoseError,
     bundle_path,
@@ -139,6 +152,7 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._diagnose import (
     config_folders,
     survey,
 )
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._files import prune_oldest
 
 
 def main():
@@ -148,6 +162,7 @@ def main():
             config_dirs=dict(type="list", elements="path", default=list(CONFIG_DIRS)),
             time_limit=dict(type="float", default=60),
             total_limit=dict(type="float", default=300),
+            keep=dict(type="int", default=10),
         ),
         supports_check_mode=True,
     )
@@ -155,6 +170,8 @@ def main():
     if not 0 < params["time_limit"] <= 600 or not 0 < params["total_limit"] <= 3600:
         module.fail_json(msg=f"time_limit ({params['time_limit']}) must be more than 0 and at most 600 seconds, and total_limit "
                              f"({params['total_limit']}) more than 0 and at most 3600 (diagnose_time_limit, diagnose_total_limit)")
+    if not 1 <= params["keep"] <= 1000:
+        module.fail_json(msg=f"keep ({params['keep']}) must be from 1 to 1000 bundles (diagnose_keep)")
     problems = config_dir_problems(params["config_dirs"])
     if problems:
         module.fail_json(msg="; ".join(problems))
@@ -165,11 +182,12 @@ def main():
             found = survey(folders)
             would_collect = {"plan_files": sorted(found["files"]), "units": found["units"], "containers": found["containers"],
                              "metrics": found["metrics"], "cluster": found["cluster"]}
-            module.exit_json(changed=True, path=path, members=[], problems=found["problems"], size=0, would_collect=would_collect)
+            module.exit_json(changed=True, path=path, members=[], problems=found["problems"], size=0, removed=[],
+                             would_collect=would_collect)
         result = collect_host_bundle(path, folders, params["time_limit"], params["total_limit"])
     except (DiagnoseError, OSError) as error:
         module.fail_json(msg=f"the diagnostics bundle could not be made: {error}", path=path)
-    module.exit_json(changed=True, **result)
+    module.exit_json(changed=True, removed=prune_oldest(params["dest"], BUNDLE_PREFIX, ".tar.gz", params["keep"]), **result)
 
 
 if __name__ == "__main__":

@@ -266,7 +266,25 @@ print_lab_environment() {
   printf 'export SPARKFLEET_LAB_GATEWAY_KEY="$(cat %q)"\n' "$SPARKFLEET_ROOT/.cache/lab/gateway-key"
 }
 
+# py-spy's pinned wheel for this machine, fetched once at set-up into the folder the vllm role's default
+# vllm_py_spy_cache names, so the lab's runs find it there and send nothing past this machine.
+ensure_py_spy_wheel() {
+  local wheel url sha256 folder="$HOME/.cache/sparkfleet/py-spy"
+  wheel=$("$SPARKFLEET_VENV/bin/python" -c 'import sys, yaml
+wheel = yaml.safe_load(open(sys.argv[1]))["vllm_py_spy_wheels"][sys.argv[2]]
+print(wheel["url"], wheel["sha256"])' "$SPARKFLEET_ROOT/roles/vllm/defaults/main.yml" "$(uname -m)")
+  read -r url sha256 <<< "$wheel"
+  if [ ! -f "$folder/${url##*/}" ]; then
+    log "fetching py-spy's pinned wheel into $folder"
+    mkdir -p "$folder"
+    curl -fsSL --retry 3 -o "$folder/.download" "$url"
+    echo "$sha256  $folder/.download" | sha256sum --check --quiet
+    mv "$folder/.download" "$folder/${url##*/}"
+  fi
+}
+
 ensure_serving_lab() {
+  ensure_py_spy_wheel
   ensure_registry
   ensure_vllm_image
   ensure_litellm_image

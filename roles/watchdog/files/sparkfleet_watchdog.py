@@ -33,8 +33,8 @@ import urllib.request
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._cluster_sequence import restart as cluster_restart  # noqa: E402
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._diagnose import CONFIG_DIRS, collect_host_bundle, run_command  # noqa: E402
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._files import write_atomically  # noqa: E402
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._diagnose import CONFIG_DIRS, collect_host_bundle, run_command, save_engine_stacks  # noqa: E402
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._files import prune_oldest, write_atomically  # noqa: E402
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._gateway_routes import (  # noqa: E402
     ROUTE_LOCK,
     ROUTING_FILES,
@@ -98,6 +98,8 @@ STOP_TIMEOUT = 150
 START_TIMEOUT = 4 * COMMAND_TIMEOUT + DOOR_TIMEOUT
 # A gateway's restart after a drain: the old LiteLLM stops (30 s), the new one starts.
 GATEWAY_RESTART_TIMEOUT = 120
+# The give-up bundles kept on the host, the newest: each can hold an NVIDIA bug report of tens of megabytes.
+BUNDLES_KEPT = 10
 # No proxy from the service's environment: a probe carries the instance's key, and every URL is the host's own.
 OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
@@ -257,9 +259,12 @@ def act(decision, plan, settings, state_dir, memory, now):
         decision["result"] = run_command(["systemctl", "start", "--no-block", "--", unit], COMMAND_TIMEOUT)[0]
     elif decision["action"] == "restart":
         if decision.get("kill_first"):
+            decision["stacks"] = keep_stacks(settings, plan, now)
             decision["killed"] = run_command(["docker", "kill", "--signal", "KILL", plan["container"]], COMMAND_TIMEOUT)[0]
         decision["result"] = run_command(["systemctl", "restart", "--no-block", "--", unit], COMMAND_TIMEOUT)[0]
     elif decision["action"] == "restart_cluster":
+        if decision["verdict"] in ("wedged", "unanswered"):
+            decision["stacks"] = keep_stacks(settings, plan, now)
         decision.update(coordinate(plan, settings) if not is_worker(plan) else ask_head(plan, settings))
     elif decision["action"] == "give_up":
         # The give-up file first: a bundle can take minutes, and the unit must stay given up whatever happens to it.
@@ -550,17 +555,31 @@ def ranks(arguments):
     return 0
 
 
+def config_folders(settings):
+    """Every folder of the collection, the configured gateway's too (wherever the inventory put them): the keys of their env
+    files are scrubbed from what the watchdog keeps."""
+    configured = [*settings["plan_dirs"], *([settings["gateway_config_dir"]] if settings.get("gateway_config_dir") else [])]
+    return list(dict.fromkeys([*CONFIG_DIRS, *configured]))
+
+
 def collect_bundle(settings, state_dir, unit, now):
-    """The diagnostics bundle of the host at the give-up (the same as playbooks/diagnose.yml's)."""
-    destination = os.path.join(state_dir, "bundles", f"{unit}-{int(now)}.tar.gz")
+    """The diagnostics bundle of the host at the give-up (the same as playbooks/diagnose.yml's); the oldest beyond
+    BUNDLES_KEPT go."""
+    folder = os.path.join(state_dir, "bundles")
     try:
-        # Every folder of the collection, the configured gateway's too (wherever the inventory put them): the keys of
-        # their env files are then scrubbed from every member.
-        configured = [*settings["plan_dirs"], *([settings["gateway_config_dir"]] if settings.get("gateway_config_dir") else [])]
-        folders = list(dict.fromkeys([*CONFIG_DIRS, *configured]))
-        return collect_host_bundle(destination, folders, settings["bundle_time_limit"])["path"]
+        path = collect_host_bundle(os.path.join(folder, f"{unit}-{int(now)}.tar.gz"), config_folders(settings), settings["bundle_time_limit"])["path"]
     except Exception as error:  # noqa: BLE001 - a failed bundle must not stop the watchdog
         return f"no bundle: {error}"
+    prune_oldest(folder, "", ".tar.gz", BUNDLES_KEPT)
+    return path
+
+
+def keep_stacks(settings, plan, now):
+    """The wedged engine's Python stacks, read before anything kills or restarts it, into a file every later bundle takes."""
+    try:
+        return save_engine_stacks(plan["container"], plan["unit"], config_folders(settings), now)
+    except Exception as error:  # noqa: BLE001 - a stack not read must not keep a wedged engine from its restart
+        return f"no stacks: {error}"
 
 
 def sample(settings, state, now):

@@ -8,6 +8,7 @@ import builtins
 import gzip
 import http.server
 import json
+import os
 import pathlib
 import secrets
 import shlex
@@ -21,6 +22,8 @@ from threaded_server import serving
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._diagnose import (
     MISSING,
     REDACTED,
+    STACK_FILES_KEPT,
+    STACK_PROCESSES,
     DiagnoseError,
     bundle_path,
     collect_bundle,
@@ -31,8 +34,10 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._diagnose import (
     plan_secrets,
     redact_args,
     run_command,
+    save_engine_stacks,
     scrub,
 )
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_paths import PY_SPY
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._systemd import exec_line
 
 FIXTURES = pathlib.Path(__file__).resolve().parents[2] / "fixtures"
@@ -87,6 +92,13 @@ GPU 0000000F:01:00.0
     Product Name                          : NVIDIA GB10
 """
 HOLDS = "nvidia-driver-580-open\nlinux-image-nvidia-hwe-24.04\n"
+
+# Recorded on a lab host serving the suite's CPU vLLM: tests/unit/fixtures/py_spy/README.md.
+STACK_FIXTURES = FIXTURES / "py_spy"
+DOCKER_TOP = (STACK_FIXTURES / "docker-top-vllm-tiny.txt").read_text()
+DUMPS = {"2317": (0, (STACK_FIXTURES / "dump-2317.txt").read_text(), ""),
+         "2583": (1, "", (STACK_FIXTURES / "dump-not-python.stderr").read_text()),
+         "2584": (0, (STACK_FIXTURES / "dump-2584.txt").read_text(), "")}
 
 
 @pytest.fixture
@@ -182,6 +194,10 @@ class Host:
                                            f"wandb: using the key {keys['container_only']}\n")
         if argv[1:3] == ["image", "ls"]:
             return 0, IMAGES, ""
+        if argv[1:3] == ["top", "vllm-tiny"]:
+            return 0, DOCKER_TOP, ""
+        if argv[1:2] == ["top"]:
+            return 1, "", f"Error response from daemon: No such container: {argv[2]}\n"
         answers = {"uname": (0, UNAME, ""), "dpkg-query": DPKG_NOTHING, "apt-mark": (0, HOLDS, ""), "ip": (0, IP_BR_ADDR, ""),
                    "ibdev2netdev": (0, IBDEV2NETDEV, ""), "show_gids": (0, SHOW_GIDS, ""), "nvidia-smi": (0, NVIDIA_SMI_Q, "")}
         if argv[0] == "cat":
@@ -205,7 +221,7 @@ def read_bundle(path):
 
 def bundle(tmp_path, config, host, **options):
     destination = str(tmp_path / "diagnostics" / "sparkfleet-diagnose-spark-1-20261204T094500Z.tar.gz")
-    result = collect_bundle(destination, config, 60, host, fetch, **options)
+    result = collect_bundle(destination, config, 60, host, fetch, **{"stacks_dir": str(tmp_path / "no-stacks"), **options})
     return result, read_bundle(destination)
 
 
@@ -418,7 +434,8 @@ def test_missing_tools_add_no_member_and_are_marked(tmp_path, config, keys):
     assert not [name for name in members if name.startswith("nvidia/")]
     manifest = json.loads(members["MANIFEST.json"])
     missing = {entry["command"][0] for entry in manifest["commands"] if entry.get("missing")}
-    assert missing == {"nvidia-smi", "nvidia-bug-report.sh", "ibdev2netdev", "show_gids"}
+    # py-spy too: this host's recordings have no binary at its path.
+    assert missing == {"nvidia-smi", "nvidia-bug-report.sh", "ibdev2netdev", "show_gids", PY_SPY}
     assert b"$ ibdev2netdev\n(not installed)" in members["fabric.txt"]
 
 
@@ -629,3 +646,77 @@ def test_http_get_reads_a_real_server_past_any_proxy(monkeypatch):
         assert http_get(url + "/other", 5) == (404, "no")
     status, why = http_get(url + "/metrics", 5)
     assert status is None and url in why
+
+
+
+def stacks_host(keys, dumps=DUMPS, top=DOCKER_TOP):
+    """The host with its engine's processes listed and each read by py-spy, the API server's command line carrying a key
+    given as an extra argument (py-spy prints a process's whole command line)."""
+    def dump(argv, timeout):
+        rc, out, err = dumps[argv[-1]]
+        return rc, out.replace("--disable-fastapi-docs", f"--disable-fastapi-docs --api-key {keys['api']}"), err
+
+    return Host(keys, {("/usr/bin/docker", "top", "vllm-tiny"): (0, top, ""), (PY_SPY,): dump})
+
+
+def test_a_bundle_holds_each_engine_process_stack_read_without_pausing_it(tmp_path, config, keys):
+    host = stacks_host(keys)
+    _result, members = bundle(tmp_path, config, host)
+    stacks = members["stacks/vllm-tiny.txt"].decode()
+    assert "EngineCoreProc.run_busy_loop (vllm/v1/engine/core.py:1551)" in stacks and "Thread 1 (active): \"MainThread\"" in stacks
+    assert "Failed to find python version from target process" in stacks and "(exit status 1)" in stacks
+    reads = [argv for argv, _timeout in host.calls if argv[0] == PY_SPY]
+    assert reads == [[PY_SPY, "dump", "--nonblocking", "--pid", pid] for pid in ("2317", "2583", "2584")]
+    # Read after the container's own inspect and log: a bundle cut short by its time limit still holds those.
+    order = [" ".join(argv[:3]) for argv, _timeout in host.calls if argv[0] in ("/usr/bin/docker", PY_SPY)]
+    assert order.index("/usr/bin/docker logs --tail") < order.index("/usr/bin/docker top vllm-tiny") < order.index(f"{PY_SPY} dump --nonblocking")
+    assert f"--api-key {REDACTED}".encode() in members["stacks/vllm-tiny.txt"]
+    no_value_in_any_member(members, keys)
+
+
+def test_without_py_spy_the_bundle_says_so_once_per_container(tmp_path, config, keys):
+    host = Host(keys)
+    _result, members = bundle(tmp_path, config, host)
+    assert f"(py-spy is not installed at {PY_SPY}".encode() in members["stacks/vllm-tiny.txt"]
+    assert [argv[-1] for argv, _timeout in host.calls if argv[0] == PY_SPY] == ["2317"]
+
+
+def test_an_engine_of_many_processes_has_only_its_first_ones_read(tmp_path, config, keys):
+    pids = [str(1000 + index) for index in range(STACK_PROCESSES + 5)]
+    top = "PID                 COMMAND\n" + "".join(f"{pid}                VLLM::Worker_TP\n" for pid in pids)
+    host = stacks_host(keys, dumps={pid: DUMPS["2584"] for pid in pids}, top=top)
+    _result, members = bundle(tmp_path, config, host)
+    assert [argv[-1] for argv, _timeout in host.calls if argv[0] == PY_SPY] == pids[:STACK_PROCESSES]
+    assert b"(5 more processes not read" in members["stacks/vllm-tiny.txt"]
+
+
+def test_the_watchdogs_stacks_are_scrubbed_kept_newest_first_and_taken_into_the_next_bundle(tmp_path, config, keys):
+    folder = tmp_path / "stacks"
+    folder.mkdir()
+    for index in range(STACK_FILES_KEPT + 2):
+        old = folder / f"sparkfleet-vllm-tiny.service-20261201T0000{index:02d}Z.txt"
+        old.write_text(f"old {index}\n")
+        os.utime(old, (1_700_000_000 + index, 1_700_000_000 + index))
+    outside = tmp_path / "elsewhere.txt"
+    outside.write_text("not the watchdog's\n")
+    (folder / "zz-link.txt").symlink_to(outside)
+    path = save_engine_stacks("vllm-tiny", "sparkfleet-vllm-tiny.service", config, 1_796_380_000, str(folder), stacks_host(keys))
+    assert pathlib.Path(path).name == "sparkfleet-vllm-tiny.service-20261204T102640Z.txt"
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    saved = pathlib.Path(path).read_text()
+    assert "EngineCoreProc.run_busy_loop" in saved and keys["api"] not in saved and f"--api-key {REDACTED}" in saved
+    kept = sorted(entry.name for entry in folder.iterdir() if not entry.is_symlink())
+    # The oldest went, the link stayed untouched, and its target was never read.
+    assert len(kept) == STACK_FILES_KEPT and "sparkfleet-vllm-tiny.service-20261201T000000Z.txt" not in kept
+    assert outside.exists()
+    _result, members = bundle(tmp_path, config, Host(keys), stacks_dir=str(folder))
+    taken = sorted(name for name in members if name.startswith("watchdog-stacks/"))
+    assert f"watchdog-stacks/{pathlib.Path(path).name}" in taken and len(taken) == STACK_FILES_KEPT
+    assert b"not the watchdog's" not in b"".join(members.values())
+
+
+@pytest.mark.parametrize("container, unit", [("../../etc/x", "sparkfleet-vllm-tiny.service"), ("vllm-tiny", "a b"), ("", "u")])
+def test_a_stacks_record_for_a_name_the_collection_never_writes_is_refused(tmp_path, config, keys, container, unit):
+    with pytest.raises(DiagnoseError, match="is no name the collection writes"):
+        save_engine_stacks(container, unit, config, 1_796_380_000, str(tmp_path / "stacks"), stacks_host(keys))
+    assert not (tmp_path / "stacks").exists()

@@ -2,6 +2,7 @@
 no temporary file left behind, and the target as it was when writing fails."""
 
 import os
+import pathlib
 import stat
 import subprocess
 import sys
@@ -9,7 +10,7 @@ import textwrap
 
 import pytest
 
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._files import write_atomically, write_changed
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._files import prune_oldest, write_atomically, write_changed
 
 
 def mode(path):
@@ -112,3 +113,23 @@ def test_reports_are_written_whole_readable_by_all_and_only_when_their_content_c
     changed, _paths = write_changed(str(dest), {"report.md": b"# two\n"}, check_mode=True)
     assert changed and (dest / "report.md").read_bytes() == b"# one\n", "check mode writes nothing"
     assert sorted(p.name for p in dest.iterdir()) == ["report.md", "report.png"]
+
+
+def test_pruning_keeps_the_newest_of_its_own_names_and_never_follows_a_link(tmp_path):
+    for index in range(5):
+        path = tmp_path / f"sparkfleet-diagnose-h-{index}.tar.gz"
+        path.write_bytes(b"x")
+        os.utime(path, (1_700_000_000 + index, 1_700_000_000 + index))
+    operator = tmp_path / "operators-archive.tar.gz"
+    operator.write_bytes(b"mine")
+    os.utime(operator, (1_600_000_000, 1_600_000_000))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "target.tar.gz").write_bytes(b"t")
+    (tmp_path / "sparkfleet-diagnose-link.tar.gz").symlink_to(elsewhere / "target.tar.gz")
+    removed = prune_oldest(str(tmp_path), "sparkfleet-diagnose-", ".tar.gz", 2)
+    assert sorted(pathlib.Path(path).name for path in removed) == [f"sparkfleet-diagnose-h-{index}.tar.gz" for index in range(3)]
+    assert sorted(path.name for path in tmp_path.iterdir()) == [
+        "elsewhere", "operators-archive.tar.gz", "sparkfleet-diagnose-h-3.tar.gz", "sparkfleet-diagnose-h-4.tar.gz", "sparkfleet-diagnose-link.tar.gz"]
+    assert (elsewhere / "target.tar.gz").exists()
+    assert prune_oldest(str(tmp_path / "missing"), "", ".tar.gz", 2) == []

@@ -596,13 +596,10 @@ def test_the_daemon_asks_a_silent_engine_whether_it_is_held(tmp_path):
     """The daemon's own reader against a real HTTP server answering as vLLM 0.34 does: the checkpoint route first, with
     the unit's key, then dev mode's pause route; a server without either route (the lab's 0.32) holds nothing."""
     import http.server
-    import importlib.util
 
     from threaded_server import serving
 
-    spec = importlib.util.spec_from_file_location("sparkfleet_watchdog", ROOT / "roles" / "watchdog" / "files" / "sparkfleet_watchdog.py")
-    daemon = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(daemon)
+    daemon = load_daemon()
     answers = {}
     asked = []
 
@@ -631,3 +628,37 @@ def test_the_daemon_asks_a_silent_engine_whether_it_is_held(tmp_path):
         answers["/is_paused"] = (200, {"is_paused": True})
         assert daemon.read_hold(plan, 5) == "paused"
     assert {key for _path, key in asked} == {"Bearer " + "k" * 32}
+
+
+def load_daemon():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("sparkfleet_watchdog", ROOT / "roles" / "watchdog" / "files" / "sparkfleet_watchdog.py")
+    daemon = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(daemon)
+    return daemon
+
+
+@pytest.mark.parametrize("verdict, stacks_read", [("wedged", True), ("unanswered", True), ("down", False)])
+def test_a_wedged_engines_stacks_are_read_before_it_is_killed(monkeypatch, tmp_path, verdict, stacks_read):
+    """The daemon's act on a restart: the stacks first (the same reading as a bundle's), then the kill and the restart; a
+    stack that cannot be read never holds the restart back."""
+    daemon = load_daemon()
+    steps = []
+
+    def run(argv, timeout):
+        steps.append(argv[0] + " " + argv[1])
+        return 0, "", ""
+
+    def stacks(container, unit, folders, now):
+        steps.append(f"stacks {container}")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(daemon, "run_command", run)
+    monkeypatch.setattr(daemon, "save_engine_stacks", stacks)
+    monkeypatch.setattr(daemon, "drain", lambda plan, settings: [])
+    decision = {"action": "restart", "verdict": verdict, **({"kill_first": True} if verdict != "down" else {})}
+    daemon.act(decision, PLAN, {"plan_dirs": [str(tmp_path)]}, str(tmp_path), {}, 1_796_380_000)
+    killed = ["stacks " + PLAN["container"], "docker kill"] if stacks_read else []
+    assert steps == [*killed, "systemctl restart"]
+    assert decision.get("stacks") == ("no stacks: disk full" if stacks_read else None)

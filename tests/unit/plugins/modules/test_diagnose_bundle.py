@@ -85,3 +85,28 @@ def test_the_playbooks_default_folders_are_the_roles():
     for role, variable in FOLDER_VARIABLES.items():
         role_defaults = yaml.safe_load((ROOT / "roles" / role / "defaults" / "main.yml").read_text())
         assert defaults[variable] == role_defaults[variable], variable
+
+
+@pytest.mark.parametrize("keep", [0, -1, 1001])
+def test_a_keep_out_of_bounds_is_refused_before_anything_is_written(tmp_path, keep):
+    result = run({"config_dirs": [deployed(tmp_path / "etc", "alpha")], "dest": str(tmp_path / "out"), "keep": keep})
+    assert result.get("failed") is True and result["msg"] == f"keep ({keep}) must be from 1 to 1000 bundles (diagnose_keep)", result
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_real_bundle_prunes_only_its_own_oldest_bundles(tmp_path):
+    """Run for real on this machine (its commands answer or are missing here): the folder keeps the newest bundles and
+    whatever else an operator put there."""
+    out = tmp_path / "out"
+    out.mkdir()
+    for index in range(3):
+        old = out / f"sparkfleet-diagnose-old-2026010{index}T000000Z.tar.gz"
+        old.write_bytes(b"old")
+        os.utime(old, (1_700_000_000 + index, 1_700_000_000 + index))
+    (out / "notes.tar.gz").write_bytes(b"an operator's")
+    result = run({"config_dirs": [deployed(tmp_path / "etc", "alpha")], "dest": str(out), "keep": 2, "time_limit": 10, "total_limit": 60})
+    assert result["changed"] is True and not result.get("failed"), result
+    assert sorted(pathlib.Path(path).name for path in result["removed"]) == [f"sparkfleet-diagnose-old-2026010{index}T000000Z.tar.gz"
+                                                                             for index in range(2)]
+    assert sorted(path.name for path in out.iterdir()) == sorted(["notes.tar.gz", "sparkfleet-diagnose-old-20260102T000000Z.tar.gz",
+                                                                  pathlib.Path(result["path"]).name])
