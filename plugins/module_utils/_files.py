@@ -73,7 +73,8 @@ def prune_oldest(folder: str, prefix: str, suffix: str, keep: int) -> list[str]:
     time, then name), never through a link; returns the paths removed. What the collection writes on its own (bundles,
     stack files) is bounded by this rule, so it never fills a disk that holds the weights."""
     try:
-        entries = [entry for entry in os.scandir(folder) if entry.name.startswith(prefix) and entry.name.endswith(suffix) and entry.is_file(follow_symlinks=False)]
+        entries = [entry for entry in os.scandir(folder)
+                   if entry.name.startswith(prefix) and entry.name.endswith(suffix) and entry.is_file(follow_symlinks=False)]
     except OSError:
         return []
     newest_first = sorted(entries, key=lambda entry: (entry.stat(follow_symlinks=False).st_mtime, entry.name), reverse=True)

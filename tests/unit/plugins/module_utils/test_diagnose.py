@@ -648,7 +648,6 @@ def test_http_get_reads_a_real_server_past_any_proxy(monkeypatch):
     assert status is None and url in why
 
 
-
 def stacks_host(keys, dumps=DUMPS, top=DOCKER_TOP):
     """The host with its engine's processes listed and each read by py-spy, the API server's command line carrying a key
     given as an extra argument (py-spy prints a process's whole command line)."""
