@@ -39,7 +39,7 @@ def serving_state(host):
 def instances_json(**second_overrides):
     second = {"name": "second", "model": "/models/tiny-llama-variant", "served_model_names": ["tiny-second"], "port": 8002, "api_key": KEY,
               "speculative": {"method": "ngram", "num_speculative_tokens": 3, "options": {"prompt_lookup_max": 3}},
-              "env": {"VLLM_SERVER_DEV_MODE": "1"}}
+              "env": {"VLLM_SERVER_DEV_MODE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}}
     second.update(second_overrides)
     first = {"name": "first", "model": "/models/tiny-llama", "served_model_names": ["tiny-first"], "port": 8001, "api_key": KEY}
     return json.dumps({"vllm_allow_dev_mode": True, "vllm_instances": [first, second]})

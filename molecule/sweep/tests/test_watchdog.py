@@ -116,6 +116,11 @@ def test_an_engine_core_frozen_with_a_request_in_flight_is_restarted(watched):
     finally:
         host.run(f"kill -CONT {engine} 2>/dev/null" + (f"; kill {client} 2>/dev/null" if client else ""))
     assert restart["verdict"] == "wedged" and "probe got no answer in 10 s while the container runs" in restart["why"]
+    # Its stacks were read before the kill, the frozen engine core's among them, and kept for the bundles.
+    stacks = host.file(restart["stacks"])
+    assert restart["stacks"].startswith("/var/lib/sparkfleet/watchdog/stacks/") and stacks.mode == 0o600, restart
+    assert f"py-spy dump --nonblocking --pid {engine}" in stacks.content_string
+    assert "EngineCoreProc.run_busy_loop" in stacks.content_string and KEY not in stacks.content_string
     print(f"\nwatchdog: frozen engine core restarted {restart['time'] - frozen:.1f} s after SIGSTOP: {restart['why']}")
     serving(host, frozen)
     assert engine_core_pid(host) != engine
@@ -161,6 +166,8 @@ def test_the_diagnose_playbook_brings_the_bundles_without_a_key_to_the_controlle
     for bundle in bundles:
         members, leaks = bundle_leaks(bundle, secrets)
         assert any(name.endswith("/MANIFEST.json") for name in members) and any("/plans/" in name for name in members), sorted(members)
+        # The engine's stacks read now, and those the watchdog read from the frozen engine (the test before the last).
+        assert any("/stacks/" in name for name in members) and any("/watchdog-stacks/" in name for name in members), sorted(members)
         assert not leaks, f"{bundle.name}: keys found in {leaks}"
 
 
