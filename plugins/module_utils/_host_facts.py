@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 import re
 import typing as t
 
@@ -32,6 +33,11 @@ LOADED_UTILIZATION = 50.0
 WEDGE_CLOCK_MHZ = 1000.0
 WEDGE_POWER_W = 15.0
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+# A size as docker system df prints it (go-units' HumanSize: decimal units), before the share in parentheses.
+DOCKER_SIZE = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([kMGTPE]?B)\b")
+DOCKER_UNITS = {"B": 1, "kB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "PB": 10**15, "EB": 10**18}
+# The most files a folder's usage walks before it reports what it has counted so far ("at least").
+USAGE_FILES = 200_000
 
 
 def board(dmi: t.Mapping[str, str | None]) -> dict[str, t.Any]:
@@ -127,6 +133,44 @@ def fstab_swaps(text: str) -> list[str]:
         if len(fields) >= 3 and fields[2] == "swap" and "noauto" not in (fields[3].split(",") if len(fields) > 3 else []):
             entries.append(fields[0])
     return entries
+
+
+def parse_docker_df(text: str | None) -> int | None:
+    """The bytes ``docker system df --format '{{json .}}'`` says a prune would reclaim (images, containers, volumes and
+    build cache together); None when it did not answer with its rows."""
+    total, rows = 0, 0
+    for line in (text or "").splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        found = DOCKER_SIZE.match(str(row.get("Reclaimable", ""))) if isinstance(row, dict) else None
+        if found:
+            total += round(float(found[1]) * DOCKER_UNITS[found[2]])
+            rows += 1
+    return total if rows else None
+
+
+def folder_usage(path: str, limit: int = USAGE_FILES) -> dict[str, t.Any]:
+    """What a folder holds, never following a link: {path, exists, used_bytes, complete}, complete false when the walk
+    stopped at `limit` files (used_bytes is then a lower bound), and the free and total bytes of its filesystem."""
+    used, files, complete = 0, 0, True
+    exists = os.path.isdir(path)
+    for folder, _folders, names in os.walk(path) if exists else ():
+        for name in names:
+            try:
+                used += os.lstat(os.path.join(folder, name)).st_blocks * 512
+            except OSError:
+                continue
+            files += 1
+        if files >= limit:
+            complete = False
+            break
+    usage: dict[str, t.Any] = {"path": path, "exists": exists, "used_bytes": used, "complete": complete, "free_bytes": None, "total_bytes": None}
+    if exists:
+        stats = os.statvfs(path)
+        usage.update(free_bytes=stats.f_bavail * stats.f_frsize, total_bytes=stats.f_blocks * stats.f_frsize)
+    return usage
 
 
 def parse_docker_info(text: str | None) -> dict[str, t.Any]:

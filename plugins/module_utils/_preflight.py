@@ -17,6 +17,8 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._hardware_classes 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._model_catalog import as_number, version_tuple
 
 GIB = 1024**3
+# What fills a serving host's disks unseen is reported with its size; past this it is a warning with the way to free it.
+STORAGE_WARN_GIB = 50.0
 ARCHITECTURES = {"aarch64": "arm64", "arm64": "arm64", "x86_64": "amd64", "amd64": "amd64"}
 # The first driver branch of each CUDA release (NVIDIA's CUDA toolkit release notes).
 CUDA_DRIVER_BRANCH = {"12.8": 570, "12.9": 575, "13.0": 580, "13.1": 590}
@@ -168,7 +170,9 @@ def preflight(facts: t.Mapping[str, t.Any], hardware_class: str, hardware: t.Map
     free = facts["disk"]["free_bytes"] / GIB
     checks.append(check("free disk", free >= need,
                         f"{free:.2f} GiB free at {facts['disk']['path']}, need {need:.2f} GiB"
-                        + (f" ({missing_weights_gib:.2f} GiB of checkpoints still to stage)" if missing_weights_gib else "")))
+                        + (f" ({missing_weights_gib:.2f} GiB of checkpoints still to stage)" if missing_weights_gib else "")
+                        + ("" if free >= need else reclaimable_hint(facts.get("storage") or {}))))
+    checks += storage_checks(facts.get("storage") or {})
     if instances:
         docker = facts["docker"]
         checks.append(check("docker", docker["present"], f"Docker {docker['version']}" if docker["present"]
@@ -193,6 +197,45 @@ def preflight(facts: t.Mapping[str, t.Any], hardware_class: str, hardware: t.Map
     return {"ok": not failures, "checks": checks, "reasons": failures,
             "warnings": [f"{c['name']}: {c['detail']}" for c in checks if c["status"] == "warn"],
             "lines": [f"{c['status'].upper()} {c['name']}: {c['detail']}" for c in checks]}
+
+
+def gib_text(usage: t.Mapping[str, t.Any]) -> str:
+    """A folder's usage as a report says it: a walk cut short gives a lower bound."""
+    return f"{'at least ' if not usage['complete'] else ''}{usage['used_bytes'] / GIB:.2f} GiB"
+
+
+def reclaimable_hint(storage: t.Mapping[str, t.Any]) -> str:
+    """What a full weights disk could get back, for the free disk check's failure."""
+    hints = []
+    if storage.get("docker_reclaimable_bytes"):
+        hints.append(f"docker system df says {storage['docker_reclaimable_bytes'] / GIB:.2f} GiB is reclaimable")
+    var_tmp = storage.get("var_tmp") or {}
+    if var_tmp.get("used_bytes"):
+        hints.append(f"/var/tmp holds {gib_text(var_tmp)}")
+    return f"; {', '.join(hints)} (on that disk only if it is the same filesystem)" if hints else ""
+
+
+def storage_checks(storage: t.Mapping[str, t.Any]) -> list[dict[str, t.Any]]:
+    """What fills a serving host's disks unseen, each reported with its size and a warning past STORAGE_WARN_GIB: /var/tmp
+    (a GX10's grew to 303 GB, epappas/gx10-cluster), Docker's reclaimable space and the Hugging Face cache the engines
+    share. None fails a host: none of it is the collection's to delete."""
+    checks = []
+    var_tmp = storage.get("var_tmp")
+    if var_tmp and var_tmp["exists"]:
+        large = var_tmp["used_bytes"] / GIB >= STORAGE_WARN_GIB
+        checks.append(check("/var/tmp", not large, f"{gib_text(var_tmp)} in /var/tmp, {var_tmp['free_bytes'] / GIB:.2f} GiB free on its "
+                            "filesystem" + ("; nothing of the collection's is there: find what writes it and clear it (a GX10's grew "
+                                            "to 303 GB)" if large else ""), warn_only=True))
+    reclaimable = storage.get("docker_reclaimable_bytes")
+    if reclaimable is not None:
+        large = reclaimable / GIB >= STORAGE_WARN_GIB
+        checks.append(check("docker reclaimable", not large, f"{reclaimable / GIB:.2f} GiB of images, containers, volumes and build "
+                            "cache no container uses" + ("; docker image prune and docker builder prune free it (keep the image a "
+                                                         "rollback returns to)" if large else ""), warn_only=True))
+    hf_cache = storage.get("hf_cache")
+    if hf_cache and hf_cache["exists"]:
+        checks.append(check("hf cache", True, f"{gib_text(hf_cache)} in {hf_cache['path']}, which every engine of this host mounts"))
+    return checks
 
 
 def memory_checks(facts: t.Mapping[str, t.Any], hardware: t.Mapping[str, t.Any],

@@ -22,6 +22,9 @@ REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
 DIRECTORY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 MANIFEST = ".sparkfleet-manifest.json"
 PARTIAL_PREFIX = ".partial-"
+# A size as huggingface_hub's CLI prints it in a dry run (_format_size): one decimal, units of 1000, no B.
+HF_SIZE_UNITS = ("", "K", "M", "G", "T", "P", "E", "Z")
+HF_SIZE = re.compile(r"([0-9]+(?:\.[0-9]+)?)([KMGTPEZ]?)")
 INDEX_FILES = ("model.safetensors.index.json",)
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt")
 # Names of instruction-tuned checkpoints: Gemma's -it, Llama's and Qwen's Instruct, chat models.
@@ -110,8 +113,9 @@ def hf_download_args(repo: str, revision: str, local_dir: str, include: t.Sequen
     return args + ["--local-dir", local_dir]
 
 
-def parse_listing(output: str) -> list[str]:
-    """The files ``hf download --dry-run --format json`` lists; ValueError saying what came instead.
+def listing_entries(output: str) -> list[dict[str, t.Any]]:
+    """The entries ``hf download --dry-run --format json`` lists (each with its file, and its size where the CLI gives
+    one); ValueError saying what came instead.
 
     The JSON array may follow warning or progress lines, some with brackets of their own, so it
     is sought at every ``[`` rather than at the first.
@@ -126,11 +130,31 @@ def parse_listing(output: str) -> list[str]:
             continue
         empty = empty or value == []
         if isinstance(value, list) and value and all(isinstance(e, dict) and isinstance(e.get("file"), str) and e["file"] for e in value):
-            return [entry["file"] for entry in value]
+            return value
     if empty:
         raise ValueError("the hub lists no file for it; check the include patterns and the revision")
     raise ValueError(f"hf download --dry-run printed no JSON list of files but {text.strip()[-200:]!r}; give an image "
                      "whose hf CLI has download --dry-run --format json")
+
+
+def parse_listing(output: str) -> list[str]:
+    """The files ``hf download --dry-run --format json`` lists; ValueError saying what came instead."""
+    return [entry["file"] for entry in listing_entries(output)]
+
+
+def listing_bytes(output: str) -> int | None:
+    """The bytes the listed files will take, from the sizes the CLI prints (huggingface_hub's units of 1000 with one
+    decimal: "4.9G"; "-" for a file it will not download); None when any size is missing or unreadable."""
+    total = 0.0
+    for entry in listing_entries(output):
+        size = entry.get("size")
+        found = HF_SIZE.fullmatch(size.strip()) if isinstance(size, str) else None
+        if size == "-":
+            continue
+        if not found:
+            return None
+        total += float(found[1]) * 1000 ** HF_SIZE_UNITS.index(found[2])
+    return round(total)
 
 
 def is_weights(path: str) -> bool:

@@ -24,6 +24,7 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_models impor
     MANIFEST,
     PARTIAL_PREFIX,
     hf_download_args,
+    listing_bytes,
     listing_problems,
     manifest,
     model_facts,
@@ -35,6 +36,11 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_models impor
     verify,
 )
 
+# Room a download must leave on the models disk beyond the checkpoint: the CLI's sizes are rounded to one decimal
+# (at most 5 % off), and a disk filled to its last byte fails every other writer on it.
+SIZE_MARGIN = 1.05
+STAGE_HEADROOM_BYTES = 1024**3
+GIB = 1024**3
 EXPECTED = ".sparkfleet-expected.json"
 TARGET = ".sparkfleet-target.json"
 BOOKKEEPING = (MANIFEST, EXPECTED, TARGET, ".cache")
@@ -163,6 +169,28 @@ def copy_from_source(host: Host, params: t.Mapping[str, t.Any], name: str, dest:
     return recorded
 
 
+def room_for_download(params: t.Mapping[str, t.Any], listed: int | None, partial: str, dest: str) -> None:
+    """Refuse a download the models disk cannot hold, before a byte is written: the listed size, less the files a resumed
+    download already holds, with SIZE_MARGIN and STAGE_HEADROOM_BYTES to spare. A listing without sizes is let through."""
+    if listed is None:
+        return
+    held = sum(entry["size"] for entry in scan(partial, False).values()) if os.path.isdir(partial) else 0
+    needed = max(listed - held, 0) * SIZE_MARGIN + STAGE_HEADROOM_BYTES
+    # The folder itself, or the nearest one that exists: the download creates what is missing on that filesystem.
+    folder = params["models_dir"]
+    while not os.path.isdir(folder) and os.path.dirname(folder) != folder:
+        folder = os.path.dirname(folder)
+    stats = os.statvfs(folder)
+    free = stats.f_bavail * stats.f_frsize
+    if free < needed:
+        raise StageFailure(
+            f"{params['repo']} at {params['revision']} needs {needed / GIB:.2f} GiB at {params['models_dir']} ({listed / GIB:.2f} GiB "
+            f"listed, {held / GIB:.2f} GiB already there, with room to spare) and only {free / GIB:.2f} GiB is free; nothing is "
+            f"staged at {dest}. Free that disk (the preflight report names /var/tmp and Docker's reclaimable space) or set "
+            "vllm_models_dir to a larger one"
+        )
+
+
 def download(host: Host, params: t.Mapping[str, t.Any], name: str, dest: str, partial: str) -> dict[str, t.Any]:
     """List the files at the revision, download them with hf (which resumes its own partial files), record the manifest."""
     target = {"repo": params["repo"], "revision": params["revision"]}
@@ -186,6 +214,7 @@ def download(host: Host, params: t.Mapping[str, t.Any], name: str, dest: str, pa
             f"listing {params['repo']} at {params['revision']} on {params['endpoint'] or 'the Hugging Face Hub'} failed: {error}; "
             f"nothing is staged at {dest}"
         ) from error
+    room_for_download(params, listing_bytes(out), partial, dest)
     start_partial(partial, target)
     write_atomically(expected_path, json.dumps(listing), MODE)
     rc, out, err = hf(host, params, hf_download_args(params["repo"], params["revision"], f"/stage/{PARTIAL_PREFIX}{name}", params["include"]), name)

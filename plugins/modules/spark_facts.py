@@ -33,6 +33,10 @@ options:
     description: Directory whose free disk is reported (its nearest existing parent when it does not exist yet).
     type: path
     default: /srv/models
+  cache_dir:
+    description: The vllm role's cache folder (C(vllm_cache_dir)), whose C(huggingface/) folder's usage is reported.
+    type: path
+    default: /var/cache/sparkfleet/vllm
   device_nodes:
     description: Glob patterns of the device nodes whose holders are reported.
     type: list
@@ -108,6 +112,10 @@ facts:
       total_bytes), C(sleep_targets) (unit -> state), C(power) (loaded, wedge_suspected, reason),
       C(package_lists) (indexes, the number of package indexes apt holds; age_seconds, the newest one's age, or None),
       C(packages) (each package of O(packages) with its installed version, or None).
+    - C(storage), what fills a serving host's disks, each folder as C(path), C(exists), C(used_bytes) (walked without
+      following links, at most 200000 files; C(complete) false when it stopped there), C(free_bytes) and C(total_bytes)
+      of its filesystem; C(var_tmp) (C(/var/tmp)), C(hf_cache) (O(cache_dir)C(/huggingface)), and
+      C(docker_reclaimable_bytes) (what C(docker system df) says a prune would free, or None).
     - C(docker) also holds C(client), whether the Docker client the units run (C(/usr/bin/docker)) exists, and
       C(waits_for_network), whether O(docker_network_dropin) exists.
     - With O(rdma), C(rdma) (rdma_links, gids and tools, as M(sparkfleet.vllm.cluster_fabric) returns them).
@@ -132,9 +140,11 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_facts import
     NVIDIA_SMI_ARGS,
     SLEEP_TARGETS,
     dpkg_query_args,
+    folder_usage,
     installed_packages,
     package_lists,
     package_name_problems,
+    parse_docker_df,
     summarise,
 )
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_paths import DOCKER_CLIENT
@@ -142,9 +152,12 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._launch_checks imp
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._launch_checks import read_text as read
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._tools import tool_runner
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_instance import INSTANCE_LABEL
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_plan import HF_CACHE
 
 DMI_FIELDS = ("sys_vendor", "product_name", "board_vendor", "board_name", "bios_version")
 APT_LISTS = "/var/lib/apt/lists"
+# Where a GX10's /var/tmp grew to 303 GB (epappas/gx10-cluster): reported by preflight.
+VAR_TMP = "/var/tmp"
 
 
 def file_mtimes(folder):
@@ -181,6 +194,7 @@ def main():
     module = AnsibleModule(
         argument_spec=dict(
             models_dir=dict(type="path", default="/srv/models"),
+            cache_dir=dict(type="path", default="/var/cache/sparkfleet/vllm"),
             device_nodes=dict(type="list", elements="str", default=["/dev/nvidia*"]),
             network=dict(type="bool", default=False),
             packages=dict(type="list", elements="str", default=[]),
@@ -202,13 +216,15 @@ def main():
         rc, out, err = module.run_command([nvidia_smi, *NVIDIA_SMI_ARGS])
         gpu_text, gpu_error = (out, None) if rc == 0 else (None, (err or out).strip() or f"exited {rc}")
     docker = module.get_bin_path("docker")
-    docker_text, containers = None, {}
+    docker_text, containers, docker_df = None, {}, None
     if docker:
         rc, out, _err = module.run_command([docker, "info", "--format", "{{json .}}"])
         docker_text = out if rc == 0 else None
         rc, out, _err = module.run_command([docker, "ps", "--no-trunc", "--filter", f"label={INSTANCE_LABEL}",
                                             "--format", "{{.ID}} {{.Names}}"])
         containers = dict(line.split(" ", 1) for line in out.splitlines() if " " in line) if rc == 0 else {}
+        rc, out, _err = module.run_command([docker, "system", "df", "--format", "{{json .}}"])
+        docker_df = parse_docker_df(out) if rc == 0 else None
     holders = device_holders(open_files(), module.params["device_nodes"])
     for holder in holders:
         cgroup = process_cgroup(holder["pid"])
@@ -234,6 +250,8 @@ def main():
         packages=installed_packages(packages_text, packages),
     )
     facts["docker"]["instance_containers"] = sorted(containers.values())
+    facts["storage"] = {"var_tmp": folder_usage(VAR_TMP), "hf_cache": folder_usage(os.path.join(module.params["cache_dir"], HF_CACHE[0])),
+                        "docker_reclaimable_bytes": docker_df}
     facts["docker"]["client"] = os.path.exists(DOCKER_CLIENT)
     dropin = module.params["docker_network_dropin"]
     facts["docker"]["waits_for_network"] = bool(dropin) and os.path.exists(dropin)

@@ -33,6 +33,9 @@ def test_preflight_passes_on_a_healthy_host():
     result = playbook("preflight.yml", "-e", '{"vllm_instances": []}', limit=GX10)
     assert result.returncode == 0, result.stdout[-3000:]
     assert "PASS swap off" in result.stdout and "FAIL" not in result.stdout
+    # What fills the disks, read for real: /var/tmp walked, Docker's own figure of what a prune would free.
+    assert "PASS /var/tmp: " in result.stdout and " GiB in /var/tmp, " in result.stdout
+    assert "docker reclaimable: " in result.stdout and " GiB of images, containers, volumes and build cache no container uses" in result.stdout
 
 
 def host_state(host):

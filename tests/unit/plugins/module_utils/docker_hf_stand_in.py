@@ -45,11 +45,25 @@ def request(url, environment, method="GET", start=0):
     return urllib.request.urlopen(urllib.request.Request(url, headers=headers, method=method), timeout=30)
 
 
+def human_size(size):
+    """huggingface_hub's _format_size: one decimal, units of 1000 without a B."""
+    number = float(size)
+    for unit in ("", "K", "M", "G", "T", "P", "E", "Z"):
+        if abs(number) < 1000.0:
+            return f"{number:3.1f}{unit}"
+        number /= 1000.0
+    return f"{number:.1f}Y"
+
+
+def file_size(endpoint, repo, commit, relative, environment):
+    with request(f"{endpoint}/{repo}/resolve/{commit}/{relative}", environment, "HEAD") as head:
+        return int(head.headers.get("X-Linked-Size") or head.headers["Content-Length"])
+
+
 def download(endpoint, repo, commit, relative, local_dir, environment):
     """One file into local_dir, through an .incomplete file that a later run resumes."""
     url = f"{endpoint}/{repo}/resolve/{commit}/{relative}"
-    with request(url, environment, "HEAD") as head:
-        size = int(head.headers.get("X-Linked-Size") or head.headers["Content-Length"])
+    size = file_size(endpoint, repo, commit, relative, environment)
     final = os.path.join(local_dir, relative)
     incomplete = os.path.join(local_dir, ".cache", "huggingface", "download", relative + ".incomplete")
     os.makedirs(os.path.dirname(incomplete), exist_ok=True)
@@ -71,7 +85,9 @@ def hf_download(args, environment, volumes):
         info = json.load(reply)
     files = [s["rfilename"] for s in info["siblings"] if not include or any(fnmatch.fnmatch(s["rfilename"], p) for p in include)]
     if "--dry-run" in args:
-        print(json.dumps([{"file": name, "will_download": True} for name in files]))
+        # As huggingface_hub 2.4.0's CLI prints it: a line, then each file with its size in decimal units.
+        print(f"[dry-run] Will download {len(files)} files (out of {len(files)}).")
+        print(json.dumps([{"file": name, "size": human_size(file_size(endpoint, repo, info["sha"], name, environment))} for name in files]))
         return
     stage = args[args.index("--local-dir") + 1]
     local_dir = volumes["/stage"] + stage[len("/stage"):]

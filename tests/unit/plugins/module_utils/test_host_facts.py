@@ -7,11 +7,13 @@ import pytest
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_facts import (
     board,
+    folder_usage,
     fstab_swaps,
     installed_packages,
     package_lists,
     package_name_problems,
     packages_to_install,
+    parse_docker_df,
     parse_docker_info,
     parse_gpu_query,
     parse_os_release,
@@ -161,3 +163,24 @@ def test_a_host_that_never_fetched_its_lists_has_no_index():
     # A freshly built image empties the lists folder: only apt's lock and partial folder's files are left.
     assert package_lists({"lock": 5000.0}, now=5001.0) == {"indexes": 0, "age_seconds": None}
     assert facts(lists=package_lists({}, now=1.0))["package_lists"] == {"indexes": 0, "age_seconds": None}
+
+
+def test_docker_system_df_gives_the_reclaimable_bytes_of_every_kind():
+    recorded = (FIXTURES / "docker-system-df-lab-host.jsonl").read_text()
+    assert parse_docker_df(recorded) == 172_900_000
+    more = recorded + '{"Active":"0","Reclaimable":"12.5GB","Size":"12.5GB","TotalCount":"9","Type":"Build Cache"}\n'
+    assert parse_docker_df(more) == 172_900_000 + 12_500_000_000
+    assert parse_docker_df("") is None and parse_docker_df("Error response from daemon: ...\n") is None
+
+
+def test_a_folders_usage_counts_its_files_never_through_a_link_and_stops_at_its_bound(tmp_path):
+    (tmp_path / "a").mkdir()
+    for index in range(5):
+        (tmp_path / "a" / f"f{index}").write_bytes(b"x" * 8192)
+    (tmp_path / "link").symlink_to("/usr")
+    found = folder_usage(str(tmp_path))
+    assert found["exists"] and found["complete"] and found["used_bytes"] >= 5 * 8192 and found["free_bytes"] > 0
+    assert found["used_bytes"] < 1024 * 1024, "the link's target was not counted"
+    assert folder_usage(str(tmp_path), limit=2)["complete"] is False
+    assert folder_usage(str(tmp_path / "missing")) == {"path": str(tmp_path / "missing"), "exists": False, "used_bytes": 0, "complete": True,
+                                                       "free_bytes": None, "total_bytes": None}

@@ -233,3 +233,34 @@ def test_the_filter_passes_the_role_settings_through():
 ])
 def test_a_host_python_older_than_the_modules_need_is_named_with_the_fix(printed, problem):
     assert host_python_problem(printed).startswith(problem) and bool(host_python_problem(printed)) == bool(problem)
+
+
+def with_storage(facts, var_tmp_gib=0.0, reclaimable_gib=None, hf_cache_gib=None, complete=True):
+    def usage(path, gib):
+        return {"path": path, "exists": gib is not None, "used_bytes": int((gib or 0) * GIB), "complete": complete,
+                "free_bytes": 40 * GIB, "total_bytes": 900 * GIB}
+
+    facts["storage"] = {"var_tmp": usage("/var/tmp", var_tmp_gib), "hf_cache": usage("/var/cache/sparkfleet/vllm/huggingface", hf_cache_gib),
+                        "docker_reclaimable_bytes": None if reclaimable_gib is None else int(reclaimable_gib * GIB)}
+    return facts
+
+
+def test_what_fills_the_disks_is_reported_and_warned_of_past_its_bound_without_failing_the_host():
+    quiet = verdict(with_storage(gb10(), var_tmp_gib=0.5, reclaimable_gib=1.25, hf_cache_gib=3.0))
+    assert quiet["ok"] and [check["status"] for check in quiet["checks"] if check["name"] in ("/var/tmp", "docker reclaimable", "hf cache")] == ["pass"] * 3
+    assert "PASS /var/tmp: 0.50 GiB in /var/tmp, 40.00 GiB free on its filesystem" in quiet["lines"]
+    assert "PASS docker reclaimable: 1.25 GiB of images, containers, volumes and build cache no container uses" in quiet["lines"]
+    assert "PASS hf cache: 3.00 GiB in /var/cache/sparkfleet/vllm/huggingface, which every engine of this host mounts" in quiet["lines"]
+    # A GX10's /var/tmp grew to 303 GB (epappas/gx10-cluster); a walk that stopped at its bound says "at least".
+    full = verdict(with_storage(gb10(), var_tmp_gib=282.2, reclaimable_gib=120.0, complete=False))
+    assert full["ok"], full["reasons"]
+    assert status(full, "/var/tmp")["status"] == "warn" and "at least 282.20 GiB in /var/tmp" in status(full, "/var/tmp")["detail"]
+    assert "docker image prune and docker builder prune free it" in status(full, "docker reclaimable")["detail"]
+    assert [check["name"] for check in full["checks"] if check["name"] == "hf cache"] == [], "a cache folder not there is no line"
+
+
+def test_a_full_weights_disk_names_what_could_be_reclaimed():
+    facts = with_storage(gb10(disk={"path": "/srv/models", "free_bytes": 10 * GIB, "total_bytes": 100 * GIB}), var_tmp_gib=60.0, reclaimable_gib=35.5)
+    detail = status(verdict(facts), "free disk")["detail"]
+    assert detail == ("10.00 GiB free at /srv/models, need 170.00 GiB; docker system df says 35.50 GiB is reclaimable, /var/tmp holds "
+                      "60.00 GiB (on that disk only if it is the same filesystem)")

@@ -9,6 +9,7 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_models impor
     hf_download_args,
     host_path,
     launch_problems,
+    listing_bytes,
     listing_problems,
     manifest,
     model_facts,
@@ -192,3 +193,14 @@ def test_a_manifest_of_another_shape_is_damage(files):
 def test_a_config_that_is_no_object_declares_nothing():
     facts = model_facts([1], None, "google/gemma-it")
     assert (facts["architectures"], facts["max_position_embeddings"], facts["instruction_tuned"]) == ([], None, True)
+
+
+def test_the_dry_runs_sizes_add_up_as_huggingface_hubs_cli_prints_them():
+    # huggingface_hub 2.4.0 (the lab image's): a line, then each file with its size in units of 1000, "-" when it is there.
+    printed = ('[dry-run] Will download 3 files (out of 4) totalling 4.9G.\n'
+               '[{"file": "config.json", "size": "1.2K"}, {"file": "model.safetensors", "size": "4.9G"}, '
+               '{"file": "README.md", "size": "-"}, {"file": "tokenizer.json", "size": "512.0"}]\n')
+    assert listing_bytes(printed) == 1200 + 4_900_000_000 + 512
+    assert parse_listing(printed) == ["config.json", "model.safetensors", "README.md", "tokenizer.json"]
+    assert listing_bytes('[{"file": "config.json"}]') is None, "a CLI that prints no size lets the download through"
+    assert listing_bytes('[{"file": "config.json", "size": "lots"}]') is None

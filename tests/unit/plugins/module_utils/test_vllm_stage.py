@@ -347,3 +347,28 @@ def test_a_source_that_does_not_answer_names_the_copy_and_keeps_the_partial_fold
     assert message.endswith(f"nothing new is staged at {tmp_path}/peer/tiny-chat-it. Missing: the source's file list is unknown. "
                             "A re-run resumes the copy")
     assert (tmp_path / "peer" / ".partial-tiny-chat-it").is_dir()
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real 64 MiB filesystem (tmpfs) for the models folder, unmounted afterwards."""
+    mount_point = tmp_path / "small-disk"
+    mount_point.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mount_point)], capture_output=True, text=True, check=False)
+    if mounted.returncode != 0:
+        pytest.skip(f"a tmpfs cannot be mounted here ({mounted.stderr.strip()}); the suite's machine runs it as root")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", str(mount_point)], check=True)
+
+
+def test_a_download_the_models_disk_cannot_hold_is_refused_before_a_byte_is_written(small_disk, host, hub):
+    with pytest.raises(StageFailure) as failure:
+        stage_checkpoint(host, params(small_disk, hub.url))
+    message = str(failure.value)
+    assert f"{REPO} at {COMMIT} needs 1.00 GiB at {small_disk}" in message and "and only 0.06 GiB is free" in message, message
+    assert "set vllm_models_dir to a larger one" in message and "/var/tmp" in message
+    assert os.listdir(small_disk) == [], "nothing was written"
+    # Only the listing ran: no file was asked for.
+    assert [call for call in host.calls() if "--dry-run" not in call] == []
