@@ -11,6 +11,7 @@ import tempfile
 import time
 
 import pytest
+from planted_images import litellm_release
 from site_runner import INVENTORY, ROOT, assert_refused, bundle_leaks, deployed_secrets, docker_host, playbook, state_digest
 
 GATEWAY, OTHER = "sparkfleet-molecule-node-1", "sparkfleet-molecule-node-2"
@@ -218,3 +219,15 @@ def test_the_gateway_hosts_diagnostics_bundle_holds_none_of_its_keys(gateway, tm
         members, leaks = bundle_leaks(bundle, secrets)
         assert any("/plans/gateway/" in name for name in members), sorted(members)
         assert not leaks, f"{bundle.name}: keys found in {leaks}"
+
+
+def test_a_compromised_litellm_release_is_refused_at_its_pull_whatever_is_acknowledged(gateway):
+    """LiteLLM 1.82.7 on PyPI was a supply-chain compromise: an image carrying it (planted in the lab registry) is refused
+    even with every advisory of the floor table acknowledged, and the running gateway is left as it was."""
+    image = litellm_release("litellm-1.82.7", "1.82.7")
+    before = gateway_state(gateway)
+    result = playbook("gateway.yml", "-e", json.dumps({"gateway_image": image, "gateway_accepted_advisories": ["CVE-2026-59822", "CVE-2026-49468"]}))
+    assert_refused(result, "carries LiteLLM 1.82.7: a supply-chain compromise of LiteLLM's PyPI release",
+                   "No acknowledgement runs it; pin an image of another release (LiteLLM 1.84.0 or newer)")
+    assert gateway_state(gateway) == before
+    assert ask(gateway)[0] == "200", "the gateway serves on"
