@@ -19,7 +19,7 @@ def serve():
 def with_images(first=None, second=None, second_options=None):
     """The lab's two instances, each on the image given (the lab's own otherwise)."""
     settings = json.loads(instances_json())
-    for instance, image in zip(settings["vllm_instances"], (first, second)):
+    for instance, image in zip(settings["vllm_instances"], (first, second), strict=True):
         if image:
             instance["image"] = image
     if second_options:
