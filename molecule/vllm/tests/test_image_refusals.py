@@ -47,4 +47,3 @@ def test_an_entrypoint_that_swallows_the_arguments_and_a_dropped_speculative_key
                    "instance second.speculative.options.disable_padded_drafter_batch: vLLM 0.34.0 no longer accepts it (removed in 0.34.0")
     assert serving_state(serve) == before
     assert KEY not in result.stdout + result.stderr
-
