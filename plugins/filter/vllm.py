@@ -21,7 +21,7 @@ description:
   - Every option is required and has no default of its own (the vllm role's defaults are the defaults); a missing or
     unknown option is an error naming it.
   - The same file provides C(vllm_removals) (the instances no longer planned), C(vllm_helper_files), C(vllm_model_folder),
-    C(vllm_pull_reference), C(vllm_run_image), C(meminfo), C(vllm_models_problems), C(vllm_pulled_image_problems), C(py_spy_wheel) and
+    C(vllm_pull_reference), C(vllm_run_image), C(meminfo), C(vllm_models_problems), C(vllm_pulled_image_problems), C(py_spy_wheel), C(image_leftovers) and
     C(measure_documents_folder).
 author: sparkfleet.vllm contributors (@sparkfleet)
 positional: _input
@@ -212,6 +212,7 @@ import pathlib
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_runtime import runtime_files
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._image_release import image_leftovers
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._memory import parse_meminfo
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._py_spy import wheel_for
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_bench import documents_folder
@@ -290,4 +291,5 @@ class FilterModule:
             "vllm_pool_share": pool_share,
             "vllm_pulled_image_problems": vllm_pulled_image_problems,
             "py_spy_wheel": wheel_for,
+            "image_leftovers": image_leftovers,
         }

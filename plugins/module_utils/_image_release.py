@@ -153,3 +153,29 @@ def recorded_versions(text: str | bytes, engine: str, image_id: str) -> list[str
     if not all(isinstance(v, str) and VERSION.fullmatch(v) for v in versions):
         return None
     return sorted(versions, key=release_order)
+
+
+# `docker image ls --digests --no-trunc --format '{{.Digest}} {{.ID}}'`: one line per tag of an image, its repository
+# digest (<none> for an image built here) and its ID.
+LISTING_LINE = re.compile(r"(?P<digest>sha256:[0-9a-f]{64}|<none>) (?P<id>sha256:[0-9a-f]{64})")
+# A compile-cache folder of a pinned image is named by its digest's first 16 hex digits (_vllm_plan.image_key).
+JIT_KEY = re.compile(r"[0-9a-f]{16}")
+RECORD_NAME = re.compile(r"sha256-[0-9a-f]{64}[.]json")
+
+
+def image_leftovers(paths: t.Sequence[str], listing: str) -> list[str]:
+    """Of the paths given (compile-cache folders, release records), what the collection keeps per image that outlived its
+    image on the host: the folders and records of images Docker no longer holds (the rule docs/serving.md gives: they
+    live as long as their image). A listing with no image line removes nothing (Docker did not answer), nor does a path
+    of another name (a floating image's folder, an operator's file)."""
+    lines = [found for found in (LISTING_LINE.fullmatch(line.strip()) for line in listing.splitlines()) if found]
+    if not lines:
+        return []
+    keys = {found["digest"][7:23] for found in lines if found["digest"] != "<none>"}
+    ids = {found["id"] for found in lines}
+    stale = []
+    for path in paths:
+        name = path.rstrip("/").rsplit("/", 1)[-1]
+        if (JIT_KEY.fullmatch(name) and name not in keys) or (RECORD_NAME.fullmatch(name) and name.removesuffix(".json").replace("-", ":", 1) not in ids):
+            stale.append(path)
+    return sorted(stale)

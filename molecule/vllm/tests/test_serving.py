@@ -147,8 +147,14 @@ def test_an_instance_dropped_from_the_inventory_is_removed(serve):
     assert "(item=second)" in removal and "/etc/sparkfleet/vllm/second.env" in removal, check.stdout[-3000:]
     assert serving_state(serve) == before, "check mode removed nothing"
 
+    # What an image Docker no longer holds left behind (its compile caches, its release record) goes in the same run;
+    # the running image's stay.
+    leftovers = ["/var/cache/sparkfleet/vllm/jit/0123456789abcdef", f"/var/lib/sparkfleet/image-releases/sha256-{'ab' * 32}.json"]
+    serve.check_output(f"mkdir -p {leftovers[0]}/warm && echo '{{}}' > {leftovers[1]}")
+    kept = serve.check_output("ls -d /var/cache/sparkfleet/vllm/jit/* /var/lib/sparkfleet/image-releases/*").split()
     result = site("--tags", "vllm", "-e", only_first)
     assert result.returncode == 0, result.stdout[-3000:]
+    assert set(serve.check_output("ls -d /var/cache/sparkfleet/vllm/jit/* /var/lib/sparkfleet/image-releases/*").split()) == set(kept) - set(leftovers)
     assert not serve.file("/etc/systemd/system/sparkfleet-vllm-second.service").exists
     for path in ("second.env", "second.json", "last-good/second.env", "last-good/second.json", "last-good/sparkfleet-vllm-second.service"):
         assert not serve.file(f"/etc/sparkfleet/vllm/{path}").exists, path

@@ -13,6 +13,7 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._image_release imp
     ADVISORIES,
     COMPROMISED,
     floor,
+    image_leftovers,
     judge,
     parse_versions,
     probe_argv,
@@ -187,3 +188,25 @@ def test_an_entrypoint_that_cannot_start_the_plans_command_is_refused(kind, entr
     assert problem.startswith(f"instance chat: {NGC} declares the entrypoint")
     for fragment in fragments:
         assert fragment in problem, problem
+
+
+LAB_IMAGE_ID = "sha256:" + "4867721b336432981d56da9d7af9c351010f97a0d7b2a28e503becc7dea999e0"
+LAB_DIGEST = "sha256:" + "8ddfdde6bfd0253b8245fc130deb95f0b876b9e239ec0aca0eb4237123fab63b"
+# As `docker image ls --digests --no-trunc --format '{{.Digest}} {{.ID}}'` printed it on a lab host: the pinned vLLM image
+# under two tags, and an image built there (no repository digest).
+LISTING = (f"{LAB_DIGEST} {LAB_IMAGE_ID}\n{LAB_DIGEST} {LAB_IMAGE_ID}\n"
+           "<none> sha256:5229df5e4b43a6722cc52a97f6bacedc8eaf72c9ee925fae481a6e18088b8f53\n")
+
+
+def test_what_outlived_its_image_goes_and_nothing_else():
+    jit, records = "/var/cache/sparkfleet/vllm/jit", "/var/lib/sparkfleet/image-releases"
+    paths = [f"{jit}/8ddfdde6bfd0253b", f"{jit}/0123456789abcdef", f"{jit}/my-notes", f"{records}/{LAB_IMAGE_ID.replace(':', '-')}.json",
+             f"{records}/sha256-{'ab' * 32}.json", f"{records}/sha256-5229df5e4b43a6722cc52a97f6bacedc8eaf72c9ee925fae481a6e18088b8f53.json",
+             f"{records}/README.txt"]
+    assert image_leftovers(paths, LISTING) == [f"{jit}/0123456789abcdef", f"{records}/sha256-{'ab' * 32}.json"]
+
+
+@pytest.mark.parametrize("listing", ["", "Cannot connect to the Docker daemon at unix:///var/run/docker.sock.\n", "<none> not-an-id\n"])
+def test_a_listing_docker_did_not_answer_removes_nothing(listing):
+    assert image_leftovers(["/var/cache/sparkfleet/vllm/jit/0123456789abcdef", f"/var/lib/sparkfleet/image-releases/sha256-{'ab' * 32}.json"],
+                           listing) == []
