@@ -25,8 +25,9 @@ def plant(name, base, *lines):
     registry; returns it pinned as the lab hosts pull it."""
     tag = f"{LOCAL_REGISTRY}/sparkfleet/planted-{name}:lab"
     dockerfile = "\n".join([f"FROM {local(base)}", *lines]) + "\n"
-    subprocess.run([DOCKER, "build", "--quiet", "--tag", tag, "-"], input=dockerfile, text=True, capture_output=True, check=True)
-    subprocess.run([DOCKER, "push", "--quiet", tag], capture_output=True, check=True)
+    for argv, given in (([DOCKER, "build", "--quiet", "--tag", tag, "-"], dockerfile), ([DOCKER, "push", "--quiet", tag], None)):
+        done = subprocess.run(argv, input=given, text=True, capture_output=True, check=False)
+        assert done.returncode == 0, f"{' '.join(argv)} exited {done.returncode}: {done.stderr[-2000:]}"
     digests = subprocess.run([DOCKER, "image", "inspect", "--format", "{{range .RepoDigests}}{{println .}}{{end}}", tag],
                              capture_output=True, text=True, check=True).stdout.split()
     digest = next(line.split("@", 1)[1] for line in digests if line.startswith(f"{LOCAL_REGISTRY}/sparkfleet/planted-{name}@"))

@@ -92,7 +92,7 @@ KERNEL_LINES = re.compile(r"out of memory|oom[-_ ]?kill|oom_reaper|\boom\b|kille
 PLAN_FOLDERS = ("", "last-good", "litellm")
 PLAN_SUFFIXES = (".json", ".yaml")
 OTHER_UNITS = ("earlyoom.service", "docker.service")
-# The name of every bundle diagnose_bundle writes starts so: what it prunes from its folder, and nothing else.
+# The name of every bundle diagnose_bundle writes starts so, then the host's name (bundle_prefix).
 BUNDLE_PREFIX = "sparkfleet-diagnose-"
 # An engine's processes whose stacks a bundle reads: vLLM's API server, engine core and workers, with room for Ray's.
 STACK_PROCESSES = 16
@@ -148,10 +148,15 @@ def http_get(url: str, timeout: float) -> tuple[int | None, str]:
         return None, f"{url}: {getattr(error, 'reason', error)}"
 
 
+def bundle_prefix(host: str) -> str:
+    """The start of the name of every bundle of this host: what its folder's pruning removes, and nothing else."""
+    return f"{BUNDLE_PREFIX}{re.sub(r'[^A-Za-z0-9._-]', '_', host)}-"
+
+
 def bundle_path(folder: str, host: str, when: float) -> str:
     """Where a host's bundle made at `when` (seconds since the epoch) goes."""
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(when))
-    return os.path.join(folder, f"{BUNDLE_PREFIX}{re.sub(r'[^A-Za-z0-9._-]', '_', host)}-{stamp}.tar.gz")
+    return os.path.join(folder, f"{bundle_prefix(host)}{stamp}.tar.gz")
 
 
 def secret_env(name: str) -> bool:
@@ -517,14 +522,26 @@ def save_engine_stacks(container: str, unit: str, config_dirs: Sequence[str], wh
 
 
 def saved_stacks(folder: str) -> dict[str, bytes]:
-    """The watchdog's stack files (save_engine_stacks), newest first, by name; never followed through a link."""
+    """The watchdog's stack files (save_engine_stacks), the newest STACK_FILES_KEPT by modification time; a link is never
+    followed and a file the watchdog removes meanwhile is left out."""
+    found = []
     try:
-        names = [entry.name for entry in os.scandir(folder) if entry.name.endswith(".txt") and entry.is_file(follow_symlinks=False)]
+        with os.scandir(folder) as entries:
+            for entry in entries:
+                try:
+                    if entry.name.endswith(".txt") and entry.is_file(follow_symlinks=False):
+                        found.append((entry.stat(follow_symlinks=False).st_mtime, entry.name))
+                except OSError:
+                    continue
     except OSError:
         return {}
     files = {}
-    for name in sorted(names, reverse=True)[:STACK_FILES_KEPT]:
-        with open(os.path.join(folder, name), "rb") as handle:
+    for _mtime, name in sorted(found, reverse=True)[:STACK_FILES_KEPT]:
+        try:
+            descriptor = os.open(os.path.join(folder, name), os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError:
+            continue
+        with os.fdopen(descriptor, "rb") as handle:
             files[name] = handle.read()
     return files
 

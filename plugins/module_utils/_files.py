@@ -68,23 +68,30 @@ def write_atomically(path: str, text: str | bytes, mode: int) -> None:
         os.close(directory)
 
 
-def prune_oldest(folder: str, prefix: str, suffix: str, keep: int) -> list[str]:
-    """Remove the regular files of ``folder`` whose names start with ``prefix`` and end with ``suffix`` beyond the newest ``keep`` (by modification
-    time, then name), never through a link; returns the paths removed. What the collection writes on its own (bundles,
-    stack files) is bounded by this rule, so it never fills a disk that holds the weights."""
+def prune_oldest(folder: str, prefix: str, suffix: str, keep: int, dry_run: bool = False) -> list[str]:
+    """Remove the regular files of ``folder`` whose names start with ``prefix`` and end with ``suffix`` beyond the newest
+    ``keep`` (by modification time, then name), never through a link; returns the paths removed (with ``dry_run``, those
+    it would remove). What the collection writes on its own (bundles, stack files) is bounded by this rule, so it never
+    fills a disk that holds the weights. A file that vanishes or cannot be removed meanwhile is left out, never raised."""
+    found = []
     try:
-        entries = [entry for entry in os.scandir(folder)
-                   if entry.name.startswith(prefix) and entry.name.endswith(suffix) and entry.is_file(follow_symlinks=False)]
+        with os.scandir(folder) as entries:
+            for entry in entries:
+                try:
+                    if entry.name.startswith(prefix) and entry.name.endswith(suffix) and entry.is_file(follow_symlinks=False):
+                        found.append((entry.stat(follow_symlinks=False).st_mtime, entry.name, entry.path))
+                except OSError:
+                    continue
     except OSError:
         return []
-    newest_first = sorted(entries, key=lambda entry: (entry.stat(follow_symlinks=False).st_mtime, entry.name), reverse=True)
     removed = []
-    for entry in newest_first[max(keep, 0):]:
+    for _mtime, _name, path in sorted(found, reverse=True)[max(keep, 0):]:
         try:
-            os.unlink(entry.path)
-        except FileNotFoundError:
+            if not dry_run:
+                os.unlink(path)
+        except OSError:
             continue
-        removed.append(entry.path)
+        removed.append(path)
     return removed
 
 

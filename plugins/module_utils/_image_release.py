@@ -159,23 +159,32 @@ def recorded_versions(text: str | bytes, engine: str, image_id: str) -> list[str
 # digest (<none> for an image built here) and its ID.
 LISTING_LINE = re.compile(r"(?P<digest>sha256:[0-9a-f]{64}|<none>) (?P<id>sha256:[0-9a-f]{64})")
 # A compile-cache folder of a pinned image is named by its digest's first 16 hex digits (_vllm_plan.image_key).
-JIT_KEY = re.compile(r"[0-9a-f]{16}")
-RECORD_NAME = re.compile(r"sha256-[0-9a-f]{64}[.]json")
+PINNED_DIGEST = re.compile(r"@sha256:(?P<key>[0-9a-f]{16})[0-9a-f]{48}$")
+RECORD_NAME = re.compile(r"sha256-(?P<id>[0-9a-f]{64})[.]json")
 
 
-def image_leftovers(paths: t.Sequence[str], listing: str) -> list[str]:
-    """Of the paths given (compile-cache folders, release records), what the collection keeps per image that outlived its
-    image on the host: the folders and records of images Docker no longer holds (the rule docs/serving.md gives: they
-    live as long as their image). A listing with no image line removes nothing (Docker did not answer), nor does a path
-    of another name (a floating image's folder, an operator's file)."""
+def image_leftovers(records: t.Mapping[str, t.Any], listing: str, jit_root: str) -> list[str]:
+    """What the collection keeps per image that outlived its image on the host (the rule docs/serving.md gives: they
+    live as long as their image): the release record (path -> its text) of each image Docker no longer holds, and the
+    compile-cache folder under `jit_root` its record names by the image's digest. A folder no record names (a floating
+    image's, an operator's) is never returned, nor is one another image on the host still shares; a listing with no image
+    line (Docker did not answer) removes nothing."""
     lines = [found for found in (LISTING_LINE.fullmatch(line.strip()) for line in listing.splitlines()) if found]
     if not lines:
         return []
     keys = {found["digest"][7:23] for found in lines if found["digest"] != "<none>"}
     ids = {found["id"] for found in lines}
     stale = []
-    for path in paths:
-        name = path.rstrip("/").rsplit("/", 1)[-1]
-        if (JIT_KEY.fullmatch(name) and name not in keys) or (RECORD_NAME.fullmatch(name) and name.removesuffix(".json").replace("-", ":", 1) not in ids):
-            stale.append(path)
-    return sorted(stale)
+    for path, text in records.items():
+        named = RECORD_NAME.fullmatch(path.rsplit("/", 1)[-1])
+        if not named or f"sha256:{named['id']}" in ids:
+            continue
+        stale.append(path)
+        try:
+            image = json.loads(text or "").get("image")
+        except (ValueError, AttributeError):
+            continue
+        pinned = PINNED_DIGEST.search(image) if isinstance(image, str) else None
+        if pinned and pinned["key"] not in keys:
+            stale.append(f"{jit_root.rstrip('/')}/{pinned['key']}")
+    return sorted(set(stale))

@@ -68,9 +68,9 @@ options:
     default: 300
   keep:
     description:
-      - How many bundles O(dest) keeps, the new one among them, from 1 to 1000; the oldest beyond them are removed once the
-        new one is written (only files named C(sparkfleet-diagnose-*.tar.gz), never through a link), so repeated runs never
-        fill the host's disk.
+      - How many of this host's bundles O(dest) keeps, the new one among them, from 1 to 1000; the oldest beyond them are
+        removed once the new one is written (only files named C(sparkfleet-diagnose-<this host>-*.tar.gz), never through a
+        link), so repeated runs never fill the host's disk.
     type: int
     default: 10
 attributes:
@@ -126,7 +126,7 @@ size:
   returned: always
   type: int
 removed:
-  description: The older bundles removed from O(dest) by O(keep); empty in check mode.
+  description: The older bundles removed from O(dest) by O(keep) (in check mode, those a run would remove).
   returned: always
   type: list
   elements: str
@@ -143,10 +143,10 @@ import time
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._diagnose import (
-    BUNDLE_PREFIX,
     CONFIG_DIRS,
     DiagnoseError,
     bundle_path,
+    bundle_prefix,
     collect_host_bundle,
     config_dir_problems,
     config_folders,
@@ -176,18 +176,21 @@ def main():
     if problems:
         module.fail_json(msg="; ".join(problems))
     folders = config_folders(params["config_dirs"])
-    path = bundle_path(params["dest"], socket.gethostname(), time.time())
+    host = socket.gethostname()
+    path = bundle_path(params["dest"], host, time.time())
     try:
         if module.check_mode:
             found = survey(folders)
             would_collect = {"plan_files": sorted(found["files"]), "units": found["units"], "containers": found["containers"],
                              "metrics": found["metrics"], "cluster": found["cluster"]}
-            module.exit_json(changed=True, path=path, members=[], problems=found["problems"], size=0, removed=[],
+            # The new bundle counts among those kept.
+            would_remove = prune_oldest(params["dest"], bundle_prefix(host), ".tar.gz", params["keep"] - 1, dry_run=True)
+            module.exit_json(changed=True, path=path, members=[], problems=found["problems"], size=0, removed=would_remove,
                              would_collect=would_collect)
         result = collect_host_bundle(path, folders, params["time_limit"], params["total_limit"])
     except (DiagnoseError, OSError) as error:
         module.fail_json(msg=f"the diagnostics bundle could not be made: {error}", path=path)
-    module.exit_json(changed=True, removed=prune_oldest(params["dest"], BUNDLE_PREFIX, ".tar.gz", params["keep"]), **result)
+    module.exit_json(changed=True, removed=prune_oldest(params["dest"], bundle_prefix(host), ".tar.gz", params["keep"]), **result)
 
 
 if __name__ == "__main__":

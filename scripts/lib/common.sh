@@ -8,7 +8,8 @@ SPARKFLEET_CACHE=${SPARKFLEET_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/sparkfleet}
 # Debian's docker client talks to Debian's 20.10 engine; another, newer client may sit
 # earlier on PATH, so tools get this one first through the venv's bin directory.
 SPARKFLEET_DOCKER_CLIENT=/usr/bin/docker
-SPARKFLEET_SYSTEM_PACKAGES=(docker.io debootstrap python3-venv rsync git docker-registry curl)
+# unzip: the serving_host role unpacks py-spy's wheel on the controller (ansible.builtin.unarchive).
+SPARKFLEET_SYSTEM_PACKAGES=(docker.io debootstrap python3-venv rsync git docker-registry curl unzip)
 
 log() { printf '==> %s\n' "$*" >&2; }
 

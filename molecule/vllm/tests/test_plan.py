@@ -191,7 +191,7 @@ def test_an_interrupted_run_and_a_container_replaced_by_hand_are_relaunched_behi
     finally:
         serve.run("docker rm --force nvidia_gpu_exporter")
     assert rerun.returncode == 0, rerun.stdout[-3000:]
-    # The re-run names both drifts it relaunched for (check mode's wording of the same reasons is asserted above).
+    # The re-run names both drifts it relaunched for (check mode's wording is asserted above, for the interrupted run's).
     assert "second is relaunched behind the health gate" in rerun.stdout and "its unit is inactive" in rerun.stdout
     assert "its container runs config none" in rerun.stdout, "the container run by hand carries no config label"
     print(f"\ndrift: the re-run relaunched and gated second in {time.monotonic() - started:.0f} s, past its cold start's exit")

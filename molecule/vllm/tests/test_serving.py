@@ -6,6 +6,7 @@ Durations printed here (gate times, reboot recovery) are measurements, not pass/
 import json
 import os
 import re
+import shlex
 import subprocess
 import time
 
@@ -150,7 +151,8 @@ def test_an_instance_dropped_from_the_inventory_is_removed(serve):
     # What an image Docker no longer holds left behind (its compile caches, its release record) goes in the same run;
     # the running image's stay.
     leftovers = ["/var/cache/sparkfleet/vllm/jit/0123456789abcdef", f"/var/lib/sparkfleet/image-releases/sha256-{'ab' * 32}.json"]
-    serve.check_output(f"mkdir -p {leftovers[0]}/warm && echo '{{}}' > {leftovers[1]}")
+    gone = json.dumps({"schema_version": 1, "engine": "vllm", "image": "registry.lan/vllm@sha256:0123456789abcdef" + "cd" * 24, "versions": ["0.31.0"]})
+    serve.check_output(f"mkdir -p {leftovers[0]}/warm && printf '%s' {shlex.quote(gone)} > {leftovers[1]}")
     kept = serve.check_output("ls -d /var/cache/sparkfleet/vllm/jit/* /var/lib/sparkfleet/image-releases/*").split()
     result = site("--tags", "vllm", "-e", only_first)
     assert result.returncode == 0, result.stdout[-3000:]

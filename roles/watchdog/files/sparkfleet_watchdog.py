@@ -568,9 +568,9 @@ def collect_bundle(settings, state_dir, unit, now):
     folder = os.path.join(state_dir, "bundles")
     try:
         path = collect_host_bundle(os.path.join(folder, f"{unit}-{int(now)}.tar.gz"), config_folders(settings), settings["bundle_time_limit"])["path"]
+        prune_oldest(folder, "", ".tar.gz", BUNDLES_KEPT)
     except Exception as error:  # noqa: BLE001 - a failed bundle must not stop the watchdog
         return f"no bundle: {error}"
-    prune_oldest(folder, "", ".tar.gz", BUNDLES_KEPT)
     return path
 
 

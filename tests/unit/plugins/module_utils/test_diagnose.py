@@ -648,11 +648,11 @@ def test_http_get_reads_a_real_server_past_any_proxy(monkeypatch):
     assert status is None and url in why
 
 
-def stacks_host(keys, dumps=DUMPS, top=DOCKER_TOP):
-    """The host with its engine's processes listed and each read by py-spy, the API server's command line carrying a key
-    given as an extra argument (py-spy prints a process's whole command line)."""
+def stacks_host(keys, dumps=None, top=DOCKER_TOP):
+    """The host with its engine's processes listed and each read by py-spy (the recordings unless `dumps` is given), the API
+    server's command line carrying a key given as an extra argument (py-spy prints a process's whole command line)."""
     def dump(argv, timeout):
-        rc, out, err = dumps[argv[-1]]
+        rc, out, err = (dumps or DUMPS)[argv[-1]]
         return rc, out.replace("--disable-fastapi-docs", f"--disable-fastapi-docs --api-key {keys['api']}"), err
 
     return Host(keys, {("/usr/bin/docker", "top", "vllm-tiny"): (0, top, ""), (PY_SPY,): dump})

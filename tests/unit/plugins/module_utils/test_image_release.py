@@ -198,15 +198,29 @@ LISTING = (f"{LAB_DIGEST} {LAB_IMAGE_ID}\n{LAB_DIGEST} {LAB_IMAGE_ID}\n"
            "<none> sha256:5229df5e4b43a6722cc52a97f6bacedc8eaf72c9ee925fae481a6e18088b8f53\n")
 
 
+def record(image):
+    return json.dumps({"schema_version": 1, "engine": "vllm", "image": image, "versions": ["0.32.0"]})
+
+
 def test_what_outlived_its_image_goes_and_nothing_else():
     jit, records = "/var/cache/sparkfleet/vllm/jit", "/var/lib/sparkfleet/image-releases"
-    paths = [f"{jit}/8ddfdde6bfd0253b", f"{jit}/0123456789abcdef", f"{jit}/my-notes", f"{records}/{LAB_IMAGE_ID.replace(':', '-')}.json",
-             f"{records}/sha256-{'ab' * 32}.json", f"{records}/sha256-5229df5e4b43a6722cc52a97f6bacedc8eaf72c9ee925fae481a6e18088b8f53.json",
-             f"{records}/README.txt"]
-    assert image_leftovers(paths, LISTING) == [f"{jit}/0123456789abcdef", f"{records}/sha256-{'ab' * 32}.json"]
+    gone_image = "registry.lan/vllm/vllm-openai:v0.31.0@sha256:0123456789abcdef" + "cd" * 24
+    found = {
+        f"{records}/{LAB_IMAGE_ID.replace(':', '-')}.json": record(f"127.0.0.1:5000/sparkfleet/vllm-cpu:x@{LAB_DIGEST}"),
+        f"{records}/sha256-{'ab' * 32}.json": record(gone_image),
+        # Gone too, but pinned by the digest the running image still has (a second ID of one digest): its folder stays.
+        f"{records}/sha256-{'cd' * 32}.json": record(f"mirror.lan/sparkfleet/vllm-cpu@{LAB_DIGEST}"),
+        # A floating image's record names no digest: its folder is named by a hash the record cannot give, so it stays.
+        f"{records}/sha256-{'ef' * 32}.json": record("vllm/vllm-openai:latest"),
+        f"{records}/sha256-{'12' * 32}.json": "not json",
+        f"{records}/README.txt": "an operator's",
+    }
+    assert image_leftovers(found, LISTING, jit + "/") == sorted([
+        f"{jit}/0123456789abcdef", f"{records}/sha256-{'ab' * 32}.json", f"{records}/sha256-{'cd' * 32}.json",
+        f"{records}/sha256-{'ef' * 32}.json", f"{records}/sha256-{'12' * 32}.json"])
 
 
 @pytest.mark.parametrize("listing", ["", "Cannot connect to the Docker daemon at unix:///var/run/docker.sock.\n", "<none> not-an-id\n"])
 def test_a_listing_docker_did_not_answer_removes_nothing(listing):
-    assert image_leftovers(["/var/cache/sparkfleet/vllm/jit/0123456789abcdef", f"/var/lib/sparkfleet/image-releases/sha256-{'ab' * 32}.json"],
-                           listing) == []
+    found = {f"/var/lib/sparkfleet/image-releases/sha256-{'ab' * 32}.json": record("r@sha256:" + "01" * 32)}
+    assert image_leftovers(found, listing, "/var/cache/sparkfleet/vllm/jit") == []

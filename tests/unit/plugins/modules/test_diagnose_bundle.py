@@ -7,6 +7,7 @@ import json
 import os
 import pathlib
 import re
+import socket
 import subprocess
 import sys
 
@@ -95,18 +96,23 @@ def test_a_keep_out_of_bounds_is_refused_before_anything_is_written(tmp_path, ke
 
 
 def test_a_real_bundle_prunes_only_its_own_oldest_bundles(tmp_path):
-    """Run for real on this machine (its commands answer or are missing here): the folder keeps the newest bundles and
-    whatever else an operator put there."""
+    """Run for real on this machine (its commands answer or are missing here): the folder keeps this host's newest
+    bundles, another host's bundle and whatever else an operator put there; check mode names what a run would remove."""
     out = tmp_path / "out"
     out.mkdir()
+    prefix = f"sparkfleet-diagnose-{socket.gethostname()}-"
     for index in range(3):
-        old = out / f"sparkfleet-diagnose-old-2026010{index}T000000Z.tar.gz"
+        old = out / f"{prefix}2026010{index}T000000Z.tar.gz"
         old.write_bytes(b"old")
         os.utime(old, (1_700_000_000 + index, 1_700_000_000 + index))
     (out / "notes.tar.gz").write_bytes(b"an operator's")
-    result = run({"config_dirs": [deployed(tmp_path / "etc", "alpha")], "dest": str(out), "keep": 2, "time_limit": 10, "total_limit": 60})
+    (out / "sparkfleet-diagnose-another-host-20260101T000000Z.tar.gz").write_bytes(b"a shared folder")
+    folders = [deployed(tmp_path / "etc", "alpha")]
+    checked = run({"config_dirs": folders, "dest": str(out), "keep": 2, "_ansible_check_mode": True})
+    oldest = [str(out / f"{prefix}2026010{index}T000000Z.tar.gz") for index in range(2)]
+    assert sorted(checked["removed"]) == oldest and len(list(out.iterdir())) == 5, checked
+    result = run({"config_dirs": folders, "dest": str(out), "keep": 2, "time_limit": 10, "total_limit": 60})
     assert result["changed"] is True and not result.get("failed"), result
-    assert sorted(pathlib.Path(path).name for path in result["removed"]) == [f"sparkfleet-diagnose-old-2026010{index}T000000Z.tar.gz"
-                                                                             for index in range(2)]
-    assert sorted(path.name for path in out.iterdir()) == sorted(["notes.tar.gz", "sparkfleet-diagnose-old-20260102T000000Z.tar.gz",
-                                                                  pathlib.Path(result["path"]).name])
+    assert sorted(result["removed"]) == oldest
+    assert sorted(path.name for path in out.iterdir()) == sorted(["notes.tar.gz", f"{prefix}20260102T000000Z.tar.gz", pathlib.Path(result["path"]).name,
+                                                                  "sparkfleet-diagnose-another-host-20260101T000000Z.tar.gz"])
