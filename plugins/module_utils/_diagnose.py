@@ -619,9 +619,10 @@ def collect_bundle(destination: str, config_dirs: Sequence[str], time_limit: flo
     return {"path": destination, "members": members, "problems": bundle.problems, "size": size}
 
 
-def collect_host_bundle(destination: str, config_dirs: Sequence[str], time_limit: float, total_limit: float = 300.0) -> dict[str, t.Any]:
+def collect_host_bundle(destination: str, config_dirs: Sequence[str], time_limit: float, total_limit: float = 300.0,
+                        stacks_dir: str = STACKS_DIR) -> dict[str, t.Any]:
     """collect_bundle on the host this runs on: the diagnose_bundle module's, and the watchdog's when it gives up."""
-    return collect_bundle(destination, config_dirs, time_limit, run_command, http_get, total_limit)
+    return collect_bundle(destination, config_dirs, time_limit, run_command, http_get, total_limit, stacks_dir=stacks_dir)
 
 
 def bug_report(bundle: Collector, folder: str) -> None:

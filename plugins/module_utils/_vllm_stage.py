@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import typing as t
 
@@ -139,14 +140,23 @@ def move_into_place(models_dir: str, name: str, dest: str, partial: str) -> None
     shutil.rmtree(old, ignore_errors=True)
 
 
+def rsync_transfer_bytes(stats: str) -> int | None:
+    """The bytes `rsync --stats` says it transfers ("Total transferred file size: 1,234 bytes"); None when it says not."""
+    found = re.search(r"^Total transferred file size: ([0-9,]+) bytes", stats, re.MULTILINE)
+    return int(found[1].replace(",", "")) if found else None
+
+
 def copy_from_source(host: Host, params: t.Mapping[str, t.Any], name: str, dest: str, partial: str) -> dict[str, t.Any]:
     """rsync the source node's staged copy, resumable, then check it against the source's manifest."""
     rsync = host.get_bin_path("rsync", required=True)
+    argv = [rsync, "--archive", "--partial", "--delete", "--timeout=60", "--contimeout=10", f"--exclude=/{TARGET}",
+            params["source"].rstrip("/") + "/", partial + "/"]
+    # rsync's own count of what it would send (files already in the partial folder left out): refused before a byte is.
+    rc, out, _err = host.run_command([*argv[:1], "--dry-run", "--stats", *argv[1:]])
+    if rc == 0:
+        room_for_download(params, rsync_transfer_bytes(out), partial, dest, held=0)
     start_partial(partial, {"repo": params["repo"], "revision": params["revision"]})
-    rc, out, err = host.run_command([
-        rsync, "--archive", "--partial", "--delete", "--timeout=60", "--contimeout=10", f"--exclude=/{TARGET}",
-        params["source"].rstrip("/") + "/", partial + "/",
-    ])
+    rc, out, err = host.run_command(argv)
     recorded = read_json(os.path.join(partial, MANIFEST))
     if not isinstance(recorded, dict) or not isinstance(recorded.get("files"), dict):
         recorded = None
@@ -169,12 +179,14 @@ def copy_from_source(host: Host, params: t.Mapping[str, t.Any], name: str, dest:
     return recorded
 
 
-def room_for_download(params: t.Mapping[str, t.Any], listed: int | None, partial: str, dest: str) -> None:
-    """Refuse a download the models disk cannot hold, before a byte is written: the listed size, less the files a resumed
-    download already holds, with SIZE_MARGIN and STAGE_HEADROOM_BYTES to spare. A listing without sizes is let through."""
+def room_for_download(params: t.Mapping[str, t.Any], listed: int | None, partial: str, dest: str, held: int | None = None) -> None:
+    """Refuse a transfer the models disk cannot hold, before a byte is written: the listed size, less what the partial
+    folder already holds (``held``, counted there when not given), with SIZE_MARGIN and STAGE_HEADROOM_BYTES to spare. A
+    listing without sizes is let through."""
     if listed is None:
         return
-    held = sum(entry["size"] for entry in scan(partial, False).values()) if os.path.isdir(partial) else 0
+    if held is None:
+        held = sum(entry["size"] for entry in scan(partial, False).values()) if os.path.isdir(partial) else 0
     needed = max(listed - held, 0) * SIZE_MARGIN + STAGE_HEADROOM_BYTES
     # The folder itself, or the nearest one that exists: the download creates what is missing on that filesystem.
     folder = params["models_dir"]

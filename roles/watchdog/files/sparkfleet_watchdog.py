@@ -98,6 +98,8 @@ STOP_TIMEOUT = 150
 START_TIMEOUT = 4 * COMMAND_TIMEOUT + DOOR_TIMEOUT
 # A gateway's restart after a drain: the old LiteLLM stops (30 s), the new one starts.
 GATEWAY_RESTART_TIMEOUT = 120
+# Under the state folder: the engines' stacks read before a kill (its default is _host_paths.STACKS_DIR, which bundles read).
+STACKS_FOLDER = "stacks"
 # The give-up bundles kept on the host, the newest: each can hold an NVIDIA bug report of tens of megabytes.
 BUNDLES_KEPT = 10
 # No proxy from the service's environment: a probe carries the instance's key, and every URL is the host's own.
@@ -533,12 +535,16 @@ def peer(arguments):
         lower_flag(flag, plan["unit"])
         print(json.dumps({"unit": plan["unit"], "step": verb, "result": 0}, sort_keys=True), flush=True)
         return 0
+    stacks = None
     if verb == "stop":
         raise_flag(flag, plan["unit"])
+        # Only a cluster restart stops a rank through its peer: this rank's stacks, before it goes.
+        stacks = keep_stacks(settings, plan, time.time())
     rc, why = rank_step(verb, plan)
     if verb == "start":
         lower_flag(flag, plan["unit"])
-    print(json.dumps({"unit": plan["unit"], "step": verb, "result": rc, **({"why": why} if why else {})}, sort_keys=True), flush=True)
+    print(json.dumps({"unit": plan["unit"], "step": verb, "result": rc, **({"why": why} if why else {}), **({"stacks": stacks} if stacks else {})},
+                     sort_keys=True), flush=True)
     return 0 if rc == 0 else 1
 
 
@@ -567,7 +573,8 @@ def collect_bundle(settings, state_dir, unit, now):
     BUNDLES_KEPT go."""
     folder = os.path.join(state_dir, "bundles")
     try:
-        path = collect_host_bundle(os.path.join(folder, f"{unit}-{int(now)}.tar.gz"), config_folders(settings), settings["bundle_time_limit"])["path"]
+        path = collect_host_bundle(os.path.join(folder, f"{unit}-{int(now)}.tar.gz"), config_folders(settings), settings["bundle_time_limit"],
+                                   stacks_dir=os.path.join(state_dir, STACKS_FOLDER))["path"]
         prune_oldest(folder, "", ".tar.gz", BUNDLES_KEPT)
     except Exception as error:  # noqa: BLE001 - a failed bundle must not stop the watchdog
         return f"no bundle: {error}"
@@ -577,7 +584,7 @@ def collect_bundle(settings, state_dir, unit, now):
 def keep_stacks(settings, plan, now):
     """The wedged engine's Python stacks, read before anything kills or restarts it, into a file every later bundle takes."""
     try:
-        return save_engine_stacks(plan["container"], plan["unit"], config_folders(settings), now)
+        return save_engine_stacks(plan["container"], plan["unit"], config_folders(settings), now, os.path.join(settings["state_dir"], STACKS_FOLDER))
     except Exception as error:  # noqa: BLE001 - a stack not read must not keep a wedged engine from its restart
         return f"no stacks: {error}"
 

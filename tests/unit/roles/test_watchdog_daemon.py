@@ -330,6 +330,10 @@ def test_a_peer_may_only_stop_or_start_a_cluster_rank_planned_here(host):
 
     stopped = peer(f"stop {RANK_UNIT}")
     assert stopped.returncode == 0 and flag.read_text() == RANK_UNIT + "\n", stopped.stderr
+    # A cluster restart stops a rank through its peer: the rank's stacks are read first, into the watchdog's own folder.
+    stacks = pathlib.Path(json.loads(stopped.stdout)["stacks"])
+    assert stacks.parent == host / "state" / "stacks" and stacks.name.startswith(RANK_UNIT) and stat.S_IMODE(stacks.stat().st_mode) == 0o600
+    assert stacks.read_text().startswith("$ /usr/bin/docker top "), stacks.read_text()[:300]
     started = peer(f"start {RANK_UNIT}")
     assert started.returncode == 0 and not flag.exists()
     raised = peer(f"stop {RANK_UNIT}")

@@ -372,3 +372,15 @@ def test_a_download_the_models_disk_cannot_hold_is_refused_before_a_byte_is_writ
     assert os.listdir(small_disk) == [], "nothing was written"
     # Only the listing ran: no file was asked for.
     assert [call for call in host.calls() if "--dry-run" not in call] == []
+
+
+def test_a_copy_the_models_disk_cannot_hold_is_refused_before_a_byte_is_written(tmp_path, small_disk, host, hub, rsync_daemon):
+    shared, url = rsync_daemon
+    stage_checkpoint(host, params(shared, hub.url))
+    with pytest.raises(StageFailure) as failure:
+        stage_checkpoint(host, params(small_disk, "", source=f"{url}/tiny-chat-it/"))
+    message = str(failure.value)
+    # rsync's own count of what it would send: the files and the manifest, no more.
+    sent = sum(path.stat().st_size for path in (shared / "tiny-chat-it").iterdir())
+    assert f"({sent / 2**30:.2f} GiB listed, 0.00 GiB already there" in message and "and only 0.06 GiB is free" in message, message
+    assert os.listdir(small_disk) == [], "nothing was written"

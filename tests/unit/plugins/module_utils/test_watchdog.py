@@ -10,8 +10,10 @@ import pytest
 import yaml
 
 from ansible_collections.sparkfleet.vllm.plugins.filter.watchdog import watchdog_plan_filter
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_paths import STACKS_DIR
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._watchdog import (
     SETTINGS,
+    STATE_DIR,
     WatchdogError,
     acted,
     assess,
@@ -650,15 +652,19 @@ def test_a_wedged_engines_stacks_are_read_before_it_is_killed(monkeypatch, tmp_p
         steps.append(argv[0] + " " + argv[1])
         return 0, "", ""
 
-    def stacks(container, unit, folders, now):
-        steps.append(f"stacks {container}")
+    def stacks(container, unit, folders, now, folder):
+        steps.append(f"stacks {container} into {folder}")
         raise OSError("disk full")
 
     monkeypatch.setattr(daemon, "run_command", run)
     monkeypatch.setattr(daemon, "save_engine_stacks", stacks)
     monkeypatch.setattr(daemon, "drain", lambda plan, settings: [])
     decision = {"action": "restart", "verdict": verdict, **({"kill_first": True} if verdict != "down" else {})}
-    daemon.act(decision, PLAN, {"plan_dirs": [str(tmp_path)]}, str(tmp_path), {}, 1_796_380_000)
-    killed = ["stacks " + PLAN["container"], "docker kill"] if stacks_read else []
+    daemon.act(decision, PLAN, {"plan_dirs": [str(tmp_path)], "state_dir": str(tmp_path / "state")}, str(tmp_path / "state"), {}, 1_796_380_000)
+    killed = [f"stacks {PLAN['container']} into {tmp_path / 'state' / 'stacks'}", "docker kill"] if stacks_read else []
     assert steps == [*killed, "systemctl restart"]
     assert decision.get("stacks") == ("no stacks: disk full" if stacks_read else None)
+
+
+def test_the_bundles_read_the_stacks_where_the_watchdog_keeps_them():
+    assert STACKS_DIR == f"{STATE_DIR}/{load_daemon().STACKS_FOLDER}"
