@@ -12,7 +12,7 @@ import time
 
 import pytest
 from planted_images import litellm_release
-from site_runner import INVENTORY, ROOT, assert_refused, bundle_leaks, deployed_secrets, docker_host, playbook, state_digest
+from site_runner import INVENTORY, ROOT, assert_refused, bundle_leaks, deployed_secrets, docker_host, playbook, site, state_digest
 
 GATEWAY, OTHER = "sparkfleet-molecule-node-1", "sparkfleet-molecule-node-2"
 URL, CONFIG = "http://127.0.0.1:4000", "/etc/sparkfleet/gateway"
@@ -226,7 +226,7 @@ def test_a_compromised_litellm_release_is_refused_at_its_pull_whatever_is_acknow
     even with every advisory of the floor table acknowledged, and the running gateway is left as it was."""
     image = litellm_release("litellm-1.82.7", "1.82.7")
     before = gateway_state(gateway)
-    result = playbook("gateway.yml", "-e", json.dumps({"gateway_image": image, "gateway_accepted_advisories": ["CVE-2026-59822", "CVE-2026-49468"]}))
+    result = site("--tags", "gateway", "-e", json.dumps({"gateway_image": image, "gateway_accepted_advisories": ["CVE-2026-59822", "CVE-2026-49468"]}))
     assert_refused(result, "carries LiteLLM 1.82.7: a supply-chain compromise of LiteLLM's PyPI release",
                    "No acknowledgement runs it; pin an image of another release (LiteLLM 1.84.0 or newer)")
     assert gateway_state(gateway) == before
