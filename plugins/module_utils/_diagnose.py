@@ -30,7 +30,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterable, Sequence
 
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._files import prune_oldest, write_atomically
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._files import newest_files, prune_oldest, write_atomically
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_paths import PY_SPY, STACKS_DIR
 
 # argv and a timeout in seconds -> (exit status, stdout, stderr); the status is None when the command
@@ -524,19 +524,8 @@ def save_engine_stacks(container: str, unit: str, config_dirs: Sequence[str], wh
 def saved_stacks(folder: str) -> dict[str, bytes]:
     """The watchdog's stack files (save_engine_stacks), the newest STACK_FILES_KEPT by modification time; a link is never
     followed and a file the watchdog removes meanwhile is left out."""
-    found = []
-    try:
-        with os.scandir(folder) as entries:
-            for entry in entries:
-                try:
-                    if entry.name.endswith(".txt") and entry.is_file(follow_symlinks=False):
-                        found.append((entry.stat(follow_symlinks=False).st_mtime, entry.name))
-                except OSError:
-                    continue
-    except OSError:
-        return {}
     files = {}
-    for _mtime, name in sorted(found, reverse=True)[:STACK_FILES_KEPT]:
+    for name in newest_files(folder, "", ".txt")[:STACK_FILES_KEPT]:
         try:
             descriptor = os.open(os.path.join(folder, name), os.O_RDONLY | os.O_NOFOLLOW)
         except OSError:

@@ -68,24 +68,31 @@ def write_atomically(path: str, text: str | bytes, mode: int) -> None:
         os.close(directory)
 
 
-def prune_oldest(folder: str, prefix: str, suffix: str, keep: int, dry_run: bool = False) -> list[str]:
-    """Remove the regular files of ``folder`` whose names start with ``prefix`` and end with ``suffix`` beyond the newest
-    ``keep`` (by modification time, then name), never through a link; returns the paths removed (with ``dry_run``, those
-    it would remove). What the collection writes on its own (bundles, stack files) is bounded by this rule, so it never
-    fills a disk that holds the weights. A file that vanishes or cannot be removed meanwhile is left out, never raised."""
+def newest_files(folder: str, prefix: str, suffix: str) -> list[str]:
+    """The names of the regular files of ``folder`` that start with ``prefix`` and end with ``suffix``, newest first (by
+    modification time, then name), never through a link; one that vanishes meanwhile is left out, a folder that cannot be
+    read gives none."""
     found = []
     try:
         with os.scandir(folder) as entries:
             for entry in entries:
                 try:
                     if entry.name.startswith(prefix) and entry.name.endswith(suffix) and entry.is_file(follow_symlinks=False):
-                        found.append((entry.stat(follow_symlinks=False).st_mtime, entry.name, entry.path))
+                        found.append((entry.stat(follow_symlinks=False).st_mtime, entry.name))
                 except OSError:
                     continue
     except OSError:
         return []
+    return [name for _mtime, name in sorted(found, reverse=True)]
+
+
+def prune_oldest(folder: str, prefix: str, suffix: str, keep: int, dry_run: bool = False) -> list[str]:
+    """Remove the files newest_files lists beyond the newest ``keep``; returns the paths removed (with ``dry_run``, those
+    it would remove). What the collection writes on its own (bundles, stack files) is bounded by this rule, so it never
+    fills a disk that holds the weights. A file that cannot be removed meanwhile is left out, never raised."""
     removed = []
-    for _mtime, _name, path in sorted(found, reverse=True)[max(keep, 0):]:
+    for name in newest_files(folder, prefix, suffix)[max(keep, 0):]:
+        path = os.path.join(folder, name)
         try:
             if not dry_run:
                 os.unlink(path)
