@@ -160,7 +160,7 @@ def recorded_versions(text: str | bytes, engine: str, image_id: str) -> list[str
 LISTING_LINE = re.compile(r"(?P<digest>sha256:[0-9a-f]{64}|<none>) (?P<id>sha256:[0-9a-f]{64})")
 # A compile-cache folder of a pinned image is named by its digest's first 16 hex digits (_vllm_plan.image_key).
 PINNED_DIGEST = re.compile(r"@sha256:(?P<key>[0-9a-f]{16})[0-9a-f]{48}$")
-RECORD_NAME = re.compile(r"sha256-(?P<id>[0-9a-f]{64})[.]json")
+RECORD_NAME = re.compile(r"sha256-[0-9a-f]{64}[.]json")
 
 
 def image_leftovers(records: t.Mapping[str, t.Any], listing: str, jit_root: str) -> list[str]:
@@ -176,8 +176,9 @@ def image_leftovers(records: t.Mapping[str, t.Any], listing: str, jit_root: str)
     ids = {found["id"] for found in lines}
     stale = []
     for path, text in records.items():
-        named = RECORD_NAME.fullmatch(path.rsplit("/", 1)[-1])
-        if not named or f"sha256:{named['id']}" in ids:
+        folder, name = path.rsplit("/", 1)
+        # The path record_path gives a held image's record is kept; only a name record_path writes is ever removed.
+        if not RECORD_NAME.fullmatch(name) or path in {record_path(image_id, folder) for image_id in ids}:
             continue
         stale.append(path)
         try:
