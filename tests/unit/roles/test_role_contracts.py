@@ -73,3 +73,11 @@ def test_each_role_has_a_galaxy_readme_generated_from_its_argument_spec(role):
     assert page == role_readme(ROOT / "roles" / role), f"roles/{role}/README.md is stale: run python scripts/render_docs.py"
     for name in spec_options(role):
         assert f"| `{name}` |" in page
+
+
+def test_every_staging_call_takes_the_roles_verify_setting():
+    """The lab runs the staging module's quick and full checks directly (molecule/models); the role's part is to pass
+    vllm_models_verify to every staging call, from the Hub and from a source node alike."""
+    calls = [task["sparkfleet.vllm.vllm_model_stage"] for task in load(ROOT / "roles" / "vllm" / "tasks" / "stage.yml")
+             if "sparkfleet.vllm.vllm_model_stage" in task]
+    assert len(calls) == 2 and all(call.get("verify") == "{{ vllm_models_verify }}" for call in calls), calls
