@@ -73,10 +73,13 @@ _value:
   type: dict
 """
 
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._earlyoom import earlyoom_config
+# The filter imports its module_utils when it runs: a task's worker, to find one of the collection's filters, loads
+# every filter file before it, and compiles what they import from source (see docs/performance.md).
 
 
 def earlyoom_config_filter(settings):
+    from ansible_collections.sparkfleet.vllm.plugins.module_utils._earlyoom import earlyoom_config
+
     return earlyoom_config(
         memory_percent=settings.get("memory_percent"),
         memory_kill_percent=settings.get("memory_kill_percent"),

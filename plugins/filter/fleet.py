@@ -4,20 +4,32 @@
 
 from __future__ import annotations
 
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._fleet import ROLE_DEFAULT_FOLDERS, fleet_problems, tag_in_run
+# Each filter imports its module_utils when it runs: a task's worker, to find one of the collection's filters, loads
+# every filter file before it, and compiles what they import from source (see docs/performance.md).
 
-# The variables the fleet check reads of each host: inventory settings and the plans the same play published.
+# The variables the fleet check reads of each host besides the roles' folders: inventory settings and the plans the same
+# play published.
 READ = ("ansible_host", "ansible_port", "sparkfleet_reserved_ports", "sparkfleet_hardware_class", "vllm_endpoints", "cluster_name", "cluster_nodes",
         "cluster_instance",
         "cluster_master_port", "cluster_backend", "gateway_backends", "gateway_port", "vllm_models_source",
-        "vllm_models_rsync_port", *ROLE_DEFAULT_FOLDERS)
+        "vllm_models_rsync_port")
 
 
 def fleet_problems_filter(hosts, hostvars, inventory=None):
+    from ansible_collections.sparkfleet.vllm.plugins.module_utils._fleet import ROLE_DEFAULT_FOLDERS, fleet_problems
+
+    names_read = (*READ, *ROLE_DEFAULT_FOLDERS)
+
     def read(names):
-        return {host: {name: hostvars[host][name] for name in READ if name in hostvars[host]} for host in names}
+        return {host: {name: hostvars[host][name] for name in names_read if name in hostvars[host]} for host in names}
 
     return fleet_problems(read(hosts), read(inventory or []))
+
+
+def tag_in_run(tag, run_tags, skip_tags, known=None):
+    from ansible_collections.sparkfleet.vllm.plugins.module_utils._run_tags import tag_in_run as judged
+
+    return judged(tag, run_tags, skip_tags, known)
 
 
 class FilterModule:

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import json
 
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._hardware_classes import resolve_class
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_facts import packages_to_install
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._memory import host_settings_problems
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._preflight import host_python_problem, image_checks, preflight
+# Each filter imports its module_utils when it runs: a task's worker, to find one of the collection's filters, loads
+# every filter file before it, and compiles what they import from source (see docs/performance.md).
 
 
 def hardware_class(name, overrides=None):
+    from ansible_collections.sparkfleet.vllm.plugins.module_utils._hardware_classes import resolve_class
+
     return resolve_class(name, overrides)
 
 
@@ -25,6 +25,9 @@ def inspect_object(stdout):
 
 def spark_preflight(facts, hardware_class_name, overrides=None, instances=None, images=None, missing_weights_gib=0.0,
                     min_free_disk_gib=None, remedies=None, device_nodes=None):
+    from ansible_collections.sparkfleet.vllm.plugins.module_utils._hardware_classes import resolve_class
+    from ansible_collections.sparkfleet.vllm.plugins.module_utils._preflight import preflight
+
     resolved = resolve_class(hardware_class_name, overrides)
     if resolved["errors"]:
         return {"ok": False, "checks": [], "reasons": resolved["errors"], "warnings": [], "lines": resolved["errors"]}
@@ -37,11 +40,32 @@ def spark_preflight(facts, hardware_class_name, overrides=None, instances=None, 
 def vllm_image_problems(inspect, ref, facts=None, hardware_class_name=None, overrides=None, level="fail"):
     """The image's failing checks (``level`` fail) or what it leaves unknown (``level`` warn), against the host and the
     CUDA floor of its hardware class."""
+    from ansible_collections.sparkfleet.vllm.plugins.module_utils._hardware_classes import resolve_class
+    from ansible_collections.sparkfleet.vllm.plugins.module_utils._preflight import image_checks
+
     if not facts or not inspect:
         return []
     resolved = resolve_class(hardware_class_name, overrides) if hardware_class_name else {"values": {}}
     checks = image_checks([{"ref": ref, "inspect": inspect}], facts, resolved["values"].get("min_image_cuda"))
     return [f"{check['name']}: {check['detail']}" for check in checks if check["status"] == level]
+
+
+def host_settings_problems(settings):
+    from ansible_collections.sparkfleet.vllm.plugins.module_utils._memory import host_settings_problems as problems
+
+    return problems(settings)
+
+
+def packages_to_install(pins, facts):
+    from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_facts import packages_to_install as wanted
+
+    return wanted(pins, facts)
+
+
+def host_python_problem(version_text):
+    from ansible_collections.sparkfleet.vllm.plugins.module_utils._preflight import host_python_problem as problem
+
+    return problem(version_text)
 
 
 class FilterModule:

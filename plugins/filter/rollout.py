@@ -4,19 +4,24 @@
 
 from __future__ import annotations
 
-from ansible_collections.sparkfleet.vllm.plugins.filter.sweep import controller_has
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._rollout import judge_unit, measured, plan_rollout, rollout_report
+# Each filter imports its module_utils when it runs: a task's worker, to find one of the collection's filters, loads
+# every filter file before it, and compiles what they import from source (see docs/performance.md).
 
 # What the plan reads of each host (hostvars are templated lazily: only these are asked for).
 PLANNED_FACTS = ("vllm_drift", "cluster_name", "cluster_nodes", "cluster_drift")
 
 
 def rollout_plan(hosts, hostvars, settings):
+    from ansible_collections.sparkfleet.vllm.plugins.filter.sweep import controller_has
+    from ansible_collections.sparkfleet.vllm.plugins.module_utils._rollout import plan_rollout
+
     facts = {host: {key: hostvars[host].get(key) for key in PLANNED_FACTS} for host in hosts if host in hostvars}
     return plan_rollout(list(hosts), facts, settings or {}, controller_has)
 
 
 def rollout_verdict(unit, launch, before_correctness, before_bench, after_correctness, after_bench, settings):
+    from ansible_collections.sparkfleet.vllm.plugins.module_utils._rollout import judge_unit, measured
+
     repeats = (settings or {}).get("rollout_repeats") or 0
     before = measured(before_correctness, before_bench, repeats) if before_correctness else None
     after = measured(after_correctness, after_bench, repeats) if after_correctness else None
@@ -57,6 +62,8 @@ def rollout_settled(record, results=None, host="", cluster=None):
 
 
 def rollout_outcome(records, plan, title):
+    from ansible_collections.sparkfleet.vllm.plugins.module_utils._rollout import rollout_report
+
     return rollout_report(title, plan, list(records or []))
 
 

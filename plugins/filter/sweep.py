@@ -6,17 +6,13 @@ from __future__ import annotations
 
 import pathlib
 
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._model_catalog import CATALOG, catalog_problems
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_plan import merged_instances
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_sweep import (
-    correctness_gate,
-    plan_sweep,
-    plan_variants,
-    summarise_variant,
-)
+# Each filter imports its module_utils when it runs: a task's worker, to find one of the collection's filters, loads
+# every filter file before it, and compiles what they import from source (see docs/performance.md).
 
 
 def vllm_sweep_variants(instance, draft_counts=None, variants=None):
+    from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_sweep import plan_variants
+
     return plan_variants(instance or {}, draft_counts, variants or None)
 
 
@@ -29,6 +25,10 @@ def controller_has(kind, path):
 def vllm_sweep_plan(instances, settings, defaults=None, catalog_extra=None):
     """The swept instance as the vllm plan merges it (vllm_instance_defaults, its catalog entry), so a
     drafter set in the defaults or brought by the catalog is the one the sweep varies."""
+    from ansible_collections.sparkfleet.vllm.plugins.module_utils._model_catalog import CATALOG, catalog_problems
+    from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_plan import merged_instances
+    from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_sweep import plan_sweep
+
     # The plan's own problems (a bad catalog extra, a list it cannot merge) are refused by its plan task;
     # until then the instances are judged as given.
     extra = catalog_extra if isinstance(catalog_extra, dict) and not catalog_problems(catalog_extra) else {}
@@ -42,6 +42,8 @@ def vllm_sweep_record(variant, status, reason=None, correctness=None, baseline=N
     """One variant's record: its gate (no fewer passes than the baseline, at most max_changed_answers changed
     greedy answers) and its figures over the repeats, with the repeats that recorded nothing and the runs far
     outside their siblings."""
+    from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_sweep import correctness_gate, summarise_variant
+
     record = {key: variant[key] for key in ("name", "id", "rank", "draft_count", "settings")}
     record.update(status=status, reason=reason or None)
     if status != "ok":

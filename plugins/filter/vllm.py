@@ -211,17 +211,13 @@ import pathlib
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_runtime import runtime_files
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._image_release import image_leftovers
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._memory import parse_meminfo
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._py_spy import wheel_for
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_bench import documents_folder
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_instance import deployed_instances, pull_reference, removal, run_image
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_models import model_folder, validate_models
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_plan import WILDCARDS, build_plan, canonical_address, pool_share, pulled_image_problems
+# Each filter imports its module_utils when it runs: a task's worker, to find one of the collection's filters, loads
+# every filter file before it, and compiles what they import from source (see docs/performance.md).
 
 
 def vllm_plan(instances, defaults, **options):
+    from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_plan import build_plan
+
     return build_plan(instances, defaults, **options)
 
 
@@ -239,6 +235,8 @@ def vllm_helper_files(helpers, collection_root):
 
 def host_runtime(collection_root):
     """The host runtime's folders and files as host_files takes them, each file read from the collection."""
+    from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_runtime import runtime_files
+
     folders, files = runtime_files()
     return {"folders": folders, "files": vllm_helper_files(files, collection_root)}
 
@@ -246,6 +244,8 @@ def host_runtime(collection_root):
 def vllm_removals(deployed_paths, plan, config_dir):
     """Paths of the host's units and plan files -> what removing each instance deployed but no longer planned (or declared
     absent) stops and deletes."""
+    from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_instance import deployed_instances, removal
+
     planned = {instance["name"] for instance in plan["instances"]}
     names = sorted(set(deployed_instances(deployed_paths or [], config_dir)) | set(plan["absent"]))
     return [removal(config_dir, name, False) for name in names if name not in planned]
@@ -253,6 +253,8 @@ def vllm_removals(deployed_paths, plan, config_dir):
 
 def vllm_listen_address_problem(address):
     """Why an address a daemon listens on is unfit (empty when fit): not one plain IP, or every interface."""
+    from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_plan import WILDCARDS, canonical_address
+
     canonical = canonical_address(address)
     if canonical is None or canonical != address:
         return f"{address!r} is not one IP address in its plain form"
@@ -260,18 +262,67 @@ def vllm_listen_address_problem(address):
 
 
 def vllm_models_problems(models, allow_branch=False):
+    from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_models import validate_models
+
     return validate_models("vllm_models", models, bool(allow_branch))
 
 
 def vllm_pulled_image_problems(instances, pulled, stated_version="", stated_image=""):
+    from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_plan import pulled_image_problems
+
     return pulled_image_problems(instances or [], pulled or {}, stated_version or None, stated_image or "")
 
 
 def measure_documents_folder(label):
+    from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_bench import documents_folder
+
     try:
         return documents_folder(label)
     except ValueError as error:
         raise AnsibleFilterError(f"measure_documents_folder: {error}") from None
+
+
+
+def vllm_model_folder(model):
+    from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_models import model_folder
+
+    return model_folder(model)
+
+
+def vllm_pull_reference(image, mirror=""):
+    from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_instance import pull_reference
+
+    return pull_reference(image, mirror)
+
+
+def vllm_run_image(image, mirror=""):
+    from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_instance import run_image
+
+    return run_image(image, mirror)
+
+
+def meminfo(text):
+    from ansible_collections.sparkfleet.vllm.plugins.module_utils._memory import parse_meminfo
+
+    return parse_meminfo(text)
+
+
+def vllm_pool_share(instances, defaults):
+    from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_plan import pool_share
+
+    return pool_share(instances, defaults)
+
+
+def py_spy_wheel(wheels, architecture=None):
+    from ansible_collections.sparkfleet.vllm.plugins.module_utils._py_spy import wheel_for
+
+    return wheel_for(wheels, architecture)
+
+
+def image_leftovers(records, listing, jit_root):
+    from ansible_collections.sparkfleet.vllm.plugins.module_utils._image_release import image_leftovers as leftovers
+
+    return leftovers(records, listing, jit_root)
 
 
 class FilterModule:
@@ -281,15 +332,15 @@ class FilterModule:
             "vllm_removals": vllm_removals,
             "vllm_helper_files": vllm_helper_files,
             "host_runtime": host_runtime,
-            "vllm_model_folder": model_folder,
-            "vllm_pull_reference": pull_reference,
-            "vllm_run_image": run_image,
+            "vllm_model_folder": vllm_model_folder,
+            "vllm_pull_reference": vllm_pull_reference,
+            "vllm_run_image": vllm_run_image,
             "measure_documents_folder": measure_documents_folder,
-            "meminfo": parse_meminfo,
+            "meminfo": meminfo,
             "vllm_models_problems": vllm_models_problems,
             "vllm_listen_address_problem": vllm_listen_address_problem,
-            "vllm_pool_share": pool_share,
+            "vllm_pool_share": vllm_pool_share,
             "vllm_pulled_image_problems": vllm_pulled_image_problems,
-            "py_spy_wheel": wheel_for,
+            "py_spy_wheel": py_spy_wheel,
             "image_leftovers": image_leftovers,
         }

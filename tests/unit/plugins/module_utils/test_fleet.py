@@ -7,7 +7,8 @@ import pytest
 import yaml
 from ansible.playbook.taggable import Taggable
 
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._fleet import ROLE_DEFAULT_FOLDERS, ROLE_DEFAULT_PORTS, fleet_problems, tag_in_run
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._fleet import ROLE_DEFAULT_FOLDERS, ROLE_DEFAULT_PORTS, fleet_problems
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._run_tags import tag_in_run
 
 ROLES = pathlib.Path(__file__).resolve().parents[4] / "roles"
 
