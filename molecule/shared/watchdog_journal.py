@@ -6,7 +6,7 @@ import time
 
 def journal_decisions(host, unit, since=0.0, **match):
     """The watchdog's journal lines since a time about ``unit`` (or no unit), those matching every key given."""
-    lines = host.run("journalctl -u sparkfleet-watchdog.service -o cat --no-pager").stdout.splitlines()
+    lines = host.run(f"journalctl -u sparkfleet-watchdog.service -o cat --no-pager --since @{int(since)}").stdout.splitlines()
     parsed = [json.loads(line) for line in lines if line.startswith("{")]
     return [line for line in parsed if line["time"] >= since and line.get("unit", unit) == unit
             and all(line.get(key) == value for key, value in match.items())]
