@@ -227,7 +227,7 @@ def wait_until_ready(
     inspect: t.Callable[[], dict[str, t.Any] | None] | None,
     expected_names: t.Sequence[str],
     timeout: float,
-    interval: float = 2,
+    interval: float = POLL_INTERVAL,
     clock: t.Callable[[], float] = time.monotonic,
     sleep: t.Callable[[float], None] = time.sleep,
     restarts_allowed: int = 0,

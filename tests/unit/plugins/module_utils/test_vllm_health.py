@@ -99,7 +99,7 @@ def test_wait_polls_until_ready():
     replies = iter([Reply(None, "", "refused", True), Reply(None, "", "refused", True), Reply(200, MODELS)])
     clock = Clock()
     result = wait_until_ready(lambda: next(replies), None, ["tiny"], timeout=60, clock=clock, sleep=clock.sleep)
-    assert result["ok"] and result["elapsed"] == 4 and result["reasons"] == ["ready"]
+    assert result["ok"] and result["elapsed"] == 1 and result["reasons"] == ["ready"]
 
 
 def test_wait_stops_at_once_on_a_fatal_reply():
@@ -356,7 +356,7 @@ def test_a_replacement_seen_before_the_exit_waits_on_the_new_container_not_the_w
     clock = Clock()
     result = wait_until_ready(lambda: next(replies), inspect, ["tiny"], timeout=2700, clock=clock, sleep=clock.sleep,
                               restarts_allowed=1, restart_window=130)
-    assert result["ok"] and clock.now == 400 and result["restarts"] == ["the container was replaced (its start failed and it was started again)"]
+    assert result["ok"] and clock.now == 100 and result["restarts"] == ["the container was replaced (its start failed and it was started again)"]
 
 
 def test_docker_not_answering_is_no_exit_and_spends_no_restart():
@@ -385,5 +385,5 @@ def test_the_start_after_a_passed_over_exit_gets_its_own_timeout():
     assert result["ok"] and clock.now == 28 > 20
     clock = Clock()
     late = wait_until_ready(lambda: Reply(None, "", "refused", True), snapshots({}, COMPILED_THEN_EXITED, {"container_id": "new"}), ["tiny"],
-                            timeout=20, clock=clock, sleep=clock.sleep, restarts_allowed=1, restart_window=130)
+                            timeout=20, interval=2, clock=clock, sleep=clock.sleep, restarts_allowed=1, restart_window=130)
     assert late["reason"].startswith("not ready 20 s after its cold start's restart: ") and clock.now == 22
