@@ -282,7 +282,6 @@ def measure_documents_folder(label):
         raise AnsibleFilterError(f"measure_documents_folder: {error}") from None
 
 
-
 def vllm_model_folder(model):
     from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_models import model_folder
 
