@@ -66,6 +66,8 @@ def test_bench_playbook_measures_and_reports(serve, tmp_path):
     assert report["dataset"]["kind"] == "natural"
     assert report["correctness"]["total"] == 21
     assert report["correctness"]["results"][-1]["id"] == "team-1"
+    # The same cases again with the benchmark's highest concurrency in flight: none that was right alone went wrong.
+    assert report["correctness"]["load"] == {"concurrency": 2, "requests": 21, "corrupted": []}
     markdown = (report_dir / "report.md").read_text()
     assert markdown.count("\n| ") == 3
     # The latency a user sees comes first: the real vLLM's median TTFT at one stream.
