@@ -4,8 +4,10 @@
 
 from __future__ import annotations
 
-# Each filter imports its module_utils when it runs: a task's worker, to find one of the collection's filters, loads
-# every filter file before it, and compiles what they import from source (see docs/performance.md).
+# The fleet check imports its module_utils when it runs: a task's worker, to find one of the collection's filters, loads
+# every filter file before it, and compiles what they import from source (see docs/performance.md). _run_tags is a leaf
+# of a few lines.
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._run_tags import tag_in_run
 
 # The variables the fleet check reads of each host besides the roles' folders: inventory settings and the plans the same
 # play published.
@@ -24,12 +26,6 @@ def fleet_problems_filter(hosts, hostvars, inventory=None):
         return {host: {name: hostvars[host][name] for name in names_read if name in hostvars[host]} for host in names}
 
     return fleet_problems(read(hosts), read(inventory or []))
-
-
-def tag_in_run(tag, run_tags, skip_tags, known=None):
-    from ansible_collections.sparkfleet.vllm.plugins.module_utils._run_tags import tag_in_run as judged
-
-    return judged(tag, run_tags, skip_tags, known)
 
 
 class FilterModule:

@@ -450,7 +450,7 @@ def ready(plan: t.Mapping[str, t.Any], run: Runner = run_command, log: Log = say
         return 1
     url = plan["url"].rstrip("/")
     result = wait_until_ready(lambda: fetch(url + "/v1/models", api_key), lambda: inspect(plan["container"], run), plan["served_names"],
-                              timeout, POLL_INTERVAL, refusal=lambda: refusal(plan["container"], invocation))
+                              timeout, refusal=lambda: refusal(plan["container"], invocation))
     log(f"{plan['container']}: {'cold' if cold else 'warm'} start, {result['reason']} after {result['elapsed']} s")
     if not result["ok"]:
         return 1
