@@ -3,7 +3,8 @@
 """What a serving host is, read from the files and tools it has. Private to the collection.
 
 Every function here parses text a host produced (DMI, os-release, nvidia-smi's CSV, /proc,
-fstab, docker info, systemctl show); the spark_facts module only gathers the text. On a GB10
+fstab, docker info; the units' states come from _host_state, the one reader of systemctl show); the spark_facts
+module only gathers the text. On a GB10
 nvidia-smi reports its memory as [N/A] (NVIDIA's known issue): the unified pool is read from
 /proc/meminfo, which is also what vLLM's total is there (121.69 GiB).
 """
@@ -28,6 +29,7 @@ HEADER_ALIASES = {"clocks.current.sm": "clocks.sm"}
 # A Debian package name (policy 5.6.1), the only thing of a package that reaches dpkg-query's command line.
 PACKAGE_NAME = re.compile(r"[a-z0-9][a-z0-9+.-]+")
 SLEEP_TARGETS = ("sleep.target", "suspend.target", "hibernate.target", "hybrid-sleep.target")
+UNIT_STATE_PROPERTIES = ("LoadState", "UnitFileState")
 LOADED_UTILIZATION = 50.0
 # Seed 002: a wedged GX10 runs at 611-708 MHz and under 15 W at 90 %+ utilisation (healthy: 2400-2600 MHz, 35-45 W).
 WEDGE_CLOCK_MHZ = 1000.0
@@ -190,15 +192,11 @@ def parse_docker_info(text: str | None) -> dict[str, t.Any]:
             "nvidia_runtime": "nvidia" in runtimes}
 
 
-def parse_unit_states(text: str) -> dict[str, str]:
-    """``systemctl show --property=Id,LoadState,UnitFileState UNITS``: unit -> masked, static, enabled, not-found..."""
-    states: dict[str, str] = {}
-    for block in text.strip().split("\n\n"):
-        values = dict(line.split("=", 1) for line in block.splitlines() if "=" in line)
-        if values.get("Id"):
-            load = values.get("LoadState", "")
-            states[values["Id"]] = "masked" if load == "masked" else ("not-found" if load == "not-found" else values.get("UnitFileState") or load)
-    return states
+def unit_states(shown: t.Mapping[str, t.Mapping[str, str]]) -> dict[str, str]:
+    """Each unit's state from its UNIT_STATE_PROPERTIES as _host_state.show_units read them: masked, static, enabled,
+    not-found..."""
+    return {unit: "masked" if values["LoadState"] == "masked" else "not-found" if values["LoadState"] == "not-found"
+            else values["UnitFileState"] or values["LoadState"] for unit, values in shown.items()}
 
 
 def power_state(gpus: t.Sequence[t.Mapping[str, t.Any]]) -> dict[str, t.Any]:
@@ -257,7 +255,7 @@ def packages_to_install(pins: t.Mapping[str, str | None], facts: t.Mapping[str, 
 
 def summarise(dmi: t.Mapping[str, str | None], os_release: str, architecture: str, gpu_text: str | None, gpu_error: str | None,
               meminfo_text: str, swaps_text: str, fstab_text: str, holders: list[dict[str, t.Any]], docker_text: str | None,
-              disk: t.Mapping[str, t.Any], units_text: str, lists: t.Mapping[str, t.Any],
+              disk: t.Mapping[str, t.Any], units: t.Mapping[str, t.Mapping[str, str]], lists: t.Mapping[str, t.Any],
               packages: t.Mapping[str, str | None]) -> dict[str, t.Any]:
     """The host's facts from what spark_facts gathered."""
     gpus = parse_gpu_query(gpu_text) if gpu_text else []
@@ -278,7 +276,7 @@ def summarise(dmi: t.Mapping[str, str | None], os_release: str, architecture: st
         "device_holders": holders,
         "docker": parse_docker_info(docker_text),
         "disk": dict(disk),
-        "sleep_targets": parse_unit_states(units_text),
+        "sleep_targets": unit_states(units),
         "power": power_state(gpus),
         "package_lists": dict(lists),
         "packages": dict(packages),

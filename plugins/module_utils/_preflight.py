@@ -185,10 +185,10 @@ def preflight(facts: t.Mapping[str, t.Any], hardware_class: str, hardware: t.Map
     if hardware["gpu"]:
         states = facts["sleep_targets"]
         awake = sorted(unit for unit, state in states.items() if state not in ("masked", "not-found"))
-        checks.append(check("sleep targets masked", not awake,
-                            f"{', '.join(f'{u} is {states[u]}' for u in awake)}: sleep/wake triggers the power-delivery wedge "
-                            "(seed 002)" if awake else "sleep, suspend and hibernate are masked",
-                            remedy="headless", remedies=remedies))
+        detail = (f"{', '.join(f'{u} is {states[u]}' for u in awake)}: sleep/wake triggers the power-delivery wedge (seed 002)"
+                  if awake else "sleep, suspend and hibernate are masked" if states
+                  else "systemd did not answer for the sleep targets (systemctl show), so none is known to be masked")
+        checks.append(check("sleep targets masked", bool(states) and not awake, detail, remedy="headless", remedies=remedies))
     if hardware["power_wedge_check"]:
         power = facts["power"]
         checks.append(check("power delivery", not power["wedge_suspected"], power["reason"]))

@@ -12,6 +12,8 @@ _PLAIN = re.compile(r"[A-Za-z0-9_@%+=:,./-]+")
 UNIT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9:_.@\\-]{0,250}")
 # What the modules read of a unit: whether systemd knows it, runs it and starts it at boot.
 UNIT_PROPERTIES = ("LoadState", "ActiveState", "UnitFileState")
+# A property's name as systemctl show takes it (NRestarts, ActiveEnterTimestamp): it reaches systemctl's command line.
+PROPERTY_NAME = re.compile(r"[A-Z][A-Za-z]{0,63}")
 
 
 def quote_exec_argument(argument: str) -> str:
@@ -34,6 +36,11 @@ def exec_line(arguments: t.Sequence[str]) -> str:
 def unit_name_problems(units: t.Sequence[t.Any]) -> list[str]:
     return [f"units[{index}]: {unit!r} is not a systemd unit name (letters, digits and :_.@\\-)"
             for index, unit in enumerate(units) if not isinstance(unit, str) or not UNIT_NAME.fullmatch(unit)]
+
+
+def property_name_problems(properties: t.Sequence[t.Any]) -> list[str]:
+    return [f"properties[{index}]: {name!r} is not a systemd property name (such as NRestarts: a capital, then letters)"
+            for index, name in enumerate(properties) if not isinstance(name, str) or not PROPERTY_NAME.fullmatch(name)]
 
 
 def listed_unit_states(output: str) -> dict[str, str]:

@@ -139,6 +139,7 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._fabric import rea
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_facts import (
     NVIDIA_SMI_ARGS,
     SLEEP_TARGETS,
+    UNIT_STATE_PROPERTIES,
     dpkg_query_args,
     folder_usage,
     installed_packages,
@@ -148,6 +149,7 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_facts import
     summarise,
 )
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_paths import DOCKER_CLIENT
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_state import StateUnanswered, show_units
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._launch_checks import device_holders, open_files, process_cgroup
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._launch_checks import read_text as read
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._tools import tool_runner
@@ -230,9 +232,11 @@ def main():
         cgroup = process_cgroup(holder["pid"])
         holder["container"] = next((name for cid, name in containers.items() if cid in cgroup), None)
     systemctl = module.get_bin_path("systemctl")
-    units_text = ""
-    if systemctl:
-        _rc, units_text, _err = module.run_command([systemctl, "show", "--property=Id,LoadState,UnitFileState", *SLEEP_TARGETS])
+    try:
+        units = show_units(module.run_command, list(SLEEP_TARGETS), UNIT_STATE_PROPERTIES, systemctl) if systemctl else {}
+    except StateUnanswered:
+        # Facts report what the host answers; preflight names sleep targets whose states were not read.
+        units = {}
     facts = summarise(
         dmi={name: read(f"/sys/class/dmi/id/{name}") or None for name in DMI_FIELDS},
         os_release=read("/etc/os-release"),
@@ -245,7 +249,7 @@ def main():
         holders=holders,
         docker_text=docker_text,
         disk=disk(module.params["models_dir"]),
-        units_text=units_text,
+        units=units,
         lists=package_lists(file_mtimes(APT_LISTS), time.time()),
         packages=installed_packages(packages_text, packages),
     )

@@ -7,11 +7,11 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 ---
 module: systemd_units_info
-short_description: The load, active and unit-file states of several systemd units in one call
+short_description: The load, active and unit-file states (or other properties) of several systemd units in one call
 version_added: 0.9.0
 description:
-  - Reads C(LoadState), C(ActiveState) and C(UnitFileState) of each unit of O(units) with one C(systemctl show),
-    where a loop of C(systemctl is-enabled) or C(systemctl show) makes one call per unit.
+  - Reads O(properties) (by default C(LoadState), C(ActiveState) and C(UnitFileState)) of each unit of O(units) with one
+    C(systemctl show), where a loop of C(systemctl is-enabled) or C(systemctl show) makes one call per unit.
   - A unit systemd does not know reads C(LoadState=not-found) and an empty C(UnitFileState). An alias reads the
     states of its unit, so the alias of an enabled unit reads C(enabled).
 author: sparkfleet.vllm contributors (@sparkfleet)
@@ -23,6 +23,13 @@ options:
     type: list
     elements: str
     required: true
+  properties:
+    description:
+      - The properties read of each unit, as C(systemctl show) names them (such as C(NRestarts)). A property systemd
+        does not print reads as an empty string.
+    type: list
+    elements: str
+    default: [LoadState, ActiveState, UnitFileState]
 attributes:
   check_mode:
     support: full
@@ -42,11 +49,17 @@ EXAMPLES = r"""
   sparkfleet.vllm.systemd_units_info:
     units: [NetworkManager.service, systemd-networkd.service, networking.service]
   register: stacks
+
+- name: Read how often systemd has restarted the node exporter, and whether it runs
+  sparkfleet.vllm.systemd_units_info:
+    units: [prometheus-node-exporter.service]
+    properties: [NRestarts, ActiveState]
+  register: exporter
 """
 
 RETURN = r"""
 units:
-  description: Each unit asked, with its C(LoadState), C(ActiveState) and C(UnitFileState).
+  description: Each unit asked, with each of O(properties).
   returned: always
   type: dict
   sample: {"systemd-networkd.service": {"LoadState": "loaded", "ActiveState": "active", "UnitFileState": "enabled"}}
@@ -55,13 +68,15 @@ units:
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_state import StateUnanswered, show_units
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._systemd import UNIT_PROPERTIES, unit_name_problems
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._systemd import UNIT_PROPERTIES, property_name_problems, unit_name_problems
 
 
 def main():
-    module = AnsibleModule(argument_spec=dict(units=dict(type="list", elements="str", required=True)), supports_check_mode=True)
-    units = module.params["units"]
-    problems = unit_name_problems(units)
+    module = AnsibleModule(argument_spec=dict(units=dict(type="list", elements="str", required=True),
+                                              properties=dict(type="list", elements="str", default=list(UNIT_PROPERTIES))),
+                           supports_check_mode=True)
+    units, properties = module.params["units"], module.params["properties"]
+    problems = unit_name_problems(units) + property_name_problems(properties)
     if problems:
         module.fail_json(msg="; ".join(problems))
     if not units:
@@ -70,7 +85,7 @@ def main():
     if systemctl is None:
         module.fail_json(msg="systemctl is not installed on the host (not on its PATH); these units need systemd")
     try:
-        states = show_units(module.run_command, units, UNIT_PROPERTIES, systemctl)
+        states = show_units(module.run_command, units, properties, systemctl)
     except StateUnanswered as error:
         module.fail_json(msg=str(error))
     module.exit_json(changed=False, units=states)

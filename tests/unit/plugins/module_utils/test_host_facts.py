@@ -6,6 +6,8 @@ import pathlib
 import pytest
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_facts import (
+    SLEEP_TARGETS,
+    UNIT_STATE_PROPERTIES,
     board,
     folder_usage,
     fstab_swaps,
@@ -18,10 +20,11 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_facts import
     parse_gpu_query,
     parse_os_release,
     parse_swaps,
-    parse_unit_states,
     power_state,
     summarise,
+    unit_states,
 )
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_state import parse_show
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._launch_checks import device_holders
 
 FIXTURES = pathlib.Path(__file__).resolve().parents[2] / "fixtures" / "hardware"
@@ -31,12 +34,17 @@ def fixture(name):
     return (FIXTURES / name).read_text()
 
 
+def shown(text):
+    """The sleep targets' states as spark_facts reads them (_host_state's one reader) from recorded systemctl show text."""
+    return parse_show(SLEEP_TARGETS, UNIT_STATE_PROPERTIES, text)
+
+
 def facts(gpu_text=None, gpu_error="is not installed", **overrides):
     given = dict(dmi={}, os_release=fixture("lab-os-release.txt") if (FIXTURES / "lab-os-release.txt").exists() else "",
                  architecture="aarch64", gpu_text=gpu_text, gpu_error=gpu_error, meminfo_text=fixture("gb10-meminfo.txt"),
                  swaps_text="Filename\tType\tSize\tUsed\tPriority\n", fstab_text="", holders=[], docker_text=None,
                  disk={"path": "/srv/models", "free_bytes": 500 * 2**30, "total_bytes": 900 * 2**30},
-                 units_text=fixture("lab-host-unit-states.txt"), lists={"indexes": 1, "age_seconds": 60}, packages={})
+                 units=shown(fixture("lab-host-unit-states.txt")), lists={"indexes": 1, "age_seconds": 60}, packages={})
     given.update(overrides)
     return summarise(**given)
 
@@ -83,7 +91,7 @@ def test_boards_from_dmi():
 
 def test_os_release_and_unit_states():
     assert parse_os_release('ID=debian\nVERSION_ID="12"\nPRETTY_NAME="Debian GNU/Linux 12 (bookworm)"\n')["version_id"] == "12"
-    states = parse_unit_states(fixture("lab-host-unit-states.txt"))
+    states = unit_states(shown(fixture("lab-host-unit-states.txt")))
     assert states == {"sleep.target": "static", "suspend.target": "static", "hibernate.target": "static", "hybrid-sleep.target": "masked"}
 
 

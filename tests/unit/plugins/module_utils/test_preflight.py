@@ -5,6 +5,7 @@ import json
 import pathlib
 
 import pytest
+from test_host_facts import shown
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._hardware_classes import resolve_class
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_facts import summarise
@@ -22,7 +23,7 @@ def gb10(**overrides):
                  gpu_text=(FIXTURES / "gb10-nvidia-smi-idle.csv").read_text(), gpu_error=None,
                  meminfo_text=(FIXTURES / "gb10-meminfo.txt").read_text(), swaps_text="Filename\tType\tSize\tUsed\tPriority\n",
                  fstab_text="", holders=[], docker_text=NVIDIA_DOCKER,
-                 disk={"path": "/srv/models", "free_bytes": 800 * GIB, "total_bytes": 3600 * GIB}, units_text=ALL_MASKED,
+                 disk={"path": "/srv/models", "free_bytes": 800 * GIB, "total_bytes": 3600 * GIB}, units=shown(ALL_MASKED),
                  lists={"indexes": 4, "age_seconds": 600}, packages={})
     given.update(overrides)
     facts = summarise(**given)
@@ -51,8 +52,8 @@ def test_an_unhealthy_spark_fails_with_every_reason_at_once():
                 fstab_text="/swap.img none swap sw 0 0\n",
                 holders=[{"pid": 4242, "command": "python3", "paths": ["/dev/nvidia0"], "container": None}],
                 disk={"path": "/srv/models", "free_bytes": 10 * GIB, "total_bytes": 100 * GIB},
-                units_text=ALL_MASKED.replace("Id=suspend.target\nLoadState=masked\nUnitFileState=masked",
-                                              "Id=suspend.target\nLoadState=loaded\nUnitFileState=static"))
+                units=shown(ALL_MASKED.replace("Id=suspend.target\nLoadState=masked\nUnitFileState=masked",
+                                              "Id=suspend.target\nLoadState=loaded\nUnitFileState=static")))
     result = verdict(sick, instances=[{"gpu_memory_utilization": 0.99}])
     reasons = " | ".join(result["reasons"])
     assert not result["ok"]
@@ -63,12 +64,20 @@ def test_an_unhealthy_spark_fails_with_every_reason_at_once():
 
 
 def test_what_a_later_role_fixes_is_remedied_in_site_yml():
-    sick = gb10(fstab_text="/swap.img none swap sw 0 0\n", units_text="Id=sleep.target\nLoadState=loaded\nUnitFileState=static")
+    sick = gb10(fstab_text="/swap.img none swap sw 0 0\n", units={"sleep.target": {"LoadState": "loaded", "UnitFileState": "static"}})
     alone = verdict(sick)
     assert [c["name"] for c in alone["checks"] if c["status"] == "fail"] == ["swap off", "sleep targets masked"]
     in_site = verdict(sick, remedies=["swap", "headless"])
     assert in_site["ok"] and status(in_site, "swap off")["status"] == "remedied"
     assert "the swap role fixes it in this run" in status(in_site, "swap off")["detail"]
+
+
+def test_sleep_targets_systemd_did_not_answer_for_are_never_taken_as_masked():
+    unread = verdict(gb10(units={}))
+    assert status(unread, "sleep targets masked") == {**status(unread, "sleep targets masked"), "status": "fail",
+                                                      "detail": "systemd did not answer for the sleep targets (systemctl show), "
+                                                                "so none is known to be masked"}
+    assert status(verdict(gb10(units={}), remedies=["headless"]), "sleep targets masked")["status"] == "remedied"
 
 
 def test_the_wrong_board_the_wrong_driver_and_no_gpu():
@@ -83,7 +92,7 @@ def test_the_wrong_board_the_wrong_driver_and_no_gpu():
 
 def test_a_lab_host_reports_no_gpu_cleanly_and_passes():
     lab = gb10(dmi={}, gpu_text=None, gpu_error="is not installed", docker_text=(FIXTURES / "docker-info-lab-machine.json").read_text(),
-               units_text=(FIXTURES / "lab-host-unit-states.txt").read_text(), architecture="x86_64")
+               units=shown((FIXTURES / "lab-host-unit-states.txt").read_text()), architecture="x86_64")
     result = verdict(lab, hardware_class="cpu_lab", instances=[{"gpu_memory_utilization": 0.1}])
     assert result["ok"], result["reasons"]
     assert status(result, "gpu")["detail"] == "no GPU expected (the CPU build); no GPU: nvidia-smi is not installed"

@@ -53,3 +53,17 @@ def test_the_module_asks_once_and_answers_per_unit(systemctl, tmp_path):
 def test_a_name_that_is_no_unit_is_refused_before_systemctl_runs(systemctl, tmp_path, unit):
     refused("systemd_units_info", {"units": ["ssh.service", unit]}, f"units[1]: {unit!r} is not a systemd unit name", path=systemctl)
     assert not (tmp_path / "argv").exists()
+
+
+def test_the_properties_asked_are_the_ones_read(systemctl, tmp_path):
+    result = run("systemd_units_info", {"units": UNITS, "properties": ["NRestarts", "ActiveState"]}, path=systemctl)
+    assert (tmp_path / "argv").read_text().split() == ["show", "--property=NRestarts", "--property=ActiveState", "--", *UNITS]
+    # The recorded answer holds no NRestarts: a property systemd did not print reads empty.
+    assert result["units"]["systemd-networkd.service"] == {"NRestarts": "", "ActiveState": "active"}
+
+
+@pytest.mark.parametrize("name", ["NRestarts --now", "--now", "nRestarts", "N" * 65])
+def test_a_name_that_is_no_property_is_refused_before_systemctl_runs(systemctl, tmp_path, name):
+    refused("systemd_units_info", {"units": UNITS, "properties": ["ActiveState", name]},
+            f"properties[1]: {name!r} is not a systemd property name", path=systemctl)
+    assert not (tmp_path / "argv").exists()
