@@ -53,7 +53,7 @@ def test_an_unhealthy_spark_fails_with_every_reason_at_once():
                 holders=[{"pid": 4242, "command": "python3", "paths": ["/dev/nvidia0"], "container": None}],
                 disk={"path": "/srv/models", "free_bytes": 10 * GIB, "total_bytes": 100 * GIB},
                 units=shown(ALL_MASKED.replace("Id=suspend.target\nLoadState=masked\nUnitFileState=masked",
-                                              "Id=suspend.target\nLoadState=loaded\nUnitFileState=static")))
+                                               "Id=suspend.target\nLoadState=loaded\nUnitFileState=static")))
     result = verdict(sick, instances=[{"gpu_memory_utilization": 0.99}])
     reasons = " | ".join(result["reasons"])
     assert not result["ok"]
