@@ -1,8 +1,9 @@
 # Copyright: sparkfleet.vllm contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The one reader of a serving unit's plan file (an instance's or a cluster rank's NAME.json in its role's configuration
-folder), for every program that acts on one: the units' start door and readiness wait (_host_runtime), the watchdog's
-daemon, the reboot test's checks (_boot_check) and the measurement modules (_vllm_client).
+folder, and the gateway's unit-plan.json), for every program that acts on one: the units' start door and readiness wait
+(_host_runtime), the watchdog's daemon, the reboot test's checks (_boot_check), the measurement modules (_vllm_client)
+and the serving transaction's gate and rollback (_serving_unit).
 
 A plan file is read whole or not at all: every key any of them relies on is checked here, so a reader never acts on a
 half of a file that another reader would refuse. A file of another schema (PLAN_SCHEMA_VERSION: another release of the
@@ -39,6 +40,11 @@ TEXT_KEYS = ("name", "model", "weights")
 HTTP_KEYS = ("url", "container_url")
 PATH_KEYS = ("env_path", "maintenance_flag")
 SWITCH_KEYS = ("drop_caches", "memory_admission")
+# The kinds of plan file: an instance's or a rank's, which the start door runs, and the gateway's unit plan, whose gate
+# reads its URL, container, timeout and the name of its master key in its env file.
+INSTANCE = "instance"
+GATEWAY = "gateway"
+ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]{0,127}")
 TEXT_LIST_KEYS = ("paused_containers", "bind_addresses", "start_after")
 
 
@@ -51,9 +57,9 @@ def read_text(path: str) -> str:
         return handle.read()
 
 
-def read_plan(path: str, read: t.Callable[[str], str] = read_text) -> dict[str, t.Any]:
-    """The plan file at ``path``, whole and of this release's schema; PlanFileError naming the path, what and the fix.
-    ``read``: how the file's text is read (the reboot test's checks read through their own host)."""
+def read_plan(path: str, read: t.Callable[[str], str] = read_text, kind: str = INSTANCE) -> dict[str, t.Any]:
+    """The plan file at ``path``, whole, of this release's schema and of ``kind``; PlanFileError naming the path, what and
+    the fix. ``read``: how the file's text is read (the reboot test's checks read through their own host)."""
     try:
         text = read(path)
     except FileNotFoundError as error:
@@ -62,10 +68,10 @@ def read_plan(path: str, read: t.Callable[[str], str] = read_text) -> dict[str, 
         raise PlanFileError(f"{path}: not UTF-8 text ({error.reason} at byte {error.start}); {FIX}") from error
     except OSError as error:
         raise PlanFileError(f"{path}: cannot be read ({error.strerror}); read it as root (become: true), or {FIX}") from error
-    return parsed_plan(path, text)
+    return parsed_plan(path, text, kind)
 
 
-def parsed_plan(path: str, text: str) -> dict[str, t.Any]:
+def parsed_plan(path: str, text: str, kind: str = INSTANCE) -> dict[str, t.Any]:
     """The plan the text of the file at ``path`` holds, checked as read_plan checks it."""
     try:
         found = json.loads(text)
@@ -77,7 +83,7 @@ def parsed_plan(path: str, text: str) -> dict[str, t.Any]:
     if isinstance(version, bool) or not isinstance(version, int) or version != PLAN_SCHEMA_VERSION:
         raise PlanFileError(f"{path}: schema_version {version!r}, this release reads {PLAN_SCHEMA_VERSION} "
                             f"(another release of sparkfleet.vllm wrote it); {FIX}")
-    wrong = unusable_keys(found)
+    wrong = gateway_unusable_keys(found) if kind == GATEWAY else unusable_keys(found)
     if wrong:
         raise PlanFileError(f"{path}: no usable {', '.join(wrong)}; {FIX}")
     return found
@@ -109,8 +115,7 @@ def unusable_keys(plan: t.Mapping[str, t.Any]) -> list[str]:
         wrong.append("served_names")
     if not is_count(plan.get("port")) or plan["port"] > 65535:
         wrong.append("port")
-    timeout = plan.get("health_timeout")
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+    if not is_timeout(plan.get("health_timeout")):
         wrong.append("health_timeout")
     if not isinstance(plan.get("launch_check"), dict):
         wrong.append("launch_check")
@@ -120,6 +125,19 @@ def unusable_keys(plan: t.Mapping[str, t.Any]) -> list[str]:
         wrong.append(f"start_bound (its starts and window, and its record {start_record(str(plan.get('unit')))})")
     if plan.get("cluster") is not None and not cluster_usable(plan["cluster"]):
         wrong.append("cluster (its rank, head, backend, host_ip and nodes, each with its rank and address)")
+    return wrong
+
+
+def gateway_unusable_keys(plan: t.Mapping[str, t.Any]) -> list[str]:
+    """Each key of the gateway's unit plan that its gate reads and that is missing or not what the gateway role writes."""
+    wrong = [] if plan.get("kind") == GATEWAY else ["kind"]
+    wrong += [key for key in ("unit", "container") if not isinstance(plan.get(key), str) or not PLAN_NAME.fullmatch(plan[key])]
+    if not isinstance(plan.get("url"), str) or not plan["url"].startswith("http://"):
+        wrong.append("url")
+    if not is_timeout(plan.get("health_timeout")):
+        wrong.append("health_timeout")
+    if not isinstance(plan.get("key_env"), str) or not ENV_NAME.fullmatch(plan["key_env"]):
+        wrong.append("key_env")
     return wrong
 
 
@@ -169,6 +187,11 @@ def is_whole(value: t.Any) -> bool:
 def is_count(value: t.Any) -> bool:
     """A whole number above zero."""
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def is_timeout(value: t.Any) -> bool:
+    """Seconds to wait: a number above zero."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
 
 
 def is_share(value: t.Any) -> bool:

@@ -41,6 +41,8 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_state import
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._image_kinds import keeps_entrypoint
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._launch_checks import memory_probe_argv, paused_containers_problems
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._plan_file import (
+    GATEWAY,
+    INSTANCE,
     PLAN_SCHEMA_VERSION,
     PlanFileError,
     cold_start_usable,
@@ -69,7 +71,6 @@ SECRET_KINDS = frozenset(("env",))
 HIDDEN = "(the env file holds the API key; its content is not shown)\n"
 STEPS = ("prepare", "admit", "stop", "start", "restore", "keep", "last_good", "hold", "remove", "relaunch", "roll_back", "raise_flag",
          "clear_flag", "pause", "resume")
-GATEWAY = "gateway"
 
 Runner = t.Callable[[list[str]], tuple[int, str, str]]
 
@@ -323,9 +324,9 @@ def last_good_copies(plan: t.Mapping[str, t.Any]) -> tuple[list[t.Any] | None, s
     if any(copy is None for copy in copies):
         return None, ""
     for (kind, kept), copy in zip(kept_files, copies, strict=True):
-        if kind == "plan" and not is_gateway(plan):
+        if kind == "plan":
             try:
-                parsed_plan(kept["last_good"], copy[0].decode("utf-8", "replace"))
+                parsed_plan(kept["last_good"], copy[0].decode("utf-8", "replace"), GATEWAY if is_gateway(plan) else INSTANCE)
             except PlanFileError as error:
                 return None, str(error)
     return copies, ""
@@ -449,15 +450,12 @@ def gateway_endpoint(env_path: str, plan_path: str) -> Endpoint:
     """The gateway as its files describe it: its URL, container and timeout from its unit's plan, its
     master key from its env file. LiteLLM lists its model groups once it answers; which of them are in
     rotation is the drained list's business, so the gate asks for none by name."""
-    copies = read_file(plan_path), read_file(env_path)
-    if copies[0] is None or copies[1] is None:
-        raise ValueError(f"gateway: {plan_path if copies[0] is None else env_path} does not exist; re-apply the gateway role")
-    try:
-        plan = json.loads(copies[0][0])
-        return Endpoint(plan["url"], parse_env_file(copies[1][0].decode("utf-8", "replace")).get(plan["key_env"]), [],
-                        plan["container"], float(plan["health_timeout"]))
-    except (ValueError, KeyError, TypeError) as error:
-        raise ValueError(f"gateway: {plan_path} is not the plan of its unit ({error}); re-apply the gateway role") from error
+    plan = read_plan(plan_path, kind=GATEWAY)
+    env = read_file(env_path)
+    if env is None:
+        raise ValueError(f"gateway: {env_path} does not exist; re-apply the gateway role")
+    return Endpoint(plan["url"], parse_env_file(env[0].decode("utf-8", "replace")).get(plan["key_env"]), [],
+                    plan["container"], float(plan["health_timeout"]))
 
 
 def held_share(plan: t.Mapping[str, t.Any], run: Runner) -> float | None:

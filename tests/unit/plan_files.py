@@ -10,6 +10,7 @@ from plan_options import plan_options
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._cluster import cluster_nodes
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._fabric import parse_ibdev2netdev
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._gateway import backend_reports, gateway_plan
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_plan import build_plan
 
 IMAGE = "registry.example/vllm:0.32.0@sha256:" + "a" * 64
@@ -35,6 +36,17 @@ def unit_plan(name="llm", declared=None, options=None, **changes):
     """The plan file of a single instance, as the vllm role writes it; ``changes`` replace its keys."""
     plan, _env = built(declared or instance(name), **(options or {}))
     return {**plan, **copy.deepcopy(changes)}
+
+
+def gateway_unit_plan(config_dir="/etc/sparkfleet/gateway", **changes):
+    """The gateway's unit plan (unit-plan.json), as the gateway role plans it in front of one instance; ``changes``
+    replace its keys."""
+    hostvars = {"spark-1": {"ansible_host": "127.0.0.1", "vllm_endpoints": [
+        {"name": "llm", "port": 8000, "bind_addresses": ["127.0.0.1"], "served_names": ["tiny"], "api_key": API_KEY}]}}
+    plan = gateway_plan({"image": "registry.example/litellm:1.110.2@sha256:" + "b" * 64, "master_key": "sk-" + "m" * 40,
+                         "backends": ["spark-1"], "config_dir": config_dir}, backend_reports(["spark-1"], hostvars), "spark-1")
+    assert plan["errors"] == [], plan["errors"]
+    return {**plan["serving_unit"], **copy.deepcopy(changes)}
 
 
 def fast_address(host):

@@ -7,11 +7,12 @@ import json
 import pathlib
 
 import pytest
-from plan_files import CLUSTER_HOSTS, rank_plan, unit_plan, write_plan
+from plan_files import CLUSTER_HOSTS, gateway_unit_plan, rank_plan, unit_plan, write_plan
 
 from ansible_collections.sparkfleet.vllm.plugins.module_utils import _boot_check, _host_runtime, _soak, _vllm_client
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._plan_file import (
     FIX,
+    GATEWAY,
     PLAN_SCHEMA_VERSION,
     START_LEDGER_DIR,
     PlanFileError,
@@ -226,3 +227,25 @@ def test_a_file_the_parser_cannot_take_is_refused_not_a_traceback(tmp_path, cont
 ])
 def test_a_paused_container_the_door_must_never_stop_is_refused(tmp_path, names):
     assert "no usable paused_containers" in refusal(write_plan(tmp_path, unit_plan(paused_containers=names)))
+
+
+def test_the_gateways_unit_plan_is_read_whole_as_the_gateway_kind_and_never_as_an_instances(tmp_path):
+    path = write_plan(tmp_path, gateway_unit_plan(), "unit-plan")
+    assert read_plan(path, kind=GATEWAY) == json.loads(pathlib.Path(path).read_text())
+    assert "no usable model, weights, container_url" in refusal(path)
+    instance = write_plan(tmp_path, unit_plan())
+    assert "no usable kind, key_env;" in refusal(instance, read=lambda where: read_plan(where, kind=GATEWAY))
+
+
+@pytest.mark.parametrize(("change", "named"), [
+    ({"kind": "instance"}, "kind"), ({"kind": None}, "kind"),
+    ({"url": "https://127.0.0.1:4000"}, "url"), ({"url": None}, "url"), ({"url": ["http://127.0.0.1:4000"]}, "url"),
+    ({"health_timeout": True}, "health_timeout"), ({"health_timeout": 0}, "health_timeout"), ({"health_timeout": "120"}, "health_timeout"),
+    ({"key_env": "master key"}, "key_env"), ({"key_env": "$(reboot)"}, "key_env"), ({"key_env": ""}, "key_env"),
+    ({"container": "sparkfleet gateway"}, "container"), ({"container": "--rm"}, "container"), ({"unit": None}, "unit"),
+    ({"schema_version": 1}, "schema_version 1"), ({"schema_version": "2"}, "schema_version '2'"),
+])
+def test_a_gateway_unit_plan_its_gate_cannot_read_is_refused_naming_the_key(tmp_path, change, named):
+    path = write_plan(tmp_path, gateway_unit_plan(**change), "unit-plan")
+    message = refusal(path, read=lambda where: read_plan(where, kind=GATEWAY))
+    assert named in message and "m" * 40 not in message, message

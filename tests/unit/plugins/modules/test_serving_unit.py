@@ -643,6 +643,25 @@ def test_a_gateway_that_fails_its_gate_serves_its_last_good_unit_again_on_the_ke
     assert host_state(host)["containers"][good["container"]]["State"]["Status"] == "running"
 
 
+def test_a_gateway_unit_plan_its_gate_cannot_read_fails_the_gate_naming_it_and_is_no_copy_to_roll_back_to(host, vllm):
+    """The gateway's unit plan is read by the one plan-file reader, as the gateway kind: a damaged one fails the gate
+    naming the file and the key, and a last good one of another release is no copy to restore."""
+    good, good_env = gateway(host, vllm.server_port)
+    vllm.serves[MASTER] = ["tiny"]
+    set_state(host, starts=[(good["container"], running(good))])
+    run(host, good, good_env)
+    run(host, good, step="keep")
+    plan_path = pathlib.Path(good["kept_files"][1]["path"])
+    plan_path.write_text(json.dumps({**json.loads(plan_path.read_text()), "key_env": "$(reboot)"}))
+    gate = _serving_unit.gate_files(good, lambda argv: (0, "", ""))
+    assert gate["ok"] is False and gate["reason"].startswith(f"{plan_path}: no usable key_env; "), gate
+    last_good_plan = pathlib.Path(good["kept_files"][1]["last_good"])
+    last_good_plan.write_text(json.dumps({**json.loads(last_good_plan.read_text()), "schema_version": 1}))
+    found = run(host, good, step="last_good")
+    assert found["complete"] is False and found["unusable"].startswith(f"{last_good_plan}: schema_version 1, this release reads 2")
+    assert MASTER not in json.dumps([gate, found])
+
+
 def test_routing_written_after_the_gateways_container_started_is_drift(host, vllm):
     """LiteLLM reads its routing at start: a run cut short before the relaunch, or a drain whose
     restart failed, leaves it serving the old routing; the next run relaunches it."""
