@@ -38,17 +38,15 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_runtime impo
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_runtime import pause as host_pause
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_runtime import release as host_release
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_state import StateUnanswered, inspect_container, show_units, started_at
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._image_kinds import keeps_entrypoint
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._launch_checks import memory_probe_argv, paused_containers_problems
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._plan_file import (
     GATEWAY,
     INSTANCE,
     PLAN_SCHEMA_VERSION,
     PlanFileError,
-    cold_start_usable,
-    is_share,
+    gateway_unusable_keys,
     parsed_plan,
     read_plan,
+    unusable_keys,
 )
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._settings import path_problem
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._systemd import UNIT_PROPERTIES
@@ -80,26 +78,27 @@ class UnitError(FileProblem):
     are FileProblem, the base class, so ``except FileProblem`` catches both."""
 
 
+# What a plan's key holds, where its name alone would not say how the plan builder writes it.
+WHAT_KEYS_HOLD = {
+    "memory_probe": "memory_probe (the memory check the plan builder writes for the plan's run_image)",
+    "cold_start": "cold_start (its timeout, restarts, restart window and the warm stamp under the cache folder's jit/<image>/warm/)",
+    "maintenance_flag": "maintenance_flag (the absolute path the vllm role plans as vllm_maintenance_flag)",
+}
+
+
 def plan_problem(plan: t.Any) -> str | None:
-    """Why ``plan`` is not one planned instance or rank of this release (None: it is)."""
+    """Why ``plan`` is not one planned instance, rank or gateway of this release (None: it is): the keys the one plan-file
+    reader requires of its kind's file, and what only the transaction reads (its unit file, hash and kept files)."""
     if not isinstance(plan, dict) or plan.get("schema_version") != PLAN_SCHEMA_VERSION:
         version = plan.get("schema_version") if isinstance(plan, dict) else None
         return (f"plan: schema_version {version!r}, while this release reads {PLAN_SCHEMA_VERSION}; give one instance of the "
                 "plan the vllm role built (__vllm_plan.instances), not a plan file of another release")
+    missing = gateway_unusable_keys(plan) if is_gateway(plan) else unusable_keys(plan)
+    missing += [key for key in ("unit_file", "config_hash") if not (isinstance(plan.get(key), str) and plan[key])]
+    if not is_gateway(plan) and "cold_start" not in missing and not STAMP_PATH.fullmatch(plan["cold_start"]["stamp"]):
+        missing.append("cold_start")
+    missing = [WHAT_KEYS_HOLD.get(key, key) for key in missing]
     kept = plan.get("kept_files")
-    missing = [key for key in ("name", "unit", "container", "unit_file", "config_hash", "run_image") if not (isinstance(plan.get(key), str) and plan[key])]
-    # The gateway holds no share of the memory pool; its gate reads its URL, timeout and key's name.
-    needed = ("url", "health_timeout", "key_env") if is_gateway(plan) else ("gpu_memory_utilization", "memory_probe")
-    missing += [key for key in needed if not (is_share(plan.get(key)) if key == "gpu_memory_utilization" else plan.get(key))]
-    # The only command a plan brings to run is the memory check the plan builder wrote for its own image.
-    gpus = isinstance(plan.get("docker_run"), list) and "--gpus" in plan["docker_run"]
-    expected_probe = memory_probe_argv(str(plan.get("run_image")), gpus, keeps_entrypoint(plan))
-    if "memory_probe" in needed and plan.get("memory_probe") and plan["memory_probe"] != expected_probe:
-        missing.append("memory_probe (the memory check the plan builder writes for the plan's run_image)")
-    if not is_gateway(plan) and not (cold_start_usable(plan.get("cold_start")) and STAMP_PATH.fullmatch(plan["cold_start"]["stamp"])):
-        missing.append("cold_start (its timeout, restarts, restart window and the warm stamp under the cache folder's jit/<image>/warm/)")
-    if not is_gateway(plan) and paused_containers_problems("paused_containers", plan.get("paused_containers")):
-        missing.append("paused_containers (other programs' containers, as vllm_launch_paused_containers lists them)")
     if missing or not isinstance(kept, list) or len(kept) != len(FILE_KINDS) or not all(
             isinstance(entry, dict) and all(str(entry.get(key, "")).startswith("/") for key in ("path", "last_good"))
             and entry.get("mode") in ("0600", "0644") for entry in kept):

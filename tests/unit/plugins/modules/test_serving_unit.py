@@ -16,6 +16,7 @@ import sys
 import time
 
 import pytest
+from plan_files import rank_plan
 from plan_options import ROLE_DEFAULTS, plan_options
 from threaded_server import serving
 
@@ -689,9 +690,13 @@ def test_the_maintenance_flag_is_raised_with_the_units_name_and_cleared(host):
     assert not run(host, plan, step="raise_flag")["changed"]
     assert run(host, plan, step="clear_flag")["changed"] and not flag.exists()
     assert not run(host, plan, step="clear_flag")["changed"]
-    missing = run(host, {**plan, "maintenance_flag": "run/flag"}, step="relaunch")
-    assert missing["failed"] and missing["msg"] == ("plan: maintenance_flag 'run/flag' must be an absolute path; step relaunch needs the flag's "
-                                                    "path as the vllm role plans it (vllm_maintenance_flag)")
+    relative = run(host, {**plan, "maintenance_flag": "run/flag"}, step="relaunch")
+    assert relative["failed"] and relative["msg"].startswith("plan: lacks maintenance_flag (the absolute path the vllm role plans as "
+                                                             "vllm_maintenance_flag)")
+    shallow = run(host, {**plan, "maintenance_flag": "/flag"}, step="relaunch")
+    assert shallow["failed"] and shallow["msg"] == ("plan: maintenance_flag '/flag' is too close to / (give at least 2 levels, such as "
+                                                    "/etc/sparkfleet/NAME); step relaunch needs the flag's path as the vllm role plans it "
+                                                    "(vllm_maintenance_flag)")
     assert not (host / "config" / "tiny.env").exists()
 
 
@@ -839,7 +844,7 @@ def test_roll_back_without_last_good_settings_fails_with_the_unit_stopped(host, 
 
 def test_roll_back_is_refused_for_a_cluster_rank(host):
     plan, _env_file = planned(host)
-    result = run(host, {**plan, "cluster": {"name": "c", "rank": 0}}, step="roll_back")
+    result = run(host, {**plan, "cluster": rank_plan(0)["cluster"]}, step="roll_back")
     assert result["failed"] and "only a single instance is rolled back alone" in result["msg"]
 
 
