@@ -30,7 +30,7 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._gateway_routes im
 )
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_paths import DOCKER_CLIENT
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._plan_file import GATEWAY as GATEWAY_KIND
-from ansible_collections.sparkfleet.vllm.plugins.module_utils._plan_file import PLAN_SCHEMA_VERSION
+from ansible_collections.sparkfleet.vllm.plugins.module_utils._plan_file import GATEWAY_SCHEMA_VERSION
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._settings import Setting, coerced, setting_problems
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._systemd import exec_line
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._vllm_instance import UNIT_FOLDER, parse_image_reference
@@ -351,7 +351,7 @@ def serving_unit(plan: t.Mapping[str, t.Any], settings: t.Mapping[str, t.Any], d
     files = plan["files"]
     kept = ((files["env"], "0600"), (files["unit_plan"], "0644"), (files["unit"], "0644"))
     return {
-        "schema_version": PLAN_SCHEMA_VERSION, "kind": GATEWAY_KIND, "name": "gateway", "unit": UNIT, "container": CONTAINER,
+        "schema_version": GATEWAY_SCHEMA_VERSION, "kind": GATEWAY_KIND, "name": "gateway", "unit": UNIT, "container": CONTAINER,
         "unit_file": plan["unit_file"], "run_image": settings["image"], "config_hash": digest, "url": plan["url"],
         "health_timeout": settings["ready_timeout"], "key_env": MASTER_KEY_ENV, "drop_caches": False, "routing_file": files["config"],
         "kept_files": [{"path": path, "last_good": f"{files['last_good_dir']}/{path.rsplit('/', 1)[1]}", "mode": mode}

@@ -2,11 +2,10 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """What a serving host is, read from the files and tools it has. Private to the collection.
 
-Every function here parses text a host produced (DMI, os-release, nvidia-smi's CSV, /proc,
-fstab, docker info; the units' states come from _host_state, the one reader of systemctl show); the spark_facts
-module only gathers the text. On a GB10
-nvidia-smi reports its memory as [N/A] (NVIDIA's known issue): the unified pool is read from
-/proc/meminfo, which is also what vLLM's total is there (121.69 GiB).
+Every function here parses text a host produced (DMI, os-release, nvidia-smi's CSV, /proc, fstab, docker info; the
+units' states come from _host_state, the one reader of systemctl show); the spark_facts module only gathers the text.
+On a GB10 nvidia-smi reports its memory as [N/A] (NVIDIA's known issue): the unified pool is read from /proc/meminfo,
+which is also what vLLM's total is there (121.69 GiB).
 """
 
 from __future__ import annotations

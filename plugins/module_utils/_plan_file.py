@@ -29,6 +29,9 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._launch_checks imp
 # The shape of a unit's plan file, written by the plan builder (_vllm_plan.instance_plan). 2: the start door's keys
 # (start_bound, memory_admission, memory_probe, paused_containers, ...) that plans of release 1 lacked.
 PLAN_SCHEMA_VERSION = 2
+# The shape of the gateway's unit plan (_gateway.serving_unit): versioned apart from the instances' plans, whose start door
+# keys it lacks, so a change to those never leaves a gateway without a last good copy to roll back to.
+GATEWAY_SCHEMA_VERSION = 2
 # Each unit's counted starts, kept on disk across reboots: a plan's start_bound.path is its unit's record here.
 START_LEDGER_DIR = "/var/lib/sparkfleet/starts"
 FIX = "re-apply site.yml to this host (the serving roles write the plan files)"
@@ -79,14 +82,19 @@ def parsed_plan(path: str, text: str, kind: str = INSTANCE) -> dict[str, t.Any]:
         raise PlanFileError(f"{path}: not valid JSON ({str(error)[:200]}); {FIX}") from error
     if not isinstance(found, dict):
         raise PlanFileError(f"{path}: holds no plan object; {FIX}")
-    version = found.get("schema_version")
-    if isinstance(version, bool) or not isinstance(version, int) or version != PLAN_SCHEMA_VERSION:
-        raise PlanFileError(f"{path}: schema_version {version!r}, this release reads {PLAN_SCHEMA_VERSION} "
+    version, expected = found.get("schema_version"), schema_version(kind)
+    if isinstance(version, bool) or not isinstance(version, int) or version != expected:
+        raise PlanFileError(f"{path}: schema_version {version!r}, this release reads {expected} "
                             f"(another release of sparkfleet.vllm wrote it); {FIX}")
     wrong = gateway_unusable_keys(found) if kind == GATEWAY else unusable_keys(found)
     if wrong:
         raise PlanFileError(f"{path}: no usable {', '.join(wrong)}; {FIX}")
     return found
+
+
+def schema_version(kind: str) -> int:
+    """The schema version this release writes and reads for a plan file of ``kind``."""
+    return GATEWAY_SCHEMA_VERSION if kind == GATEWAY else PLAN_SCHEMA_VERSION
 
 
 def unusable_keys(plan: t.Mapping[str, t.Any]) -> list[str]:

@@ -187,7 +187,8 @@ def preflight(facts: t.Mapping[str, t.Any], hardware_class: str, hardware: t.Map
         awake = sorted(unit for unit, state in states.items() if state not in ("masked", "not-found"))
         detail = (f"{', '.join(f'{u} is {states[u]}' for u in awake)}: sleep/wake triggers the power-delivery wedge (seed 002)"
                   if awake else "sleep, suspend and hibernate are masked" if states
-                  else "systemd did not answer for the sleep targets (systemctl show), so none is known to be masked")
+                  else f"systemd did not answer for the sleep targets ({facts.get('sleep_targets_error') or 'systemctl show named none'}), "
+                  "so none is known to be masked; check that systemd runs on the host (systemctl is-system-running)")
         checks.append(check("sleep targets masked", bool(states) and not awake, detail, remedy="headless", remedies=remedies))
     if hardware["power_wedge_check"]:
         power = facts["power"]

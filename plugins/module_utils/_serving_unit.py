@@ -41,11 +41,11 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._host_state import
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._plan_file import (
     GATEWAY,
     INSTANCE,
-    PLAN_SCHEMA_VERSION,
     PlanFileError,
     gateway_unusable_keys,
     parsed_plan,
     read_plan,
+    schema_version,
     unusable_keys,
 )
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._settings import path_problem
@@ -83,19 +83,25 @@ WHAT_KEYS_HOLD = {
     "memory_probe": "memory_probe (the memory check the plan builder writes for the plan's run_image)",
     "cold_start": "cold_start (its timeout, restarts, restart window and the warm stamp under the cache folder's jit/<image>/warm/)",
     "maintenance_flag": "maintenance_flag (the absolute path the vllm role plans as vllm_maintenance_flag)",
+    "paused_containers": "paused_containers (other programs' containers, as vllm_launch_paused_containers lists them)",
 }
+# Read by the transaction alone (drift, the unjudged mark, the unit it writes), whatever the unit's kind.
+TRANSACTION_KEYS = ("name", "run_image", "unit_file", "config_hash")
+GIVE_THE_PLAN = ("give the plan its role built (one of __vllm_plan.instances, the cluster role's node plan, or "
+                 "__gateway_plan.serving_unit)")
 
 
 def plan_problem(plan: t.Any) -> str | None:
     """Why ``plan`` is not one planned instance, rank or gateway of this release (None: it is): the keys the one plan-file
     reader requires of its kind's file, and what only the transaction reads (its unit file, hash and kept files)."""
-    if not isinstance(plan, dict) or plan.get("schema_version") != PLAN_SCHEMA_VERSION:
+    kind = GATEWAY if isinstance(plan, dict) and is_gateway(plan) else INSTANCE
+    if not isinstance(plan, dict) or plan.get("schema_version") != schema_version(kind):
         version = plan.get("schema_version") if isinstance(plan, dict) else None
-        return (f"plan: schema_version {version!r}, while this release reads {PLAN_SCHEMA_VERSION}; give one instance of the "
-                "plan the vllm role built (__vllm_plan.instances), not a plan file of another release")
-    missing = gateway_unusable_keys(plan) if is_gateway(plan) else unusable_keys(plan)
-    missing += [key for key in ("unit_file", "config_hash") if not (isinstance(plan.get(key), str) and plan[key])]
-    if not is_gateway(plan) and "cold_start" not in missing and not STAMP_PATH.fullmatch(plan["cold_start"]["stamp"]):
+        return (f"plan: schema_version {version!r}, while this release reads {schema_version(kind)}; {GIVE_THE_PLAN}, not a "
+                "plan file of another release")
+    missing = gateway_unusable_keys(plan) if kind == GATEWAY else unusable_keys(plan)
+    missing += [key for key in TRANSACTION_KEYS if key not in missing and not (isinstance(plan.get(key), str) and plan[key])]
+    if kind == INSTANCE and "cold_start" not in missing and not STAMP_PATH.fullmatch(plan["cold_start"]["stamp"]):
         missing.append("cold_start")
     missing = [WHAT_KEYS_HOLD.get(key, key) for key in missing]
     kept = plan.get("kept_files")
@@ -103,7 +109,7 @@ def plan_problem(plan: t.Any) -> str | None:
             isinstance(entry, dict) and all(str(entry.get(key, "")).startswith("/") for key in ("path", "last_good"))
             and entry.get("mode") in ("0600", "0644") for entry in kept):
         shown = ", ".join(missing) if missing else "kept_files (env, plan and unit: absolute path, last good path and mode each)"
-        return f"plan: lacks {shown}; give one instance of the plan the vllm role built (__vllm_plan.instances)"
+        return f"plan: lacks {shown}; {GIVE_THE_PLAN}"
     return None
 
 
@@ -317,7 +323,8 @@ def unjudged_report(plan: t.Mapping[str, t.Any], mark: t.Mapping[str, t.Any], dr
 
 def last_good_copies(plan: t.Mapping[str, t.Any]) -> tuple[list[t.Any] | None, str]:
     """The last good copy of each file a rollback puts back; None when one is missing, or, saying why, when the plan
-    file's is one the start door would refuse (another release wrote it: restored, it would only be refused)."""
+    file's is one the one plan-file reader refuses for the unit's kind (damaged, or another release wrote it: restored,
+    it would only be refused)."""
     kept_files = rolled_back(plan)
     copies = [read_file(kept["last_good"]) for _kind, kept in kept_files]
     if any(copy is None for copy in copies):

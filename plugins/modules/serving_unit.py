@@ -51,8 +51,8 @@ description:
     each figure in the unit's journal. A refused start fails the unit without a restart, and the gate fails at once
     with the reason.
   - C(restore) puts the last good copies of the files back (C(restored) is false, and nothing changes, when there is
-    no complete copy, or when the plan file's copy is one the start door would refuse, another release's, C(unusable)
-    saying why); C(keep) keeps the files as the last good ones and enables the unit; C(last_good) only reads whether a complete
+    no complete copy, or when the plan file's copy is one the one plan-file reader refuses for the unit's kind (damaged,
+    or another release's), C(unusable) saying why); C(keep) keeps the files as the last good ones and enables the unit; C(last_good) only reads whether a complete
     copy is there (C(complete)).
   - C(relaunch) relaunches a single instance. First C(admit), whose refusals fail the task with nothing of the unit
     stopped and its last good files back in place; then under the maintenance flag (the plan's C(maintenance_flag),
@@ -90,7 +90,9 @@ options:
       - One instance of the host's plan (C(__vllm_plan.instances) in the vllm role, the node's in the cluster role, the
         gateway's unit in the gateway role), with its C(kept_files), C(unit_file), C(unit), C(container), C(config_hash) and
         C(run_image); for O(step=remove), a removal with C(name), C(unit), C(container) and C(files).
-      - A plan of another release (its C(schema_version)) is refused.
+      - It is checked whole by the rules the collection's one plan-file reader applies to a plan file of its kind (an
+        instance's or a rank's, or the gateway's), plus what only this module reads; a plan of another release (its
+        C(schema_version)) is refused.
     type: dict
     required: true
   step:
@@ -221,7 +223,7 @@ paused:
   type: list
   elements: str
 unusable:
-  description: Why the last good plan file cannot be restored (another release wrote it); absent when it can.
+  description: Why the last good plan file cannot be restored (damaged, or another release wrote it); absent when it can.
   returned: when O(step=restore) or O(step=last_good) finds such a copy
   type: str
 refusals:

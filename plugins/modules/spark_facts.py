@@ -109,7 +109,8 @@ facts:
     - C(memory) (source, unified, pool_bytes, available_bytes, system_total_bytes, system_available_bytes).
     - C(swap) (active, fstab), C(device_holders) (pid, command, paths, container), C(docker) (present, version,
       runtimes, default_runtime, architecture, nvidia_runtime, instance_containers), C(disk) (path, free_bytes,
-      total_bytes), C(sleep_targets) (unit -> state), C(power) (loaded, wedge_suspected, reason),
+      total_bytes), C(sleep_targets) (unit -> state; empty when systemd did not answer, and then
+      C(sleep_targets_error) says why, otherwise None), C(power) (loaded, wedge_suspected, reason),
       C(package_lists) (indexes, the number of package indexes apt holds; age_seconds, the newest one's age, or None),
       C(packages) (each package of O(packages) with its installed version, or None).
     - C(storage), what fills a serving host's disks, each folder as C(path), C(exists), C(used_bytes) (walked without
@@ -232,11 +233,13 @@ def main():
         cgroup = process_cgroup(holder["pid"])
         holder["container"] = next((name for cid, name in containers.items() if cid in cgroup), None)
     systemctl = module.get_bin_path("systemctl")
-    try:
-        units = show_units(module.run_command, list(SLEEP_TARGETS), UNIT_STATE_PROPERTIES, systemctl) if systemctl else {}
-    except StateUnanswered:
-        # Facts report what the host answers; preflight names sleep targets whose states were not read.
-        units = {}
+    # Facts report what the host answers; preflight names sleep targets whose states were not read, and why.
+    units, units_error = {}, None if systemctl else "systemctl is not on the host's PATH"
+    if systemctl:
+        try:
+            units = show_units(module.run_command, list(SLEEP_TARGETS), UNIT_STATE_PROPERTIES, systemctl)
+        except StateUnanswered as error:
+            units_error = str(error)
     facts = summarise(
         dmi={name: read(f"/sys/class/dmi/id/{name}") or None for name in DMI_FIELDS},
         os_release=read("/etc/os-release"),
@@ -254,6 +257,7 @@ def main():
         packages=installed_packages(packages_text, packages),
     )
     facts["docker"]["instance_containers"] = sorted(containers.values())
+    facts["sleep_targets_error"] = units_error
     facts["storage"] = {"var_tmp": folder_usage(VAR_TMP), "hf_cache": folder_usage(os.path.join(module.params["cache_dir"], HF_CACHE[0])),
                         "docker_reclaimable_bytes": docker_df}
     facts["docker"]["client"] = os.path.exists(DOCKER_CLIENT)

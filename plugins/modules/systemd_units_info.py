@@ -25,11 +25,12 @@ options:
     required: true
   properties:
     description:
-      - The properties read of each unit, as C(systemctl show) names them (such as C(NRestarts)). A property systemd
-        does not print reads as an empty string.
+      - The properties read of each unit, as C(systemctl show) names them (such as C(NRestarts)); at least one. A
+        property systemd does not print for the unit (one its type lacks) reads as an empty string.
     type: list
     elements: str
     default: [LoadState, ActiveState, UnitFileState]
+    version_added: 0.11.0
 attributes:
   check_mode:
     support: full
@@ -77,6 +78,8 @@ def main():
                            supports_check_mode=True)
     units, properties = module.params["units"], module.params["properties"]
     problems = unit_name_problems(units) + property_name_problems(properties)
+    if not properties:
+        problems.append("properties: name at least one property to read (such as ActiveState)")
     if problems:
         module.fail_json(msg="; ".join(problems))
     if not units:
@@ -85,7 +88,9 @@ def main():
     if systemctl is None:
         module.fail_json(msg="systemctl is not installed on the host (not on its PATH); these units need systemd")
     try:
-        states = show_units(module.run_command, units, properties, systemctl)
+        # Every unit prints its Id, so each answers with a block of its own even when it has none of the properties asked.
+        asked = properties if "Id" in properties else ["Id", *properties]
+        states = {unit: {name: values[name] for name in properties} for unit, values in show_units(module.run_command, units, asked, systemctl).items()}
     except StateUnanswered as error:
         module.fail_json(msg=str(error))
     module.exit_json(changed=False, units=states)

@@ -140,5 +140,6 @@ def test_a_rerun_skips_finished_variants_records_a_failing_one_and_restores_the_
                  "exited once already", "The last good settings were relaunched and serve again.", "unrecognized arguments: --no-such-flag"):
         assert said in found["broken"]["reason"], found["broken"]["reason"]
     assert decision(report_dir)["winner"] != "broken"
+    assert not serve.file("/run/sparkfleet/vllm-maintenance").exists, "the failed relaunch's rollback cleared the maintenance flag"
     assert served_draft_count(serve) == 3, "sweep_keep_winner false restores the starting settings"
     assert status(serve, 8002, key=KEY) == "200"

@@ -14,7 +14,7 @@ def test_serving_unit_names_a_unit_file_that_is_not_text(host, unit_file):
     serving.set_state(host)
     plan, env_file = serving.planned(host)
     result = serving.run(host, {**plan, "unit_file": unit_file}, env_file)
-    assert result["failed"] and result["msg"].startswith("plan: lacks unit_file; give one instance of the plan"), result["msg"]
+    assert result["failed"] and result["msg"].startswith("plan: lacks unit_file; give the plan its role built"), result["msg"]
     assert serving.files(host) == {}
 
 

@@ -46,7 +46,7 @@ def test_the_module_asks_once_and_answers_per_unit(systemctl, tmp_path):
     assert result["changed"] is False and list(result["units"]) == UNITS
     assert result["units"]["NetworkManager.service"]["LoadState"] == "not-found"
     assert (tmp_path / "argv").read_text().split() == [
-        "show", "--property=LoadState", "--property=ActiveState", "--property=UnitFileState", "--", *UNITS]
+        "show", "--property=Id", "--property=LoadState", "--property=ActiveState", "--property=UnitFileState", "--", *UNITS]
 
 
 @pytest.mark.parametrize("unit", ["ssh.service; reboot", "--now", "a b.service"])
@@ -57,7 +57,7 @@ def test_a_name_that_is_no_unit_is_refused_before_systemctl_runs(systemctl, tmp_
 
 def test_the_properties_asked_are_the_ones_read(systemctl, tmp_path):
     result = run("systemd_units_info", {"units": UNITS, "properties": ["NRestarts", "ActiveState"]}, path=systemctl)
-    assert (tmp_path / "argv").read_text().split() == ["show", "--property=NRestarts", "--property=ActiveState", "--", *UNITS]
+    assert (tmp_path / "argv").read_text().split() == ["show", "--property=Id", "--property=NRestarts", "--property=ActiveState", "--", *UNITS]
     # The recorded answer holds no NRestarts: a property systemd did not print reads empty.
     assert result["units"]["systemd-networkd.service"] == {"NRestarts": "", "ActiveState": "active"}
 
@@ -66,4 +66,9 @@ def test_the_properties_asked_are_the_ones_read(systemctl, tmp_path):
 def test_a_name_that_is_no_property_is_refused_before_systemctl_runs(systemctl, tmp_path, name):
     refused("systemd_units_info", {"units": UNITS, "properties": ["ActiveState", name]},
             f"properties[1]: {name!r} is not a systemd property name", path=systemctl)
+    assert not (tmp_path / "argv").exists()
+
+
+def test_no_property_to_read_is_refused_before_systemctl_runs(systemctl, tmp_path):
+    refused("systemd_units_info", {"units": UNITS, "properties": []}, "properties: name at least one property to read", path=systemctl)
     assert not (tmp_path / "argv").exists()
