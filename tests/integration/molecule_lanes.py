@@ -70,28 +70,40 @@ class Scenario:
 
 
 class Lane:
-    """Scenarios started one after another in the background, each logged, recorded by PID."""
+    """Scenarios started one after another in the background, each logged, recorded by PID. A thread of its own starts
+    the next scenario as soon as one ends: the test waiting for it may still be behind the unit and static layers."""
+
+    POLL_SECONDS = 5
 
     def __init__(self, scenarios, origin):
         self.origin = origin
         self.pending = list(scenarios)
         self.results = {}
         self.current = None
+        self.lock = threading.Lock()
         self.advance()
+        threading.Thread(target=self.keep_advancing, daemon=True).start()
+
+    def keep_advancing(self):
+        while self.pending or self.current is not None:
+            time.sleep(self.POLL_SECONDS)
+            self.advance()
 
     def advance(self):
-        if self.current is not None and self.current.process.poll() is not None:
-            returncode, seconds, steps = self.current.finish()
-            self.results[self.current.name] = (returncode, seconds, time.monotonic() - self.origin, steps)
-            self.current = None
-        if self.current is None and self.pending:
-            self.current = Scenario(self.pending.pop(0))
+        with self.lock:
+            if self.current is not None and self.current.process.poll() is not None:
+                returncode, seconds, steps = self.current.finish()
+                self.results[self.current.name] = (returncode, seconds, time.monotonic() - self.origin, steps)
+                self.current = None
+            if self.current is None and self.pending:
+                self.current = Scenario(self.pending.pop(0))
 
     def stop(self):
-        self.pending = []
-        if self.current is not None and self.current.process.poll() is None:
-            os.killpg(self.current.process.pid, signal.SIGTERM)
-            self.current.process.wait(timeout=60)
+        with self.lock:
+            self.pending = []
+            if self.current is not None and self.current.process.poll() is None:
+                os.killpg(self.current.process.pid, signal.SIGTERM)
+                self.current.process.wait(timeout=60)
 
 
 def start_lanes():
@@ -107,4 +119,4 @@ def wait_for(lanes, scenario):
             lane.advance()
             if scenario in lane.results:
                 return lane.results[scenario]
-        time.sleep(5)
+        time.sleep(Lane.POLL_SECONDS)
