@@ -52,8 +52,8 @@ description:
     with the reason.
   - C(restore) puts the last good copies of the files back (C(restored) is false, and nothing changes, when there is
     no complete copy, or when the plan file's copy is one the one plan-file reader refuses for the unit's kind (damaged,
-    or another release's), C(unusable) saying why); C(keep) keeps the files as the last good ones and enables the unit; C(last_good) only reads whether a complete
-    copy is there (C(complete)).
+    or another release's), C(unusable) saying why); C(keep) keeps the files as the last good ones and enables the
+    unit; C(last_good) only reads whether a complete copy is there (C(complete)).
   - C(relaunch) relaunches a single instance. First C(admit), whose refusals fail the task with nothing of the unit
     stopped and its last good files back in place; then under the maintenance flag (the plan's C(maintenance_flag),
     holding the unit's name, cleared in every case) C(stop), C(start), then the health gate of M(sparkfleet.vllm.vllm_health) with its warm-up request, reading
