@@ -86,7 +86,7 @@ def parsed_plan(path: str, text: str, kind: str = INSTANCE) -> dict[str, t.Any]:
     if isinstance(version, bool) or not isinstance(version, int) or version != expected:
         raise PlanFileError(f"{path}: schema_version {version!r}, this release reads {expected} "
                             f"(another release of sparkfleet.vllm wrote it); {FIX}")
-    wrong = gateway_unusable_keys(found) if kind == GATEWAY else unusable_keys(found)
+    wrong = unusable_keys_of(found, kind)
     if wrong:
         raise PlanFileError(f"{path}: no usable {', '.join(wrong)}; {FIX}")
     return found
@@ -95,6 +95,11 @@ def parsed_plan(path: str, text: str, kind: str = INSTANCE) -> dict[str, t.Any]:
 def schema_version(kind: str) -> int:
     """The schema version this release writes and reads for a plan file of ``kind``."""
     return GATEWAY_SCHEMA_VERSION if kind == GATEWAY else PLAN_SCHEMA_VERSION
+
+
+def unusable_keys_of(plan: t.Mapping[str, t.Any], kind: str) -> list[str]:
+    """Each key of a plan of ``kind`` that is missing or not what its role writes."""
+    return gateway_unusable_keys(plan) if kind == GATEWAY else unusable_keys(plan)
 
 
 def unusable_keys(plan: t.Mapping[str, t.Any]) -> list[str]:

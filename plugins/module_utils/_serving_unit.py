@@ -42,11 +42,10 @@ from ansible_collections.sparkfleet.vllm.plugins.module_utils._plan_file import 
     GATEWAY,
     INSTANCE,
     PlanFileError,
-    gateway_unusable_keys,
     parsed_plan,
     read_plan,
     schema_version,
-    unusable_keys,
+    unusable_keys_of,
 )
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._settings import path_problem
 from ansible_collections.sparkfleet.vllm.plugins.module_utils._systemd import UNIT_PROPERTIES
@@ -94,12 +93,12 @@ GIVE_THE_PLAN = ("give the plan its role built (one of __vllm_plan.instances, th
 def plan_problem(plan: t.Any) -> str | None:
     """Why ``plan`` is not one planned instance, rank or gateway of this release (None: it is): the keys the one plan-file
     reader requires of its kind's file, and what only the transaction reads (its unit file, hash and kept files)."""
-    kind = GATEWAY if isinstance(plan, dict) and is_gateway(plan) else INSTANCE
+    kind = plan_kind(plan) if isinstance(plan, dict) else INSTANCE
     if not isinstance(plan, dict) or plan.get("schema_version") != schema_version(kind):
         version = plan.get("schema_version") if isinstance(plan, dict) else None
         return (f"plan: schema_version {version!r}, while this release reads {schema_version(kind)}; {GIVE_THE_PLAN}, not a "
                 "plan file of another release")
-    missing = gateway_unusable_keys(plan) if kind == GATEWAY else unusable_keys(plan)
+    missing = unusable_keys_of(plan, kind)
     missing += [key for key in TRANSACTION_KEYS if key not in missing and not (isinstance(plan.get(key), str) and plan[key])]
     if kind == INSTANCE and "cold_start" not in missing and not STAMP_PATH.fullmatch(plan["cold_start"]["stamp"]):
         missing.append("cold_start")
@@ -115,6 +114,11 @@ def plan_problem(plan: t.Any) -> str | None:
 
 def is_gateway(plan: t.Mapping[str, t.Any]) -> bool:
     return plan.get("kind") == GATEWAY
+
+
+def plan_kind(plan: t.Mapping[str, t.Any]) -> str:
+    """The kind of plan file the one reader reads for the unit."""
+    return GATEWAY if is_gateway(plan) else INSTANCE
 
 
 def noun(plan: t.Mapping[str, t.Any]) -> str:
@@ -332,7 +336,7 @@ def last_good_copies(plan: t.Mapping[str, t.Any]) -> tuple[list[t.Any] | None, s
     for (kind, kept), copy in zip(kept_files, copies, strict=True):
         if kind == "plan":
             try:
-                parsed_plan(kept["last_good"], copy[0].decode("utf-8", "replace"), GATEWAY if is_gateway(plan) else INSTANCE)
+                parsed_plan(kept["last_good"], copy[0].decode("utf-8", "replace"), plan_kind(plan))
             except PlanFileError as error:
                 return None, str(error)
     return copies, ""
